@@ -1,0 +1,288 @@
+#include "config/config.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <sstream>
+
+namespace fp8serve {
+
+namespace {
+
+enum class Kind { flag, integer, real, text, choice };
+
+// One flag: its name (without --), what it accepts, and how it lands in Config.
+struct FlagSpec {
+  std::string name;
+  Kind kind;
+  std::string help;
+  double min = 0;
+  double max = 0;
+  std::vector<std::string> choices;
+  std::function<void(Config&, const std::string&)> set;
+  std::function<std::string(const Config&)> show;  // the default, for usage()
+};
+
+[[noreturn]] void fail(const std::string& flag, const std::string& message) {
+  throw ConfigError("--" + flag + ": " + message);
+}
+
+std::string format_number(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+std::string range_text(const FlagSpec& spec) {
+  return "[" + format_number(spec.min) + ", " + format_number(spec.max) + "]";
+}
+
+int64_t parse_integer(const FlagSpec& spec, const std::string& text) {
+  int64_t value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end) fail(spec.name, "expected an integer in " + range_text(spec) + ", got '" + text + "'");
+  if (static_cast<double>(value) < spec.min || static_cast<double>(value) > spec.max)
+    fail(spec.name, "must be in " + range_text(spec) + ", got " + text);
+  return value;
+}
+
+double parse_real(const FlagSpec& spec, const std::string& text) {
+  double value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end || !std::isfinite(value))
+    fail(spec.name, "expected a number in " + range_text(spec) + ", got '" + text + "'");
+  if (value < spec.min || value > spec.max) fail(spec.name, "must be in " + range_text(spec) + ", got " + text);
+  return value;
+}
+
+bool parse_bool(const FlagSpec& spec, const std::string& text) {
+  if (text == "true" || text == "1") return true;
+  if (text == "false" || text == "0") return false;
+  fail(spec.name, "expected true or false, got '" + text + "'");
+}
+
+FlagSpec integer_flag(std::string name, std::string help, double min, double max, int Config::*member) {
+  FlagSpec spec{name, Kind::integer, std::move(help), min, max, {}, nullptr, nullptr};
+  spec.set = [spec, member](Config& c, const std::string& v) { c.*member = static_cast<int>(parse_integer(spec, v)); };
+  spec.show = [member](const Config& c) { return std::to_string(c.*member); };
+  return spec;
+}
+
+FlagSpec int64_flag(std::string name, std::string help, double min, double max, int64_t Config::*member) {
+  FlagSpec spec{name, Kind::integer, std::move(help), min, max, {}, nullptr, nullptr};
+  spec.set = [spec, member](Config& c, const std::string& v) { c.*member = parse_integer(spec, v); };
+  spec.show = [member](const Config& c) { return std::to_string(c.*member); };
+  return spec;
+}
+
+FlagSpec real_flag(std::string name, std::string help, double min, double max, double Config::*member) {
+  FlagSpec spec{name, Kind::real, std::move(help), min, max, {}, nullptr, nullptr};
+  spec.set = [spec, member](Config& c, const std::string& v) { c.*member = parse_real(spec, v); };
+  spec.show = [member](const Config& c) { return format_number(c.*member); };
+  return spec;
+}
+
+FlagSpec text_flag(std::string name, std::string help, std::string Config::*member) {
+  FlagSpec spec{name, Kind::text, std::move(help), 0, 0, {}, nullptr, nullptr};
+  spec.set = [member](Config& c, const std::string& v) { c.*member = v; };
+  spec.show = [member](const Config& c) { return c.*member; };
+  return spec;
+}
+
+FlagSpec choice_flag(std::string name, std::string help, std::vector<std::string> choices,
+                     std::string Config::*member) {
+  FlagSpec spec{name, Kind::choice, std::move(help), 0, 0, std::move(choices), nullptr, nullptr};
+  spec.set = [spec, member](Config& c, const std::string& v) {
+    for (const auto& choice : spec.choices)
+      if (choice == v) {
+        c.*member = v;
+        return;
+      }
+    std::string all;
+    for (const auto& choice : spec.choices) all += (all.empty() ? "" : ", ") + choice;
+    fail(spec.name, "must be one of " + all + ", got '" + v + "'");
+  };
+  spec.show = [member](const Config& c) { return c.*member; };
+  return spec;
+}
+
+FlagSpec bool_flag(std::string name, std::string help, bool Config::*member, bool value_when_given) {
+  FlagSpec spec{name, Kind::flag, std::move(help), 0, 0, {}, nullptr, nullptr};
+  spec.set = [spec, member, value_when_given](Config& c, const std::string& v) {
+    c.*member = v.empty() ? value_when_given : (parse_bool(spec, v) == value_when_given);
+  };
+  spec.show = [member](const Config& c) { return c.*member ? "on" : "off"; };
+  return spec;
+}
+
+const std::vector<FlagSpec>& flag_specs() {
+  static const std::vector<FlagSpec> specs = [] {
+    std::vector<FlagSpec> s;
+    s.push_back(choice_flag("device", "where to run", {"auto", "cpu", "cuda"}, &Config::device));
+    s.push_back(choice_flag("kv-cache-dtype", "KV cache storage type", {"fp8_e4m3", "bf16"}, &Config::kv_cache_dtype));
+    s.push_back(real_flag("kv-scale-margin", "FP8 scale headroom: scale = amax * margin / 448", 1.0, 64.0,
+                          &Config::kv_scale_margin));
+    s.push_back(integer_flag("block-size", "tokens per KV block (8, 16 or 32)", 8, 32, &Config::block_size));
+    s.push_back(int64_flag("kv-cache-memory", "KV cache budget in bytes (0 = default)", 0, 1e15,
+                           &Config::kv_cache_memory));
+    s.push_back(real_flag("gpu-memory-utilization", "fraction of GPU memory to use", 0.05, 0.99,
+                          &Config::gpu_memory_utilization));
+    s.push_back(integer_flag("max-model-len", "longest sequence (0 = the model's)", 0, 1 << 24, &Config::max_model_len));
+    s.push_back(integer_flag("max-num-seqs", "sequences per step", 1, 4096, &Config::max_num_seqs));
+    s.push_back(integer_flag("max-num-batched-tokens", "tokens per step", 16, 1 << 20, &Config::max_num_batched_tokens));
+    s.push_back(bool_flag("enable-prefix-caching", "reuse cached prefix blocks", &Config::enable_prefix_caching, true));
+    s.push_back(bool_flag("no-enable-prefix-caching", "do not reuse prefix blocks", &Config::enable_prefix_caching, false));
+    s.push_back(integer_flag("threads", "CPU threads (0 = all cores)", 0, 1024, &Config::threads));
+    s.push_back(text_flag("host", "listen address", &Config::host));
+    s.push_back(integer_flag("port", "listen port", 1, 65535, &Config::port));
+    s.push_back(text_flag("served-model-name", "model name in the API", &Config::served_model_name));
+    s.push_back(text_flag("api-key", "bearer key required on every route but /health", &Config::api_key));
+    s.push_back(integer_flag("max-waiting-requests", "queue bound; beyond it 503", 1, 1 << 20, &Config::max_waiting_requests));
+    s.push_back(real_flag("shutdown-timeout", "seconds to drain on SIGTERM", 0, 3600, &Config::shutdown_timeout));
+    s.push_back(text_flag("chat-template", "Jinja chat template file for models without one", &Config::chat_template_file));
+    s.push_back(bool_flag("metrics-public", "serve /metrics without the API key", &Config::metrics_public, true));
+    s.push_back(choice_flag("log-level", "log verbosity", {"trace", "debug", "info", "warn", "error"}, &Config::log_level));
+    s.push_back(text_flag("prompt", "generate: the prompt", &Config::prompt));
+    s.push_back(integer_flag("max-tokens", "generate: tokens to generate", 1, 1 << 24, &Config::max_tokens));
+    s.push_back(real_flag("temperature", "generate: sampling temperature (0 = greedy)", 0, 100, &Config::temperature));
+    s.push_back(real_flag("top-p", "generate: nucleus mass", 1e-9, 1, &Config::top_p));
+    s.push_back(integer_flag("top-k", "generate: keep the k most likely (0 = all)", 0, 1 << 24, &Config::top_k));
+    s.push_back(real_flag("min-p", "generate: drop tokens below min_p * p_max", 0, 1, &Config::min_p));
+    FlagSpec seed{"seed", Kind::integer, "generate: sampling seed", 0, 1.8e19, {}, nullptr, nullptr};
+    seed.set = [seed](Config& c, const std::string& v) {
+      uint64_t value = 0;
+      auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
+      if (ec != std::errc() || ptr != v.data() + v.size()) fail(seed.name, "expected an unsigned integer, got '" + v + "'");
+      c.seed = value;
+    };
+    seed.show = [](const Config& c) { return c.seed ? std::to_string(*c.seed) : std::string("random"); };
+    s.push_back(seed);
+    return s;
+  }();
+  return specs;
+}
+
+const FlagSpec* find_flag(const std::string& name) {
+  for (const auto& spec : flag_specs())
+    if (spec.name == name) return &spec;
+  return nullptr;
+}
+
+// --config FILE: a JSON object whose keys are long flag names; values are JSON scalars.
+void apply_config_file(Config& config, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("config", "cannot open '" + path + "'");
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail("config", "'" + path + "' is not valid JSON: " + e.what());
+  }
+  if (!doc.is_object()) fail("config", "'" + path + "' must hold a JSON object of flag names to values");
+  for (const auto& [key, value] : doc.items()) {
+    const FlagSpec* spec = find_flag(key);
+    if (spec == nullptr) fail("config", "unknown key '" + key + "' in '" + path + "'");
+    std::string text;
+    if (value.is_string()) text = value.get<std::string>();
+    else if (value.is_boolean()) text = value.get<bool>() ? "true" : "false";
+    else if (value.is_number_integer()) text = std::to_string(value.get<int64_t>());
+    else if (value.is_number()) text = format_number(value.get<double>());
+    else fail(key, "in '" + path + "' must be a string, number or boolean");
+    spec->set(config, text);
+  }
+}
+
+Command parse_command(const std::string& word) {
+  if (word == "inspect") return Command::inspect;
+  if (word == "generate") return Command::generate;
+  if (word == "serve") return Command::serve;
+  throw ConfigError("unknown command '" + word + "': expected inspect, generate or serve");
+}
+
+}  // namespace
+
+Config parse_command_line(const std::vector<std::string>& args) {
+  if (args.empty()) throw ConfigError("missing command: expected inspect, generate or serve");
+  Config config;
+  config.command = parse_command(args[0]);
+
+  // Pass 1 splits positionals from --flag[=value] pairs and finds --config, so that the file is
+  // applied first and the command line overrides it whatever the order.
+  std::vector<std::pair<const FlagSpec*, std::string>> given;
+  std::string config_file;
+  std::vector<std::string> positionals;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg.rfind("--", 0) != 0) {
+      positionals.push_back(arg);
+      continue;
+    }
+    std::string name = arg.substr(2);
+    std::optional<std::string> value;
+    if (const auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+    }
+    if (name == "config") {
+      if (!value) {
+        if (i + 1 >= args.size()) fail(name, "needs a file name");
+        value = args[++i];
+      }
+      config_file = *value;
+      continue;
+    }
+    const FlagSpec* spec = find_flag(name);
+    if (spec == nullptr) throw ConfigError("unknown flag --" + name + " (see fp8serve --help)");
+    if (!value) {
+      if (spec->kind == Kind::flag) value = "";
+      else if (i + 1 >= args.size()) fail(name, "needs a value");
+      else value = args[++i];
+    }
+    given.emplace_back(spec, *value);
+  }
+  if (positionals.empty()) throw ConfigError("missing MODEL: a Hugging Face model folder or a .gguf file");
+  if (positionals.size() > 1) throw ConfigError("unexpected argument '" + positionals[1] + "'");
+  config.model = positionals[0];
+
+  if (!config_file.empty()) apply_config_file(config, config_file);
+  for (const auto& [spec, value] : given) spec->set(config, value);
+
+  if (config.block_size != 8 && config.block_size != 16 && config.block_size != 32)
+    fail("block-size", "must be 8, 16 or 32, got " + std::to_string(config.block_size));
+  if (config.command == Command::generate && config.prompt.empty())
+    fail("prompt", "generate needs a non-empty --prompt");
+  return config;
+}
+
+std::string usage() {
+  std::ostringstream out;
+  out << "usage: fp8serve inspect MODEL\n"
+         "       fp8serve generate MODEL --prompt TEXT [flags]\n"
+         "       fp8serve serve MODEL [flags]\n"
+         "MODEL is a Hugging Face model folder or a .gguf file.\n\nflags (default):\n"
+         "  --config FILE                 JSON object of flag names to values; the command line wins\n";
+  const Config defaults;
+  for (const auto& spec : flag_specs()) {
+    std::string left = "  --" + spec.name;
+    if (spec.kind != Kind::flag) left += spec.kind == Kind::choice ? " {...}" : " X";
+    left.resize(std::max<size_t>(left.size() + 1, 32), ' ');
+    out << left << spec.help;
+    if (spec.kind == Kind::integer || spec.kind == Kind::real) out << ", " << range_text(spec);
+    if (spec.kind == Kind::choice) {
+      out << ":";
+      for (const auto& c : spec.choices) out << ' ' << c;
+    }
+    const std::string shown = spec.show(defaults);
+    if (!shown.empty()) out << " (" << shown << ")";
+    out << '\n';
+  }
+  return out.str();
+}
+
+}  // namespace fp8serve

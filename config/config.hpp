@@ -1,0 +1,64 @@
+#pragma once
+// fp8serve's configuration: every flag of every command, parsed and validated here, once.
+// Sources, later ones winning: defaults, then --config FILE (JSON, long flag names as keys),
+// then the command line. Nothing below config/ reads argv or the environment.
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace fp8serve {
+
+// A bad flag or value: the message names the flag and what it accepts.
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+enum class Command { inspect, generate, serve };
+
+struct Config {
+  Command command = Command::inspect;
+  std::string model;  // a Hugging Face model folder or a .gguf file
+
+  // Device and KV cache (DESIGN §3, §8). Flag names follow vLLM's.
+  std::string device = "auto";            // auto | cpu | cuda
+  std::string kv_cache_dtype = "fp8_e4m3";  // fp8_e4m3 | bf16
+  double kv_scale_margin = 1.0;           // calibrated scale = amax * margin / 448
+  int block_size = 16;
+  int64_t kv_cache_memory = 0;            // bytes; 0 = derive (CPU: 1 GiB; CUDA: utilization)
+  double gpu_memory_utilization = 0.9;
+  int max_model_len = 0;                  // 0 = the model's max_position_embeddings
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 2048;
+  bool enable_prefix_caching = true;
+  int threads = 0;                        // 0 = all cores
+
+  // Server.
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string served_model_name;          // empty = derived from the model path
+  std::string api_key;
+  int max_waiting_requests = 256;
+  double shutdown_timeout = 30.0;
+  std::string chat_template_file;
+  bool metrics_public = false;
+  std::string log_level = "info";
+
+  // generate: the prompt and sampling.
+  std::string prompt;
+  int max_tokens = 64;
+  double temperature = 0.0;
+  double top_p = 1.0;
+  int top_k = 0;
+  double min_p = 0.0;
+  std::optional<uint64_t> seed;
+};
+
+// Parses `fp8serve COMMAND MODEL [flags]`. Throws ConfigError.
+Config parse_command_line(const std::vector<std::string>& args);
+
+// The usage text, with every flag, its default and its range.
+std::string usage();
+
+}  // namespace fp8serve

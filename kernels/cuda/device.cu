@@ -1,0 +1,100 @@
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device.hpp"
+#include "kernels/fp8.hpp"
+
+#include <cuda_fp8.h>
+
+#include <utility>
+
+namespace fp8serve::cuda {
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no driver / no device" error
+    return 0;
+  }
+  return count;
+}
+
+std::string describe_device(int device) {
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  int driver = 0;
+  CUDA_CHECK(cudaDriverGetVersion(&driver));
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s (sm_%d%d, %.1f GiB, driver %d.%d)", prop.name, prop.major, prop.minor,
+           static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), driver / 1000,
+           (driver % 1000) / 10);
+  return buf;
+}
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes > 0) CUDA_CHECK(cudaMalloc(&data_, bytes));
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (data_ != nullptr) cudaFree(data_);
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) cudaFree(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void DeviceBuffer::copy_from_host(const void* src, size_t bytes) {
+  if (bytes > bytes_) throw std::out_of_range("DeviceBuffer::copy_from_host: more bytes than the buffer holds");
+  CUDA_CHECK(cudaMemcpy(data_, src, bytes, cudaMemcpyHostToDevice));
+}
+
+void DeviceBuffer::copy_to_host(void* dst, size_t bytes) const {
+  if (bytes > bytes_) throw std::out_of_range("DeviceBuffer::copy_to_host: more bytes than the buffer holds");
+  CUDA_CHECK(cudaMemcpy(dst, data_, bytes, cudaMemcpyDeviceToHost));
+}
+
+Stream::Stream() {
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  handle_ = stream;
+}
+
+Stream::~Stream() {
+  if (handle_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
+}
+
+void Stream::synchronize() const { CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_))); }
+
+namespace {
+
+__global__ void encode_fp8_kernel(const float* in, uint8_t* out, size_t n, bool use_cuda_intrinsic) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  out[i] = use_cuda_intrinsic ? static_cast<uint8_t>(__nv_cvt_float_to_fp8(in[i], __NV_SATFINITE, __NV_E4M3))
+                              : fp8_e4m3_encode(in[i]);
+}
+
+}  // namespace
+
+void encode_fp8_e4m3_on_device(const float* host_in, uint8_t* host_out, size_t n, bool use_cuda_intrinsic,
+                               const Stream& stream) {
+  if (n == 0) return;
+  DeviceBuffer in(n * sizeof(float));
+  DeviceBuffer out(n);
+  in.copy_from_host(host_in, n * sizeof(float));
+  const unsigned threads = 256;
+  const unsigned blocks = static_cast<unsigned>((n + threads - 1) / threads);
+  encode_fp8_kernel<<<blocks, threads, 0, static_cast<cudaStream_t>(stream.handle())>>>(
+      static_cast<const float*>(in.data()), static_cast<uint8_t*>(out.data()), n, use_cuda_intrinsic);
+  CUDA_CHECK(cudaGetLastError());
+  stream.synchronize();
+  out.copy_to_host(host_out, n);
+}
+
+}  // namespace fp8serve::cuda

@@ -1,0 +1,157 @@
+#include "server/sampling.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <unordered_set>
+
+namespace fp8serve {
+
+namespace {
+
+// Candidates are ordered by logit, best first; equal logits by lower id, so every order below
+// is a total order and results never depend on std::sort's tie handling.
+struct BetterLogit {
+  std::span<const float> logits;
+  bool operator()(int32_t a, int32_t b) const {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  }
+};
+
+int32_t argmax(std::span<const float> logits) {
+  int32_t best = 0;
+  for (int32_t i = 1; i < static_cast<int32_t>(logits.size()); ++i)
+    if (logits[i] > logits[best]) best = i;
+  return best;
+}
+
+// How many of the best candidates are sorted before top-p first looks at the mass: enough for
+// almost every real distribution, so the full vocabulary is sorted only when it must be.
+constexpr size_t kTopPFirstSort = 1024;
+
+}  // namespace
+
+Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt_tokens, uint64_t fallback_seed)
+    : params_(params), rng_(params.seed.value_or(fallback_seed)) {
+  if (params_.repetition_penalty != 1.0f) {
+    std::unordered_set<int32_t> seen(prompt_tokens.begin(), prompt_tokens.end());
+    prompt_tokens_.assign(seen.begin(), seen.end());
+  }
+}
+
+double Sampler::uniform01() {
+  // 53 random bits -> [0, 1): exact and identical on every platform (unlike
+  // std::uniform_real_distribution, whose algorithm the standard leaves open).
+  return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+}
+
+void Sampler::apply_penalties(std::span<float> logits) const {
+  const float r = params_.repetition_penalty;
+  if (r != 1.0f) {
+    auto penalize = [&](int32_t t) { logits[t] = logits[t] > 0 ? logits[t] / r : logits[t] * r; };
+    std::unordered_set<int32_t> done;
+    for (int32_t t : prompt_tokens_)
+      if (done.insert(t).second) penalize(t);
+    for (const auto& [t, count] : output_counts_)
+      if (done.insert(t).second) penalize(t);
+  }
+  if (params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f) {
+    for (const auto& [t, count] : output_counts_)
+      logits[t] -= params_.frequency_penalty * static_cast<float>(count) + params_.presence_penalty;
+  }
+}
+
+int32_t Sampler::draw(std::span<const float> logits) {
+  const auto vocab = static_cast<int32_t>(logits.size());
+  if (params_.temperature <= 1e-5f) return argmax(logits);
+
+  // Work on temperature-scaled logits relative to the maximum: p_i ∝ exp((l_i - l_max) / T).
+  const float inv_t = 1.0f / params_.temperature;
+  const float max_logit = logits[argmax(logits)];
+  auto weight = [&](int32_t t) { return std::exp(static_cast<double>((logits[t] - max_logit) * inv_t)); };
+
+  order_.resize(static_cast<size_t>(vocab));
+  for (int32_t i = 0; i < vocab; ++i) order_[static_cast<size_t>(i)] = i;
+  const BetterLogit better{logits};
+
+  // top-k: the k best, in order.
+  size_t count = order_.size();
+  bool sorted = false;
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < count) {
+    count = static_cast<size_t>(params_.top_k);
+    std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(count), order_.end(), better);
+  }
+
+  // top-p: the smallest best-first prefix whose mass reaches top_p of the (top-k) total.
+  if (params_.top_p < 1.0f) {
+    double total = 0;
+    for (size_t i = 0; i < count; ++i) total += weight(order_[i]);
+    const double target = static_cast<double>(params_.top_p) * total;
+    size_t sorted_count = std::min(count, kTopPFirstSort);
+    std::partial_sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(sorted_count),
+                      order_.begin() + static_cast<std::ptrdiff_t>(count), better);
+    double mass = 0;
+    size_t keep = 0;
+    while (keep < sorted_count && mass < target) mass += weight(order_[keep++]);
+    if (mass < target && sorted_count < count) {
+      std::sort(order_.begin() + static_cast<std::ptrdiff_t>(sorted_count),
+                order_.begin() + static_cast<std::ptrdiff_t>(count), better);
+      while (keep < count && mass < target) mass += weight(order_[keep++]);
+    }
+    count = std::max<size_t>(keep, 1);
+    sorted = true;
+  }
+
+  // min-p: drop candidates below min_p times the most likely one's probability (kept in order).
+  if (params_.min_p > 0.0f) {
+    const double floor = static_cast<double>(params_.min_p);  // weight of the best is exactly 1
+    size_t kept = 0;
+    for (size_t i = 0; i < count; ++i)
+      if (weight(order_[i]) >= floor) order_[kept++] = order_[i];
+    count = std::max<size_t>(kept, 1);
+  }
+  // Any fixed order serves the draw below; only nth_element's order is unspecified, so top-k
+  // candidates are put in a defined one.
+  if (!sorted && count < order_.size()) std::sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(count), better);
+
+  double total = 0;
+  for (size_t i = 0; i < count; ++i) total += weight(order_[i]);
+  const double u = uniform01() * total;
+  double acc = 0;
+  for (size_t i = 0; i < count; ++i) {
+    acc += weight(order_[i]);
+    if (u < acc) return order_[i];
+  }
+  return order_[count - 1];  // rounding left u at the very top
+}
+
+SampleResult Sampler::sample(std::span<float> logits) {
+  SampleResult result;
+  std::vector<float> raw;
+  if (params_.num_logprobs >= 0) raw.assign(logits.begin(), logits.end());
+  apply_penalties(logits);
+  result.token = draw(logits);
+  if (params_.num_logprobs >= 0) result.logprob = raw_logprobs(raw, result.token, params_.num_logprobs, result.top_logprobs);
+  ++output_counts_[result.token];
+  return result;
+}
+
+float raw_logprobs(std::span<const float> logits, int32_t token, int n, std::vector<TokenLogprob>& top) {
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l - max_logit));
+  const double log_z = static_cast<double>(max_logit) + std::log(sum);
+  auto logprob = [&](int32_t t) { return static_cast<float>(static_cast<double>(logits[t]) - log_z); };
+
+  top.clear();
+  if (n > 0) {
+    std::vector<int32_t> ids(logits.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+    const size_t k = std::min(ids.size(), static_cast<size_t>(n));
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), BetterLogit{logits});
+    for (size_t i = 0; i < k; ++i) top.push_back({ids[i], logprob(ids[i])});
+  }
+  return logprob(token);
+}
+
+}  // namespace fp8serve

@@ -1,0 +1,69 @@
+#pragma once
+// Host-side sampling of the next token from one row of logits, with OpenAI/vLLM semantics.
+//
+// Order of processing (vLLM's): repetition penalty (prompt + output tokens), frequency and
+// presence penalties (output tokens), temperature, top-k, top-p, min-p, then a draw from the
+// sequence's own RNG. temperature == 0 is greedy (ties go to the lowest id). Log-probabilities
+// reported to the client are those of the raw model distribution (log_softmax of the logits as
+// the model produced them), as vLLM reports by default.
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace fp8serve {
+
+struct SamplingParams {
+  float temperature = 1.0f;      // 0 = greedy
+  float top_p = 1.0f;            // (0, 1]
+  int top_k = 0;                 // 0 = no limit
+  float min_p = 0.0f;            // [0, 1]
+  float presence_penalty = 0.0f;   // [-2, 2]
+  float frequency_penalty = 0.0f;  // [-2, 2]
+  float repetition_penalty = 1.0f; // > 0; 1 = off
+  std::optional<uint64_t> seed;    // set: the draws are reproducible
+  int num_logprobs = -1;           // -1: none; 0: the chosen token's; N: and the top N
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+struct SampleResult {
+  int32_t token = 0;
+  float logprob = 0.0f;                   // of the chosen token (when num_logprobs >= 0)
+  std::vector<TokenLogprob> top_logprobs; // the num_logprobs most likely, best first
+};
+
+// One sequence's sampler: owns its RNG and the counts its penalties need.
+class Sampler {
+ public:
+  // `fallback_seed` seeds the RNG when params.seed is unset (the engine draws it at random).
+  Sampler(const SamplingParams& params, std::span<const int32_t> prompt_tokens, uint64_t fallback_seed);
+
+  // Picks the next token from `logits` ([vocab_size], overwritten as scratch) and records it.
+  SampleResult sample(std::span<float> logits);
+
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  void apply_penalties(std::span<float> logits) const;
+  int32_t draw(std::span<const float> logits);
+  double uniform01();
+
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<int32_t> prompt_tokens_;                // distinct, for the repetition penalty
+  std::unordered_map<int32_t, int32_t> output_counts_;  // token -> times generated
+  std::vector<int32_t> order_;                        // scratch: candidate ids
+};
+
+// log_softmax of one row, for the reported logprobs: returns the log-probability of `token` and
+// fills `top` with the `n` most likely tokens (ties: lower id first).
+float raw_logprobs(std::span<const float> logits, int32_t token, int n, std::vector<TokenLogprob>& top);
+
+}  // namespace fp8serve

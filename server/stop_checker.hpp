@@ -1,0 +1,31 @@
+#pragma once
+// Stop strings, matched on the generated text across token boundaries. Text that might still
+// turn into a stop string is held back, so a streaming client never sees part of one, and the
+// stop string itself is never emitted (OpenAI semantics).
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fp8serve {
+
+class StopChecker {
+ public:
+  explicit StopChecker(std::vector<std::string> stops);
+
+  struct Result {
+    std::string emit;     // text that is final and may be sent now
+    bool stopped = false; // a stop string matched; generation must end
+  };
+
+  // Adds newly decoded text (valid UTF-8). After a stop, further calls emit nothing.
+  Result push(std::string_view text);
+  // End of generation without a stop: releases the text held back.
+  std::string flush();
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;  // not yet emitted: may be the start of a stop string
+  bool stopped_ = false;
+};
+
+}  // namespace fp8serve

@@ -1,0 +1,77 @@
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+
+#include "config/config.hpp"
+
+using fp8serve::Command;
+using fp8serve::ConfigError;
+using fp8serve::parse_command_line;
+
+TEST_CASE("defaults and flags of every kind parse", "[config]") {
+  const auto c = parse_command_line({"serve", "model.gguf", "--port", "9000", "--kv-cache-dtype=bf16",
+                                     "--kv-scale-margin", "2.5", "--no-enable-prefix-caching", "--seed", "18446744073709551615"});
+  CHECK(c.command == Command::serve);
+  CHECK(c.model == "model.gguf");
+  CHECK(c.port == 9000);
+  CHECK(c.kv_cache_dtype == "bf16");
+  CHECK(c.kv_scale_margin == 2.5);
+  CHECK_FALSE(c.enable_prefix_caching);
+  CHECK(c.seed == 18446744073709551615ull);
+  CHECK(c.host == "127.0.0.1");  // loopback unless told otherwise
+  CHECK(c.block_size == 16);
+}
+
+TEST_CASE("bad values name the flag and the accepted range", "[config]") {
+  auto message_of = [](std::vector<std::string> args) {
+    try {
+      parse_command_line(args);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message_of({"serve", "m", "--port", "70000"}) == "--port: must be in [1, 65535], got 70000");
+  CHECK(message_of({"serve", "m", "--port", "80x"}) == "--port: expected an integer in [1, 65535], got '80x'");
+  CHECK(message_of({"serve", "m", "--kv-cache-dtype", "fp16"}) ==
+        "--kv-cache-dtype: must be one of fp8_e4m3, bf16, got 'fp16'");
+  CHECK(message_of({"serve", "m", "--block-size", "12"}) == "--block-size: must be 8, 16 or 32, got 12");
+  CHECK(message_of({"serve", "m", "--kv-scale-margin", "nan"}).rfind("--kv-scale-margin: expected a number", 0) == 0);
+  CHECK(message_of({"serve", "m", "--bogus"}) == "unknown flag --bogus (see fp8serve --help)");
+  CHECK(message_of({"serve"}) == "missing MODEL: a Hugging Face model folder or a .gguf file");
+  CHECK(message_of({"train", "m"}) == "unknown command 'train': expected inspect, generate or serve");
+  CHECK(message_of({"generate", "m"}) == "--prompt: generate needs a non-empty --prompt");
+  CHECK(message_of({"serve", "m", "--port"}) == "--port: needs a value");
+}
+
+TEST_CASE("--config file is applied first and the command line overrides it", "[config]") {
+  const std::string path = "test_config_tmp.json";
+  {
+    std::ofstream out(path);
+    out << R"({"port": 8123, "kv-cache-dtype": "bf16", "enable-prefix-caching": false, "kv-scale-margin": 2})";
+  }
+  const auto c = parse_command_line({"serve", "m", "--port", "8200", "--config", path});
+  CHECK(c.port == 8200);
+  CHECK(c.kv_cache_dtype == "bf16");
+  CHECK_FALSE(c.enable_prefix_caching);
+  CHECK(c.kv_scale_margin == 2.0);
+
+  {
+    std::ofstream out(path);
+    out << R"({"port": "many"})";
+  }
+  CHECK_THROWS_WITH(parse_command_line({"serve", "m", "--config", path}),
+                    "--port: expected an integer in [1, 65535], got 'many'");
+  {
+    std::ofstream out(path);
+    out << R"({"nonsense": 1})";
+  }
+  CHECK_THROWS_AS(parse_command_line({"serve", "m", "--config", path}), ConfigError);
+  {
+    std::ofstream out(path);
+    out << "{not json";
+  }
+  CHECK_THROWS_AS(parse_command_line({"serve", "m", "--config", path}), ConfigError);
+  std::remove(path.c_str());
+}
