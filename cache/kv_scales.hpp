@@ -1,0 +1,109 @@
+#pragma once
+// FP8 KV scales and saturation accounting (DESIGN.md §3).
+//
+// Scales are per tensor: one float for K and one for V, per layer, per sequence. kv_write
+// calibrates them on a sequence's first prefill chunk with calibrate_kv_scale(), the block
+// manager freezes them when that chunk is committed, and every later token of the sequence is
+// quantized as q = fp8_e4m3_encode(x / scale). A sequence that maps cached prefix blocks
+// inherits the scales those blocks were written with (BlockManager stores them with the chain).
+//
+// The free functions are plain inline code usable from host and device; the containers are host
+// only and are read by the engine to fill a kernel's per-layer scale arrays.
+#include <cfloat>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/fp8.hpp"
+
+namespace fp8serve {
+
+// 1.0 reproduces the seed (the transformers QuantizedCache FP8 backend) exactly.
+constexpr float kDefaultKvScaleMargin = 1.0f;
+
+// scale = max(amax * margin / 448, FLT_MIN): the calibration amax maps to 448 / margin, so
+// margin > 1 leaves headroom for later tokens. Never zero (an all-zero prefill must not divide
+// by zero later). A NaN amax (a broken model) is treated as 0; an infinite one gives the
+// largest finite scale, so finite values quantize to ~0 and infinities to ±448 — garbage in,
+// but no NaN scale. PRECOND: margin finite and > 0 (validate_kv_scale_margin).
+FP8_HD float calibrate_kv_scale(float amax, float margin) {
+  if (!(amax > 0.0f)) return FLT_MIN;  // also catches NaN
+  const float scale = amax * margin / kFp8E4m3Max;
+  if (!(scale <= FLT_MAX)) return FLT_MAX;
+  return scale < FLT_MIN ? FLT_MIN : scale;
+}
+
+// An element "saturates" when the frozen scale maps it beyond the FP8 range: |x / scale| > 448.
+// That is the event the seed measured (a decode token beyond the calibrated amax); the encoder
+// then clamps it to ±448. NaN is not counted.
+FP8_HD bool kv_value_saturates(float x_over_scale) {
+  return x_over_scale > kFp8E4m3Max || x_over_scale < -kFp8E4m3Max;
+}
+
+// Throws std::invalid_argument for a margin calibrate_kv_scale cannot use (config/ calls it).
+inline void validate_kv_scale_margin(float margin) {
+  if (!(margin > 0.0f) || !(margin <= FLT_MAX)) {
+    throw std::invalid_argument("--kv-scale-margin must be a finite number > 0 (1.0 = seed)");
+  }
+}
+
+// One sequence's scales. The engine hands kernels &k[layer] / &v[layer]; kv_write writes the
+// calibrated value there while `frozen` is false (the sequence's first prefill chunk).
+struct KvScales {
+  std::vector<float> k;  // [num_layers]
+  std::vector<float> v;  // [num_layers]
+  bool frozen = false;
+
+  KvScales() = default;
+  explicit KvScales(int num_layers)
+      : k(static_cast<std::size_t>(num_layers), 1.0f), v(static_cast<std::size_t>(num_layers), 1.0f) {}
+  int num_layers() const { return static_cast<int>(k.size()); }
+  bool operator==(const KvScales&) const = default;
+};
+
+// What one kv_write call reports for one layer.
+struct KvWriteCounts {
+  uint64_t num_elements = 0;     // K elements written (V writes the same number)
+  uint64_t num_k_saturated = 0;  // K elements with |x / k_scale| > 448
+  uint64_t num_v_saturated = 0;  // V elements with |x / v_scale| > 448
+
+  KvWriteCounts& operator+=(const KvWriteCounts& other) {
+    num_elements += other.num_elements;
+    num_k_saturated += other.num_k_saturated;
+    num_v_saturated += other.num_v_saturated;
+    return *this;
+  }
+  bool operator==(const KvWriteCounts&) const = default;
+};
+
+// Per-layer running totals over the server's lifetime, exported as a metric. Owned by the
+// engine loop (single thread): no atomics.
+class KvSaturationCounters {
+ public:
+  explicit KvSaturationCounters(int num_layers)
+      : layers_(num_layers > 0 ? static_cast<std::size_t>(num_layers) : 0) {
+    if (num_layers <= 0) throw std::invalid_argument("KvSaturationCounters: num_layers must be > 0");
+  }
+
+  void add(int layer, const KvWriteCounts& counts) { layers_[index(layer)] += counts; }
+  const KvWriteCounts& layer(int layer) const { return layers_[index(layer)]; }
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+
+  KvWriteCounts total() const {
+    KvWriteCounts sum;
+    for (const KvWriteCounts& c : layers_) sum += c;
+    return sum;
+  }
+
+ private:
+  std::size_t index(int layer) const {
+    if (layer < 0 || static_cast<std::size_t>(layer) >= layers_.size()) {
+      throw std::out_of_range("KvSaturationCounters: layer out of range");
+    }
+    return static_cast<std::size_t>(layer);
+  }
+
+  std::vector<KvWriteCounts> layers_;  // [num_layers]
+};
+
+}  // namespace fp8serve

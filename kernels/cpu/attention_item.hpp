@@ -1,0 +1,51 @@
+#pragma once
+// One work item of the CPU paged attention: the query rows of one (sequence, KV head, query
+// tile) against one partition of that sequence's keys. paged_attention_cpu.cpp cuts the batch
+// into items and merges split partitions; attention_tile_impl.hpp computes an item, compiled
+// once per instruction set (scalar, AVX2, AVX-512) and picked at run time.
+#include <cstdint>
+
+#include "cache/kv_dtype.hpp"
+
+namespace fp8serve::cpu {
+
+constexpr int kMaxHeadDim = 256;  // per-row stack buffers; every supported model is <= 128
+
+struct AttentionItem {
+  KvDtype dtype = KvDtype::fp8_e4m3;
+  // Queries: row r is token r / group, head r % group of the item. q points at the tile's first
+  // token, first query head of the KV head's group.
+  const float* q = nullptr;  // [num_q_tokens, group, head_dim] with token stride q_token_stride
+  int64_t q_token_stride = 0;
+  int32_t num_q_tokens = 0;
+  int32_t group = 0;      // query heads per KV head
+  int32_t first_pos = 0;  // position of the tile's first token; token i sees keys <= first_pos + i
+  int32_t key_begin = 0;  // this item's key partition [key_begin, key_end)
+  int32_t key_end = 0;
+  // Keys and values of this KV head: element (block b, offset j) at
+  // base + block_table[b] * block_stride + j * token_stride.
+  const int32_t* block_table = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t block_stride = 0;
+  int64_t token_stride = 0;
+  int32_t block_size = 0;
+  int32_t head_dim = 0;
+  float qk_scale = 0.0f;  // softmax_scale * k_scale (1 * softmax_scale for bf16)
+  float v_scale = 1.0f;
+  // Output. Final (m == nullptr): normalized rows, times v_scale, into out at (token, head).
+  // Partial: unnormalized rows (without v_scale) into out as [rows, head_dim] plus the running
+  // max m (log2 domain) and sum l per row, for the merge.
+  float* out = nullptr;
+  int64_t out_token_stride = 0;
+  float* m = nullptr;  // [rows]
+  float* l = nullptr;  // [rows]
+};
+
+// The three compilations of the same template; the avx ones require the CPU features and
+// head_dim % 8 (AVX2) or % 16 (AVX-512) == 0.
+void attend_item_scalar(const AttentionItem& item);
+void attend_item_avx2(const AttentionItem& item);
+void attend_item_avx512(const AttentionItem& item);
+
+}  // namespace fp8serve::cpu

@@ -1,0 +1,89 @@
+// Paged attention work item, AVX-512 build (16 lanes); the same structure and the same
+// conversions as attention_tile_avx2.cpp (read the comments there). Called only when
+// cpu_features() reports avx512f, avx512bw, avx2, fma and f16c.
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's own AVX-512 intrinsics start from _mm512_undefined_*() (`__m512i __Y = __Y;`) and
+// -Wmaybe-uninitialized reports that inside avx512fintrin.h wherever they are inlined (GCC bug
+// 105593): not our code, so silenced for this file only.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "kernels/cpu/attention_item.hpp"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
+#endif
+
+namespace fp8serve::cpu {
+namespace {
+
+struct VecAvx512 {
+  using Reg = __m512;
+  static constexpr int W = 16;
+  static Reg zero() { return _mm512_setzero_ps(); }
+  static Reg set1(float x) { return _mm512_set1_ps(x); }
+  static Reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, Reg x) { _mm512_storeu_ps(p, x); }
+  static Reg add(Reg a, Reg b) { return _mm512_add_ps(a, b); }
+  static Reg mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
+  static Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static Reg max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
+  static float reduce_add(Reg x) { return _mm512_reduce_add_ps(x); }
+  static float reduce_max(Reg x) { return _mm512_reduce_max_ps(x); }
+  static Reg exp2(Reg x) {
+    const Reg xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
+    const Reg n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const Reg f = _mm512_sub_ps(xc, n);
+    Reg p = _mm512_set1_ps(1.525273380405984e-05f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381606e-04f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-03f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-02f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402265069591007f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471805599453f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    const Reg result = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+    return _mm512_maskz_mov_ps(keep, result);
+  }
+  static constexpr float kFp8Unit = 256.0f;  // load_kv(FP8) returns value * 2^-8 (see avx2)
+  static Reg load_kv(const uint8_t* p) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    __m256i halves = _mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7);
+    halves = _mm256_and_si256(halves, _mm256_set1_epi16(static_cast<short>(0xbf80)));
+    return _mm512_cvtph_ps(halves);
+  }
+  static Reg load_kv(const uint16_t* p) {
+    const __m256i halves = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
+  }
+};
+
+}  // namespace
+}  // namespace fp8serve::cpu
+
+#include "kernels/cpu/attention_tile_impl.hpp"
+
+namespace fp8serve::cpu {
+
+void attend_item_avx512(const AttentionItem& item) { tile::attend_item_dispatch<VecAvx512>(item); }
+
+}  // namespace fp8serve::cpu
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif

@@ -1,0 +1,210 @@
+// The body of one CPU paged-attention work item, written once against a vector type V and the
+// pool's element type T (uint8_t = FP8 E4M3, uint16_t = bf16). Not a normal header: each of
+// attention_tile_{scalar,avx2,avx512}.cpp defines its V inside its target region (an anonymous
+// namespace, so the instantiations never collide) and then includes this file there. It
+// includes nothing itself, so that no standard header is compiled under a wider target; the
+// including file provides <algorithm>, <cmath>, <cstdint>, <limits>, <type_traits> and
+// attention_item.hpp.
+//
+// V provides: Reg, W (lanes), zero, set1, load, store, mul, fma(a, b, c) = a * b + c,
+// reduce_add, reduce_max, max, exp2 (exp2(-inf) = 0), and load_kv for W elements of uint8_t
+// (FP8 E4M3 -> fp32 in registers, times 1 / kFp8Unit, a power of two folded into the scales)
+// and of uint16_t (bf16 -> fp32).
+//
+// Algorithm: flash attention on the CPU. Up to kMaxRows query rows (tokens x heads of one GQA
+// group) share every K and V row loaded from the pool, so each block's bytes are converted in
+// registers once per row set and never stored dequantized. Scores are kept in the log2 domain
+// (q pre-multiplied by softmax_scale * k_scale * log2(e)), so the softmax is exp2.
+
+namespace fp8serve::cpu {
+namespace tile {
+
+constexpr int kMaxRows = 8;    // query rows against one K/V load: 8 accumulators fit AVX2's regs
+constexpr int kKeyChunk = 32;  // keys scored per online-softmax update
+constexpr float kLog2e = 1.4426950408889634f;
+
+// s[r][j] = q[r] . k[j] for the chunk's nj keys. KU keys at once keep KU * NR independent FMA
+// chains in flight (one chain per row would wait on the FMA latency for small GQA groups).
+template <class V, class T, int NR, int KU>
+void score_keys(const float (*q)[kMaxHeadDim], const T* k, int64_t token_stride, int head_dim,
+                int j_begin, int nj, float (*s)[kKeyChunk]) {
+  using Reg = typename V::Reg;
+  int j = j_begin;
+  for (; j + KU <= nj; j += KU) {
+    Reg acc[KU][NR];
+#pragma GCC unroll 8
+    for (int u = 0; u < KU; ++u)
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) acc[u][r] = V::zero();
+    for (int c = 0; c < head_dim; c += V::W) {
+      Reg kv[KU];
+#pragma GCC unroll 8
+      for (int u = 0; u < KU; ++u) kv[u] = V::load_kv(k + (j + u) * token_stride + c);
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) {
+        const Reg qv = V::load(q[r] + c);
+#pragma GCC unroll 8
+        for (int u = 0; u < KU; ++u) acc[u][r] = V::fma(qv, kv[u], acc[u][r]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int u = 0; u < KU; ++u)
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) s[r][j + u] = V::reduce_add(acc[u][r]);
+  }
+  if constexpr (KU > 1) {
+    if (j < nj) score_keys<V, T, NR, 1>(q, k, token_stride, head_dim, j, nj, s);
+  }
+}
+
+// o[r] = o[r] * alpha[r] + sum_j p[r][j] v[j]. CU column vectors at once, for the same reason
+// as KU above.
+template <class V, class T, int NR, int CU>
+void accumulate_values(const float (*p)[kKeyChunk], const float* alpha, const T* v,
+                       int64_t token_stride, int head_dim, int nj, float (*o)[kMaxHeadDim]) {
+  using Reg = typename V::Reg;
+  int c = 0;
+  for (; c + CU * V::W <= head_dim; c += CU * V::W) {
+    Reg acc[CU][NR];
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      const Reg a = V::set1(alpha[r]);
+#pragma GCC unroll 8
+      for (int u = 0; u < CU; ++u) acc[u][r] = V::mul(V::load(o[r] + c + u * V::W), a);
+    }
+    for (int j = 0; j < nj; ++j) {
+      Reg vv[CU];
+#pragma GCC unroll 8
+      for (int u = 0; u < CU; ++u) vv[u] = V::load_kv(v + j * token_stride + c + u * V::W);
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) {
+        const Reg pr = V::set1(p[r][j]);
+#pragma GCC unroll 8
+        for (int u = 0; u < CU; ++u) acc[u][r] = V::fma(pr, vv[u], acc[u][r]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 8
+      for (int u = 0; u < CU; ++u) V::store(o[r] + c + u * V::W, acc[u][r]);
+  }
+  if constexpr (CU > 1) {
+    if (c < head_dim) {
+      // The leftover columns: shift every row pointer by c and run the one-vector variant.
+      float (*o_tail)[kMaxHeadDim] = reinterpret_cast<float (*)[kMaxHeadDim]>(&o[0][c]);
+      accumulate_values<V, T, NR, 1>(p, alpha, v + c, token_stride, head_dim - c, nj, o_tail);
+    }
+  }
+}
+
+// Rows [row0, row0 + NR) of the item, processed to the end of its key partition.
+template <class V, class T, int NR>
+void attend_rows(const AttentionItem& it, int row0) {
+  using Reg = typename V::Reg;
+  constexpr int KU = NR <= 2 ? 4 : (NR <= 4 ? 2 : 1);
+  constexpr int CU = NR <= 2 ? 4 : (NR <= 4 ? 2 : 1);
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int head_dim = it.head_dim;
+
+  alignas(64) float q[NR][kMaxHeadDim];
+  alignas(64) float o[NR][kMaxHeadDim];
+  alignas(64) float s[NR][kKeyChunk];  // scores, then probabilities
+  float m[NR], l[NR], alpha[NR];
+  int pos[NR];
+  // What load_kv under-reports by (a power of two: folding it in changes no rounding).
+  constexpr float unit = std::is_same_v<T, uint8_t> ? V::kFp8Unit : 1.0f;
+  const float q_mul = it.qk_scale * unit * kLog2e;
+  for (int r = 0; r < NR; ++r) {
+    const int token = (row0 + r) / it.group;
+    const int head = (row0 + r) % it.group;
+    const float* src = it.q + token * it.q_token_stride + static_cast<int64_t>(head) * head_dim;
+    for (int d = 0; d < head_dim; ++d) {
+      q[r][d] = src[d] * q_mul;
+      o[r][d] = 0.0f;
+    }
+    m[r] = kNegInf;
+    l[r] = 0.0f;
+    pos[r] = it.first_pos + token;
+  }
+
+  const T* k_base = static_cast<const T*>(it.k);
+  const T* v_base = static_cast<const T*>(it.v);
+  const int key_end = std::min(it.key_end, pos[NR - 1] + 1);  // rows are in position order
+  for (int key = it.key_begin; key < key_end;) {
+    const int block = key / it.block_size;
+    const int in_block = key - block * it.block_size;
+    const int nj = std::min({kKeyChunk, it.block_size - in_block, key_end - key});
+    const int64_t offset = it.block_table[block] * it.block_stride + in_block * it.token_stride;
+    score_keys<V, T, NR, KU>(q, k_base + offset, it.token_stride, head_dim, 0, nj, s);
+
+    // Online softmax update per row; keys past a row's position (causal) get probability 0.
+    const int nj_padded = (nj + V::W - 1) / V::W * V::W;
+    for (int r = 0; r < NR; ++r) {
+      const int visible = std::max(0, std::min(nj, pos[r] - key + 1));
+      for (int j = visible; j < nj_padded; ++j) s[r][j] = kNegInf;
+      if (visible == 0) {
+        alpha[r] = 1.0f;
+        for (int j = 0; j < nj_padded; ++j) s[r][j] = 0.0f;
+        continue;
+      }
+      Reg vmax = V::set1(kNegInf);
+      for (int j = 0; j < nj_padded; j += V::W) vmax = V::max(vmax, V::load(s[r] + j));
+      const float m_new = std::max(m[r], V::reduce_max(vmax));
+      alpha[r] = std::exp2(m[r] - m_new);  // exp2(-inf) = 0 on the row's first keys
+      Reg vsum = V::zero();
+      for (int j = 0; j < nj_padded; j += V::W) {
+        const Reg p = V::exp2(V::add(V::load(s[r] + j), V::set1(-m_new)));
+        V::store(s[r] + j, p);
+        vsum = V::add(vsum, p);
+      }
+      l[r] = l[r] * alpha[r] + V::reduce_add(vsum);
+      m[r] = m_new;
+    }
+    accumulate_values<V, T, NR, CU>(s, alpha, v_base + offset, it.token_stride, head_dim, nj, o);
+    key += nj;
+  }
+
+  for (int r = 0; r < NR; ++r) {
+    const int row = row0 + r;
+    if (it.m == nullptr) {
+      const int token = row / it.group;
+      const int head = row % it.group;
+      float* dst = it.out + token * it.out_token_stride + static_cast<int64_t>(head) * head_dim;
+      const float mul = it.v_scale * unit / l[r];  // l >= 1: the max key contributes exp2(0)
+      for (int d = 0; d < head_dim; ++d) dst[d] = o[r][d] * mul;
+    } else {
+      float* dst = it.out + static_cast<int64_t>(row) * head_dim;
+      for (int d = 0; d < head_dim; ++d) dst[d] = o[r][d] * unit;
+      it.m[row] = m[r];
+      it.l[row] = l[r];
+    }
+  }
+}
+
+template <class V, class T>
+void attend_item(const AttentionItem& it) {
+  const int rows = it.num_q_tokens * it.group;
+  for (int row0 = 0; row0 < rows; row0 += kMaxRows) {
+    switch (std::min(kMaxRows, rows - row0)) {
+      case 1: attend_rows<V, T, 1>(it, row0); break;
+      case 2: attend_rows<V, T, 2>(it, row0); break;
+      case 3: attend_rows<V, T, 3>(it, row0); break;
+      case 4: attend_rows<V, T, 4>(it, row0); break;
+      case 5: attend_rows<V, T, 5>(it, row0); break;
+      case 6: attend_rows<V, T, 6>(it, row0); break;
+      case 7: attend_rows<V, T, 7>(it, row0); break;
+      default: attend_rows<V, T, 8>(it, row0); break;
+    }
+  }
+}
+
+template <class V>
+void attend_item_dispatch(const AttentionItem& it) {
+  switch (it.dtype) {
+    case KvDtype::fp8_e4m3: attend_item<V, uint8_t>(it); break;
+    case KvDtype::bf16: attend_item<V, uint16_t>(it); break;
+  }
+}
+
+}  // namespace tile
+}  // namespace fp8serve::cpu

@@ -1,0 +1,102 @@
+#pragma once
+// How a kernel sees the paged KV pool and a step's flattened batch (DESIGN.md §3, §5).
+//
+// Two plain structs passed by value, usable from host and device code (raw pointers and
+// integers only, no std:: containers), in the spirit of flashinfer's paged_kv_t:
+//   PagedKvView - one layer's K and V pool: data pointers, dtype, geometry, strides.
+//   PagedBatch  - the step: which query tokens belong to which sequence, each sequence's
+//                 context length and block table, the slot of every new token, and the
+//                 sequence's K/V scales for this layer.
+// On the CPU every pointer is host memory; a CUDA backend receives device pointers in the same
+// fields. Kernel-specific inputs (queries, new K/V, outputs) live in each kernel's params struct
+// (kernels/kv_write.hpp, kernels/paged_attention.hpp).
+//
+// Layout of one layer's K (and V) pool, in elements:
+//   [num_blocks, num_kv_heads, block_size, head_dim]
+// Head-major inside a block, so the keys of one KV head in one block - what decode attention
+// reads for one (sequence, kv head) work item - are block_size * head_dim contiguous elements
+// (2 KiB for FP8 with block 16 x head_dim 128): one sequential stream per block that the
+// hardware prefetcher (CPU) or a warp's coalesced loads (GPU) read at full bandwidth, with no
+// stride over the other heads. kv_write scatters num_kv_heads short rows per new token instead,
+// which is cheap: it touches only the new tokens.
+#include <cstdint>
+
+#include "cache/kv_dtype.hpp"
+
+#if defined(__CUDACC__)
+#define PAGED_KV_HD __host__ __device__ __forceinline__
+#else
+#define PAGED_KV_HD inline
+#endif
+
+namespace fp8serve {
+
+struct PagedKvView {
+  void* k = nullptr;  // [num_blocks, num_kv_heads, block_size, head_dim] elements of dtype
+  void* v = nullptr;  // same layout as k
+  KvDtype dtype = KvDtype::fp8_e4m3;
+  int32_t num_blocks = 0;
+  int32_t block_size = 0;  // tokens per block
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  // Strides in elements. The kernels need head_dim contiguous (stride 1); the other strides
+  // let a caller hand a view of a differently packed pool without copying.
+  int64_t block_stride = 0;  // between blocks
+  int64_t head_stride = 0;   // between KV heads inside a block
+  int64_t token_stride = 0;  // between tokens of one head inside a block
+
+  // Element offset of (slot, kv_head) where slot = block_id * block_size + offset_in_block.
+  PAGED_KV_HD int64_t offset(int64_t slot, int32_t kv_head) const {
+    const int64_t block = slot / block_size;
+    const int64_t in_block = slot - block * block_size;
+    return block * block_stride + kv_head * head_stride + in_block * token_stride;
+  }
+};
+
+// The densely packed layout documented above.
+PAGED_KV_HD PagedKvView make_paged_kv_view(void* k, void* v, KvDtype dtype, int32_t num_blocks,
+                                           int32_t block_size, int32_t num_kv_heads,
+                                           int32_t head_dim) {
+  PagedKvView view;
+  view.k = k;
+  view.v = v;
+  view.dtype = dtype;
+  view.num_blocks = num_blocks;
+  view.block_size = block_size;
+  view.num_kv_heads = num_kv_heads;
+  view.head_dim = head_dim;
+  view.token_stride = head_dim;
+  view.head_stride = static_cast<int64_t>(block_size) * head_dim;
+  view.block_stride = view.head_stride * num_kv_heads;
+  return view;
+}
+
+// One step's flattened batch: sequence s owns query tokens [query_start_loc[s],
+// query_start_loc[s + 1]) of the step - a decode token (1), a prefill chunk (many) - and, after
+// this step's kv_write, context_lens[s] tokens in the cache (cached + new). Token i of
+// sequence s's chunk sits at position context_lens[s] - num_new + i and attends causally to
+// cache positions [0, that position].
+struct PagedBatch {
+  int32_t num_seqs = 0;
+  int32_t num_tokens = 0;                  // == query_start_loc[num_seqs]
+  const int32_t* query_start_loc = nullptr;  // [num_seqs + 1], non-decreasing, starts at 0
+  const int32_t* context_lens = nullptr;     // [num_seqs], >= the sequence's new tokens
+  const int32_t* block_tables = nullptr;     // [num_seqs, max_blocks_per_seq] physical block ids
+  int32_t max_blocks_per_seq = 0;
+  const int64_t* slot_mapping = nullptr;  // [num_tokens] slot of each new token; < 0 = skip
+  // Per-sequence scales of this layer (FP8 pool only; the bf16 pool ignores them). kv_write
+  // writes the calibrated value into them for sequences with calibrate[s] != 0 (their first
+  // prefill chunk) before quantizing; attention reads them after that.
+  float* k_scales = nullptr;           // [num_seqs]
+  float* v_scales = nullptr;           // [num_seqs]
+  const uint8_t* calibrate = nullptr;  // [num_seqs], may be null: nobody calibrates
+
+  PAGED_KV_HD int32_t num_new_tokens(int32_t seq) const {
+    return query_start_loc[seq + 1] - query_start_loc[seq];
+  }
+  PAGED_KV_HD const int32_t* block_table(int32_t seq) const {
+    return block_tables + static_cast<int64_t>(seq) * max_blocks_per_seq;
+  }
+};
+
+}  // namespace fp8serve

@@ -1,0 +1,179 @@
+// Decode attention on the CPU, FP8 pool vs bf16 pool, next to the memory bandwidth measured in
+// the same run with the same threads (the limit decode attention chases: it reads every K and
+// V byte of the context once per step).
+//
+// Layer shape: Llama-3-8B (32 query heads, 8 KV heads, head_dim 128), block 16, blocks of each
+// sequence scattered over the pool as in a long-running server. Contexts 512..16384, batch
+// 1..32. Usage: bench_attention [--threads N] [--max-gib G]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu/cpu_features.hpp"
+#include "kernels/cpu/paged_attention_cpu.hpp"
+
+using namespace fp8serve;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int32_t kNumHeads = 32, kNumKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void fill_random(std::vector<uint8_t>& bytes, uint64_t seed, bool fp8) {
+  uint64_t x = seed | 1;
+  for (std::size_t i = 0; i < bytes.size(); i += 8) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    uint64_t w = x;
+    if (fp8) w &= 0x3f3f3f3f3f3f3f3full;  // small magnitudes, no NaN codes
+    else w &= 0xbfffbfffbfffbfffull;       // bf16 with exponent < 128: finite, modest values
+    std::memcpy(bytes.data() + i, &w, std::min<std::size_t>(8, bytes.size() - i));
+  }
+}
+
+// Streaming read of a buffer far larger than the last-level cache, split over the pool: the
+// bandwidth this machine can give these threads. Best of several passes.
+double measure_read_bandwidth(cpu::ThreadPool& pool, std::size_t bytes) {
+  const std::size_t n = bytes / sizeof(uint64_t);
+  std::vector<uint64_t> buffer(n);
+  for (std::size_t i = 0; i < n; ++i) buffer[i] = i * 0x9e3779b97f4a7c15ull;
+  const int64_t chunks = 256;
+  std::vector<uint64_t> sums(static_cast<std::size_t>(chunks));
+  double best = 0.0;
+  for (int pass = 0; pass < 5; ++pass) {
+    const Clock::time_point t0 = Clock::now();
+    pool.parallel_for(chunks, [&](int64_t c) {
+      const std::size_t first = n / chunks * static_cast<std::size_t>(c);
+      const std::size_t last = c + 1 == chunks ? n : first + n / chunks;
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (std::size_t i = first; i + 4 <= last; i += 4) {
+        s0 += buffer[i], s1 += buffer[i + 1], s2 += buffer[i + 2], s3 += buffer[i + 3];
+      }
+      sums[static_cast<std::size_t>(c)] = s0 ^ s1 ^ s2 ^ s3;
+    });
+    best = std::max(best, static_cast<double>(bytes) / seconds_since(t0));
+  }
+  if (std::accumulate(sums.begin(), sums.end(), uint64_t{0}) == 42) std::printf(" ");  // keep the reads
+  return best;
+}
+
+struct Setup {
+  std::vector<uint8_t> k, v;
+  std::vector<int32_t> block_tables, query_start_loc, context_lens;
+  std::vector<float> q, out, k_scales, v_scales;
+  int32_t num_blocks = 0;
+};
+
+// Median-of-runs seconds per decode step of `batch` sequences of `context` tokens.
+double time_decode(cpu::ThreadPool& pool, cpu::AttentionWorkspace& workspace, Setup& s,
+                   KvDtype dtype, int32_t batch, int32_t context) {
+  const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
+  s.query_start_loc.resize(static_cast<std::size_t>(batch) + 1);
+  std::iota(s.query_start_loc.begin(), s.query_start_loc.end(), 0);
+  s.context_lens.assign(static_cast<std::size_t>(batch), context);
+  PagedAttentionParams p;
+  p.q = s.q.data();
+  p.out = s.out.data();
+  p.q_token_stride = p.out_token_stride = kNumHeads * kHeadDim;
+  p.num_heads = kNumHeads;
+  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  p.cache = make_paged_kv_view(s.k.data(), s.v.data(), dtype, s.num_blocks, kBlockSize, kNumKvHeads, kHeadDim);
+  p.batch.num_seqs = batch;
+  p.batch.num_tokens = batch;
+  p.batch.query_start_loc = s.query_start_loc.data();
+  p.batch.context_lens = s.context_lens.data();
+  p.batch.block_tables = s.block_tables.data();
+  p.batch.max_blocks_per_seq = blocks_per_seq;
+  p.batch.k_scales = s.k_scales.data();
+  p.batch.v_scales = s.v_scales.data();
+  cpu::paged_attention_cpu(p, pool, workspace);  // warm-up
+  std::vector<double> times;
+  const Clock::time_point start = Clock::now();
+  while (times.size() < 3 || (seconds_since(start) < 0.3 && times.size() < 50)) {
+    const Clock::time_point t0 = Clock::now();
+    cpu::paged_attention_cpu(p, pool, workspace);
+    times.push_back(seconds_since(t0));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  double max_gib = 2.0;  // largest bf16 pool to allocate
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--threads") threads = std::atoi(argv[i + 1]);
+    else if (flag == "--max-gib") max_gib = std::atof(argv[i + 1]);
+  }
+  cpu::ThreadPool pool(threads);
+  cpu::AttentionWorkspace workspace;
+  std::printf("bench_attention: %d threads, cpu: %s, kernel isa: %s\n", threads,
+              cpu::describe(cpu::cpu_features()).c_str(),
+              cpu::resolve_cpu_isa(cpu::CpuIsa::best, kHeadDim) == cpu::CpuIsa::avx512 ? "avx512"
+              : cpu::resolve_cpu_isa(cpu::CpuIsa::best, kHeadDim) == cpu::CpuIsa::avx2 ? "avx2" : "scalar");
+  const double bandwidth = measure_read_bandwidth(pool, std::size_t{1} << 30);
+  std::printf("measured read bandwidth (1 GiB stream, %d threads): %.1f GB/s\n", threads, bandwidth / 1e9);
+  std::printf("layer: %d heads, %d kv heads, head_dim %d, block %d; KV bytes/token/layer: fp8 %d, bf16 %d\n\n",
+              kNumHeads, kNumKvHeads, kHeadDim, kBlockSize, 2 * kNumKvHeads * kHeadDim, 4 * kNumKvHeads * kHeadDim);
+
+  const int32_t contexts[] = {512, 1024, 2048, 4096, 8192, 16384};
+  const int32_t batches[] = {1, 4, 8, 16, 32};
+  const int64_t bytes_per_token_fp8 = 2LL * kNumKvHeads * kHeadDim;
+  const int64_t max_tokens = static_cast<int64_t>(max_gib * (1ull << 30)) / (2 * bytes_per_token_fp8);
+  Setup s;
+  s.num_blocks = static_cast<int32_t>(std::min<int64_t>(max_tokens, 32LL * 16384) / kBlockSize);
+  const std::size_t pool_elems = static_cast<std::size_t>(s.num_blocks) * kBlockSize * kNumKvHeads * kHeadDim;
+  std::vector<uint8_t> k8(pool_elems), v8(pool_elems), k16(2 * pool_elems), v16(2 * pool_elems);
+  fill_random(k8, 1, true);
+  fill_random(v8, 2, true);
+  fill_random(k16, 3, false);
+  fill_random(v16, 4, false);
+  std::mt19937 rng(7);
+  std::vector<int32_t> ids(static_cast<std::size_t>(s.num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::normal_distribution<float> normal;
+  s.q.resize(32 * kNumHeads * kHeadDim);
+  for (float& x : s.q) x = normal(rng);
+  s.out.resize(s.q.size());
+  s.k_scales.assign(32, 0.01f);
+  s.v_scales.assign(32, 0.01f);
+
+  std::printf("%7s %5s | %9s %7s %5s | %9s %7s %5s | %9s\n", "context", "batch", "fp8 ms", "GB/s", "%bw",
+              "bf16 ms", "GB/s", "%bw", "bf16/fp8");
+  for (int32_t context : contexts) {
+    for (int32_t batch : batches) {
+      const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
+      if (static_cast<int64_t>(blocks_per_seq) * batch > s.num_blocks) continue;
+      s.block_tables.assign(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(blocks_per_seq) * batch);
+      const double kv_bytes = static_cast<double>(bytes_per_token_fp8) * context * batch;
+      s.k.swap(k8), s.v.swap(v8);
+      const double t8 = time_decode(pool, workspace, s, KvDtype::fp8_e4m3, batch, context);
+      s.k.swap(k8), s.v.swap(v8);
+      s.k.swap(k16), s.v.swap(v16);
+      const double t16 = time_decode(pool, workspace, s, KvDtype::bf16, batch, context);
+      s.k.swap(k16), s.v.swap(v16);
+      std::printf("%7d %5d | %9.3f %7.1f %5.0f | %9.3f %7.1f %5.0f | %8.2fx\n", context, batch, t8 * 1e3,
+                  kv_bytes / t8 / 1e9, 100.0 * kv_bytes / t8 / bandwidth, t16 * 1e3, 2 * kv_bytes / t16 / 1e9,
+                  100.0 * 2 * kv_bytes / t16 / bandwidth, t16 / t8);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\ntargets: bf16/fp8 >= 1.5x at context >= 4096, >= 1.0x at 512; fp8 >= 60%% of bandwidth at 16384 x 8\n");
+  return 0;
+}
