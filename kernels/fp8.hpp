@@ -5,7 +5,7 @@
 // NaN is S.1111.111. Encoding rounds to nearest, ties to even, and saturates: |x| > 448
 // (infinities included) becomes ±448, NaN stays NaN (0x7F with the sign kept). This is
 // bit-for-bit what CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) returns; the test
-// tests/unit/test_fp8_codec.cpp checks every code and every rounding boundary.
+// tests/unit/fp8/test_fp8_codec.cpp checks every code and every rounding boundary.
 #include <cstdint>
 #include <cstring>
 

@@ -1,6 +1,7 @@
 #pragma once
 // What the CPU can do, read once at start-up; kernels pick their vectorized path from it
 // (runtime dispatch: one binary runs on any x86-64 and uses AVX2 / AVX-512 where present).
+#include <cstdint>
 #include <string>
 
 namespace fp8serve::cpu {

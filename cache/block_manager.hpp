@@ -1,0 +1,133 @@
+#pragma once
+// Block tables of the running sequences over one BlockPool, with prefix caching and the
+// per-sequence FP8 scales (DESIGN.md §3). Pure host logic, driven by the engine loop only.
+//
+// A sequence's life, in engine terms:
+//   can_allocate(prompt) / allocate(id, prompt)  table for the whole prompt; the longest cached
+//                                                prefix is mapped, not recomputed (its count is
+//                                                returned; those tokens are already computed)
+//   forward step over tokens [computed, n)       kv_write calibrates scales_to_calibrate(id)
+//                                                (non-null only before the first commit)
+//   mark_computed(id, n)                         freezes the scales; full blocks become cached
+//   can_append(id) / append_slot(id, token)      slot for the next token's KV (+ a block copy
+//                                                to do first when the last block was shared)
+//   fork(parent, child)                          child shares every block (n > 1 sampling)
+//   free(id)                                     finished, aborted or preempted
+//
+// Slot of token t: table[t / block_size] * block_size + t % block_size.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/block_hash.hpp"
+#include "cache/block_pool.hpp"
+#include "cache/kv_scales.hpp"
+
+namespace fp8serve {
+
+using SeqId = int64_t;
+
+struct BlockManagerOptions {
+  int block_size = 16;
+  int num_layers = 0;  // scales per sequence
+  int num_blocks = 0;  // KvCacheSpec::num_blocks_for_budget
+  bool enable_prefix_caching = false;
+};
+
+struct AllocateResult {
+  int num_cached_tokens = 0;  // prefix tokens mapped from the cache: already computed
+};
+
+// The engine copies block src to dst (every layer, K and V) before writing into dst.
+struct BlockCopy {
+  int32_t src = -1;
+  int32_t dst = -1;
+};
+
+struct AppendResult {
+  int64_t slot = -1;
+  std::optional<BlockCopy> copy;  // copy-on-write of a last block shared after fork()
+};
+
+struct PrefixCacheStats {
+  uint64_t num_queried_tokens = 0;  // prompt tokens looked up by allocate()
+  uint64_t num_hit_tokens = 0;      // of those, mapped from cached blocks
+};
+
+class BlockManager {
+ public:
+  explicit BlockManager(const BlockManagerOptions& options);
+
+  // Whether allocate() can map this prompt now (counting prefix hits, evicting if needed).
+  bool can_allocate(std::span<const int32_t> prompt) const;
+  // PRECOND: can_allocate(prompt), id not live, prompt not empty (std::logic_error otherwise).
+  AllocateResult allocate(SeqId id, std::span<const int32_t> prompt);
+  // Whether append_slot() can place one more token (a new or copied block if it needs one).
+  bool can_append(SeqId id) const;
+  // Adds `token` to the sequence and returns its slot. PRECOND: can_append(id).
+  AppendResult append_slot(SeqId id, int32_t token);
+  // The step wrote KV for tokens [0, num_computed_tokens). Freezes the scales; caches the
+  // full blocks now computed. PRECOND: old count <= num_computed_tokens <= num_tokens(id).
+  void mark_computed(SeqId id, int num_computed_tokens);
+  // `child` shares all of `parent`'s blocks and scales; the next append of either copies the
+  // shared last block. PRECOND: parent fully computed (scales frozen), child not live.
+  void fork(SeqId parent, SeqId child);
+  // Releases the sequence's blocks, tail first so the LRU evicts suffixes before prefixes.
+  void free(SeqId id);
+
+  bool contains(SeqId id) const { return seqs_.count(id) != 0; }
+  std::span<const int32_t> block_table(SeqId id) const;
+  std::span<const int32_t> tokens(SeqId id) const;
+  int num_tokens(SeqId id) const;
+  int num_computed_tokens(SeqId id) const;
+  int64_t slot(SeqId id, int position) const;
+  const KvScales& scales(SeqId id) const;
+  // Where kv_write stores the calibrated scales; nullptr once frozen (or inherited).
+  KvScales* scales_to_calibrate(SeqId id);
+
+  int block_size() const { return block_size_; }
+  int num_layers() const { return num_layers_; }
+  int num_blocks() const { return pool_.num_blocks(); }
+  int num_free_blocks() const { return pool_.num_free_blocks(); }
+  int num_seqs() const { return static_cast<int>(seqs_.size()); }
+  const BlockPool& pool() const { return pool_; }
+  PrefixCacheStats prefix_cache_stats() const { return stats_; }
+
+  // Throws std::logic_error naming the first broken invariant: every block free xor idle xor
+  // referenced; ref counts equal table entries; tables cover exactly the tokens; no slot that
+  // will still be written is shared or cached; cached keys match their contents; a
+  // sequence's cached blocks carry its own scales; computed sequences have frozen scales.
+  void check_integrity() const;
+
+ private:
+  struct Sequence {
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> block_table;
+    std::vector<BlockHash> block_keys;  // chain keys of the first block_keys.size() full blocks
+    int num_computed_tokens = 0;
+    std::shared_ptr<KvScales> scales;
+  };
+
+  struct PrefixMatch {
+    std::vector<int32_t> blocks;
+    std::vector<BlockHash> keys;
+  };
+
+  const Sequence& seq(SeqId id) const;
+  Sequence& seq(SeqId id);
+  int num_blocks_for(std::size_t num_tokens) const;
+  BlockHash block_key(std::span<const int32_t> tokens, std::size_t i, const BlockHash* parent) const;
+  PrefixMatch match_prefix(std::span<const int32_t> prompt) const;
+  void cache_full_blocks(Sequence& s);
+
+  int block_size_;
+  int num_layers_;
+  BlockPool pool_;
+  std::unordered_map<SeqId, Sequence> seqs_;
+  PrefixCacheStats stats_;
+};
+
+}  // namespace fp8serve

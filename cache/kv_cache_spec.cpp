@@ -1,0 +1,55 @@
+#include "cache/kv_cache_spec.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <stdexcept>
+
+namespace fp8serve {
+
+namespace {
+
+// Generous upper bounds that keep every product below in uint64 and reject nonsense configs.
+constexpr int kMaxBlockSize = 1 << 12;
+constexpr int kMaxLayers = 1 << 10;
+constexpr int kMaxKvHeads = 1 << 10;
+constexpr int kMaxHeadDim = 1 << 12;
+
+void check_range(const char* name, int value, int max) {
+  if (value <= 0 || value > max) {
+    throw std::invalid_argument(std::string("KV cache ") + name + " must be in [1, " + std::to_string(max) +
+                                "], got " + std::to_string(value));
+  }
+}
+
+}  // namespace
+
+void KvCacheSpec::validate() const {
+  check_range("block_size", block_size, kMaxBlockSize);
+  check_range("num_layers", num_layers, kMaxLayers);
+  check_range("num_kv_heads", num_kv_heads, kMaxKvHeads);
+  check_range("head_dim", head_dim, kMaxHeadDim);
+  if (kv_dtype_size(dtype) == 0) throw std::invalid_argument("KV cache dtype is not a known KvDtype");
+}
+
+uint64_t KvCacheSpec::bytes_per_token() const {
+  return static_cast<uint64_t>(num_layers) * 2u * static_cast<uint64_t>(num_kv_heads) *
+         static_cast<uint64_t>(head_dim) * kv_dtype_size(dtype);
+}
+
+int KvCacheSpec::num_blocks_for_budget(uint64_t budget_bytes) const {
+  const uint64_t per_block = bytes_per_block();
+  if (per_block == 0) throw std::invalid_argument("KvCacheSpec::num_blocks_for_budget: spec not validated");
+  const uint64_t max_blocks = static_cast<uint64_t>(std::numeric_limits<int32_t>::max()) / block_size;
+  return static_cast<int>(std::min(budget_bytes / per_block, max_blocks));
+}
+
+std::string KvCacheSpec::describe(int num_blocks) const {
+  const double mib = static_cast<double>(bytes_per_block()) * num_blocks / (1024.0 * 1024.0);
+  char text[160];
+  std::snprintf(text, sizeof text, "%d blocks x %d tokens = %lld tokens, %.1f MiB, %s", num_blocks, block_size,
+                static_cast<long long>(num_blocks) * block_size, mib, std::string(kv_dtype_name(dtype)).c_str());
+  return text;
+}
+
+}  // namespace fp8serve

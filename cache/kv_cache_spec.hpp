@@ -1,0 +1,35 @@
+#pragma once
+// The geometry of the paged KV pool and its sizing from a byte budget. Plain numbers only:
+// the cache does not know the model, the engine fills this in from the model's config.
+#include <cstdint>
+#include <string>
+
+#include "cache/kv_dtype.hpp"
+
+namespace fp8serve {
+
+struct KvCacheSpec {
+  int block_size = 16;  // tokens per block
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  KvDtype dtype = KvDtype::fp8_e4m3;
+
+  // Throws std::invalid_argument naming the bad field.
+  void validate() const;
+
+  // K and V of one token for every layer: num_layers * 2 * num_kv_heads * head_dim * elem.
+  // fp8_e4m3 is exactly half of bf16; the per-sequence scales (2 floats per layer per
+  // sequence, cache/kv_scales.hpp) live outside the pool.
+  uint64_t bytes_per_token() const;
+  uint64_t bytes_per_block() const { return bytes_per_token() * static_cast<uint64_t>(block_size); }
+
+  // floor(budget / bytes_per_block), capped so that every slot id fits in int32
+  // (num_blocks * block_size <= INT32_MAX). PRECOND: validate() passed.
+  int num_blocks_for_budget(uint64_t budget_bytes) const;
+
+  // One line for the start-up log: "1234 blocks x 16 tokens = 19744 tokens, 56.5 MiB, fp8_e4m3".
+  std::string describe(int num_blocks) const;
+};
+
+}  // namespace fp8serve

@@ -1,0 +1,329 @@
+// Randomized operation sequences against the block manager (allocate, step/commit, append,
+// fork, free; prefix hits, eviction, exhaustion), checked after every operation by
+// check_integrity() and by an independent model:
+//   - a shadow KV memory: every computed token writes (position, FNV fingerprint of its whole
+//     prefix, scale tag) into its slot; a copy-on-write copies shadow blocks. Every live
+//     sequence must read back exactly its own prefix and its own scale tag through its block
+//     table, at all times. A slot handed out twice, a wrong prefix hit, a missed copy or a
+//     block reused while referenced shows up here, whatever the manager's own bookkeeping says.
+//   - a plain model of each sequence (tokens, computed count) and of the committed prefixes,
+//     which bounds prefix hits (exact while nothing was evicted);
+//   - block accounting from the tables: free blocks == total - blocks referenced by a table.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "cache/block_manager.hpp"
+
+namespace {
+
+using fp8serve::BlockManager;
+using fp8serve::SeqId;
+
+struct ShadowSlot {
+  bool written = false;
+  int position = -1;
+  uint64_t prefix_fp = 0;
+  int scale_tag = -1;
+};
+
+struct ModelSeq {
+  std::vector<int32_t> tokens;
+  int num_computed = 0;
+  int scale_tag = -1;  // -1 until the first commit calibrates (or a hit inherits)
+};
+
+// FNV-1a over token ids: an identity of the prefix that shares nothing with SHA-256.
+std::vector<uint64_t> prefix_fingerprints(const std::vector<int32_t>& tokens) {
+  std::vector<uint64_t> fps(tokens.size());
+  uint64_t h = 1469598103934665603ull;
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    for (int byte = 0; byte < 4; ++byte) {
+      h ^= (static_cast<uint32_t>(tokens[i]) >> (8 * byte)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+    fps[i] = h;
+  }
+  return fps;
+}
+
+// Distinct, recognizable scales per calibration tag.
+float tag_k(int tag, int layer) { return 0.001f * static_cast<float>(tag + 1) + static_cast<float>(layer); }
+float tag_v(int tag, int layer) { return 0.002f * static_cast<float>(tag + 1) + static_cast<float>(layer); }
+
+struct Coverage {
+  int hits = 0, evictions = 0, copies = 0, alloc_refused = 0, append_refused = 0, forks = 0;
+};
+
+class RandomRun {
+ public:
+  RandomRun(int block_size, int num_blocks, bool prefix_caching, uint32_t seed, Coverage& coverage)
+      : m_({block_size, 2, num_blocks, prefix_caching}),
+        block_size_(block_size),
+        prefix_caching_(prefix_caching),
+        rng_(seed),
+        shadow_(static_cast<std::size_t>(num_blocks * block_size)),
+        coverage_(coverage) {
+    // A few stems that prompts share, so prefixes repeat across sequences.
+    for (int s = 0; s < 3; ++s) {
+      std::vector<int32_t> stem(static_cast<std::size_t>(4 * block_size + 3));
+      for (int32_t& t : stem) t = static_cast<int32_t>(uniform(0, 5));
+      stems_.push_back(stem);
+    }
+  }
+
+  void run(int num_ops) {
+    for (int op = 0; op < num_ops; ++op) {
+      const int kind = uniform(0, 99);
+      INFO("op " << op << " kind " << kind);
+      if (kind < 25 || model_.empty()) {
+        do_allocate();
+      } else if (kind < 50) {
+        do_step();
+      } else if (kind < 75) {
+        do_append();
+      } else if (kind < 83) {
+        do_fork();
+      } else {
+        do_free();
+      }
+      verify();
+    }
+    coverage_.evictions += static_cast<int>(m_.pool().num_evictions());
+  }
+
+ private:
+  int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+
+  SeqId pick_live() {
+    auto it = model_.begin();
+    std::advance(it, uniform(0, static_cast<int>(model_.size()) - 1));
+    return it->first;
+  }
+
+  // The longest run of block-aligned prefixes committed with one scale tag, first writer per
+  // prefix (what the cache holds while nothing has been evicted), capped before the last token.
+  int predicted_hit_tokens(const std::vector<int32_t>& prompt) const {
+    if (!prefix_caching_) return 0;
+    const int max_blocks = (static_cast<int>(prompt.size()) - 1) / block_size_;
+    int chain_tag = -1, hits = 0;
+    for (int i = 0; i < max_blocks; ++i) {
+      const std::vector<int32_t> prefix(prompt.begin(), prompt.begin() + (i + 1) * block_size_);
+      const auto it = first_writer_.find(prefix);
+      if (it == first_writer_.end() || (chain_tag >= 0 && it->second != chain_tag)) break;
+      chain_tag = it->second;
+      hits = (i + 1) * block_size_;
+    }
+    return hits;
+  }
+
+  int tag_of_scales(const fp8serve::KvScales& scales) const {
+    for (int tag = 0; tag < next_tag_; ++tag) {
+      if (scales.k[1] == tag_k(tag, 1) && scales.v[1] == tag_v(tag, 1)) return tag;
+    }
+    return -1;
+  }
+
+  void do_allocate() {
+    const auto& stem = stems_[static_cast<std::size_t>(uniform(0, 2))];
+    std::vector<int32_t> prompt(stem.begin(), stem.begin() + uniform(0, static_cast<int>(stem.size())));
+    const int extra = uniform(prompt.empty() ? 1 : 0, 2 * block_size_);
+    for (int i = 0; i < extra; ++i) prompt.push_back(static_cast<int32_t>(uniform(0, 5)));
+    const int needed_without_hits = (static_cast<int>(prompt.size()) + block_size_ - 1) / block_size_;
+    if (!m_.can_allocate(prompt)) {
+      // Refusing is only right when the prompt does not fit even counting every free block.
+      REQUIRE(needed_without_hits > m_.num_free_blocks());
+      ++coverage_.alloc_refused;
+      return;
+    }
+    const SeqId id = next_id_++;
+    const int predicted = predicted_hit_tokens(prompt);
+    const int hits = m_.allocate(id, prompt).num_cached_tokens;
+    REQUIRE(hits % block_size_ == 0);
+    REQUIRE(hits <= (static_cast<int>(prompt.size()) - 1) / block_size_ * block_size_);
+    // While nothing was evicted the cache holds exactly the first writer of every prefix.
+    if (m_.pool().num_evictions() == 0) REQUIRE(hits == predicted);
+    ModelSeq s;
+    s.tokens = prompt;
+    s.num_computed = hits;
+    if (hits > 0) {
+      ++coverage_.hits;
+      REQUIRE(m_.scales_to_calibrate(id) == nullptr);
+      s.scale_tag = tag_of_scales(m_.scales(id));
+      REQUIRE(s.scale_tag >= 0);
+      // Never a hit the commits cannot explain: every hit prefix was committed with this tag.
+      for (int i = 0; i < hits / block_size_; ++i) {
+        const auto it = ever_committed_.find(
+            std::vector<int32_t>(prompt.begin(), prompt.begin() + (i + 1) * block_size_));
+        REQUIRE(it != ever_committed_.end());
+        REQUIRE(it->second.count(s.scale_tag) == 1);
+      }
+    } else {
+      REQUIRE(m_.scales_to_calibrate(id) != nullptr);
+    }
+    model_[id] = s;
+  }
+
+  void do_step() {
+    std::vector<SeqId> pending;
+    for (const auto& [id, s] : model_) {
+      if (s.num_computed < static_cast<int>(s.tokens.size())) pending.push_back(id);
+    }
+    if (pending.empty()) return;
+    const SeqId id = pending[static_cast<std::size_t>(uniform(0, static_cast<int>(pending.size()) - 1))];
+    ModelSeq& s = model_[id];
+    const int target = uniform(s.num_computed + 1, static_cast<int>(s.tokens.size()));
+    // kv_write: calibrate on the first chunk, then write every new token into its slot.
+    if (fp8serve::KvScales* scales = m_.scales_to_calibrate(id)) {
+      REQUIRE(s.scale_tag == -1);
+      s.scale_tag = next_tag_++;
+      for (int l = 0; l < 2; ++l) {
+        scales->k[static_cast<std::size_t>(l)] = tag_k(s.scale_tag, l);
+        scales->v[static_cast<std::size_t>(l)] = tag_v(s.scale_tag, l);
+      }
+    } else {
+      REQUIRE(s.scale_tag >= 0);
+    }
+    const auto fps = prefix_fingerprints(s.tokens);
+    for (int t = s.num_computed; t < target; ++t) {
+      shadow_.at(static_cast<std::size_t>(m_.slot(id, t))) = {true, t, fps[static_cast<std::size_t>(t)], s.scale_tag};
+    }
+    m_.mark_computed(id, target);
+    REQUIRE(m_.scales_to_calibrate(id) == nullptr);
+    for (int i = s.num_computed / block_size_; i < target / block_size_; ++i) {
+      std::vector<int32_t> prefix(s.tokens.begin(), s.tokens.begin() + (i + 1) * block_size_);
+      ever_committed_[prefix].insert(s.scale_tag);
+      first_writer_.emplace(std::move(prefix), s.scale_tag);
+    }
+    s.num_computed = target;
+  }
+
+  void do_append() {
+    const SeqId id = pick_live();
+    ModelSeq& s = model_[id];
+    const bool needs_block = s.tokens.size() % static_cast<std::size_t>(block_size_) == 0 ||
+                             shared_last_block(id);
+    if (!m_.can_append(id)) {
+      REQUIRE(needs_block);
+      REQUIRE(m_.num_free_blocks() == 0);
+      ++coverage_.append_refused;
+      return;
+    }
+    const auto token = static_cast<int32_t>(uniform(0, 5));
+    const fp8serve::AppendResult r = m_.append_slot(id, token);
+    REQUIRE(r.copy.has_value() == (needs_block && s.tokens.size() % static_cast<std::size_t>(block_size_) != 0));
+    if (r.copy) {
+      ++coverage_.copies;
+      for (int o = 0; o < block_size_; ++o) {
+        shadow_.at(static_cast<std::size_t>(r.copy->dst * block_size_ + o)) =
+            shadow_.at(static_cast<std::size_t>(r.copy->src * block_size_ + o));
+      }
+    }
+    s.tokens.push_back(token);
+    REQUIRE(r.slot == m_.slot(id, static_cast<int>(s.tokens.size()) - 1));
+  }
+
+  // Whether another live sequence's table holds this sequence's last block (from the tables).
+  bool shared_last_block(SeqId id) const {
+    const int32_t last = m_.block_table(id).back();
+    for (const auto& [other, s] : model_) {
+      if (other == id) continue;
+      const auto table = m_.block_table(other);
+      if (std::find(table.begin(), table.end(), last) != table.end()) return true;
+    }
+    return false;
+  }
+
+  void do_fork() {
+    const SeqId parent = pick_live();
+    const ModelSeq p = model_[parent];
+    if (p.num_computed != static_cast<int>(p.tokens.size())) {
+      REQUIRE_THROWS_AS(m_.fork(parent, next_id_), std::logic_error);
+      return;
+    }
+    const SeqId child = next_id_++;
+    m_.fork(parent, child);
+    model_[child] = p;
+    ++coverage_.forks;
+  }
+
+  void do_free() {
+    const SeqId id = pick_live();
+    m_.free(id);
+    model_.erase(id);
+  }
+
+  void verify() const {
+    m_.check_integrity();
+    REQUIRE(m_.num_seqs() == static_cast<int>(model_.size()));
+    std::set<int32_t> referenced;
+    for (const auto& [id, s] : model_) {
+      INFO("sequence " << id);
+      const auto tokens = m_.tokens(id);
+      REQUIRE(std::vector<int32_t>(tokens.begin(), tokens.end()) == s.tokens);
+      REQUIRE(m_.num_computed_tokens(id) == s.num_computed);
+      const auto table = m_.block_table(id);
+      REQUIRE(static_cast<int>(table.size()) == (static_cast<int>(s.tokens.size()) + block_size_ - 1) / block_size_);
+      referenced.insert(table.begin(), table.end());
+      const auto fps = prefix_fingerprints(s.tokens);
+      for (int t = 0; t < s.num_computed; ++t) {
+        const ShadowSlot& slot = shadow_.at(static_cast<std::size_t>(m_.slot(id, t)));
+        // One plain test per token; REQUIRE only on failure (millions of tokens are read).
+        if (!slot.written || slot.position != t || slot.prefix_fp != fps[static_cast<std::size_t>(t)] ||
+            slot.scale_tag != s.scale_tag) {
+          FAIL("token " << t << " reads back written=" << slot.written << " position=" << slot.position
+                        << " tag=" << slot.scale_tag << " (expected tag " << s.scale_tag << ")"
+                        << (slot.prefix_fp != fps[static_cast<std::size_t>(t)] ? ", another prefix" : ""));
+        }
+      }
+      if (s.scale_tag >= 0) REQUIRE(tag_of_scales(m_.scales(id)) == s.scale_tag);
+    }
+    REQUIRE(m_.num_free_blocks() == m_.num_blocks() - static_cast<int>(referenced.size()));
+  }
+
+  BlockManager m_;
+  int block_size_;
+  bool prefix_caching_;
+  std::mt19937 rng_;
+  std::vector<ShadowSlot> shadow_;  // [num_blocks * block_size]
+  std::vector<std::vector<int32_t>> stems_;
+  std::map<SeqId, ModelSeq> model_;
+  std::map<std::vector<int32_t>, int> first_writer_;
+  std::map<std::vector<int32_t>, std::set<int>> ever_committed_;
+  SeqId next_id_ = 1;
+  int next_tag_ = 0;
+  Coverage& coverage_;
+};
+
+}  // namespace
+
+TEST_CASE("random operation sequences keep every invariant and the shadow KV consistent", "[cache][random]") {
+  struct Config {
+    int block_size, num_blocks;
+    bool prefix_caching;
+  };
+  const Config configs[] = {{1, 12, true}, {2, 10, true}, {4, 24, true}, {16, 8, true},
+                            {4, 16, false}, {3, 400, true}};
+  Coverage coverage;
+  for (const Config& c : configs) {
+    for (uint32_t seed = 1; seed <= 6; ++seed) {
+      INFO("block_size " << c.block_size << " num_blocks " << c.num_blocks << " prefix caching "
+                         << c.prefix_caching << " seed " << seed);
+      RandomRun(c.block_size, c.num_blocks, c.prefix_caching, seed, coverage).run(1500);
+    }
+  }
+  // The runs must actually have exercised the interesting paths.
+  WARN("hits " << coverage.hits << " evictions " << coverage.evictions << " copies " << coverage.copies
+               << " refused allocs " << coverage.alloc_refused << " refused appends "
+               << coverage.append_refused << " forks " << coverage.forks);
+  CHECK(coverage.hits > 100);
+  CHECK(coverage.evictions > 100);
+  CHECK(coverage.copies > 50);
+  CHECK(coverage.alloc_refused > 50);
+  CHECK(coverage.append_refused > 50);
+  CHECK(coverage.forks > 100);
+}

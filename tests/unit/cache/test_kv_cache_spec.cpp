@@ -1,0 +1,102 @@
+// Pool sizing from a byte budget, the KvDtype helpers, scale calibration and saturation
+// accounting: checked against the formulas of DESIGN.md §3 written out by hand.
+#include <catch2/catch.hpp>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "cache/kv_cache_spec.hpp"
+#include "cache/kv_dtype.hpp"
+#include "cache/kv_scales.hpp"
+
+using fp8serve::KvCacheSpec;
+using fp8serve::KvDtype;
+
+TEST_CASE("bytes per block and blocks per budget follow the formula", "[cache][spec]") {
+  // SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64.
+  KvCacheSpec spec{16, 30, 3, 64, KvDtype::fp8_e4m3};
+  REQUIRE_NOTHROW(spec.validate());
+  CHECK(spec.bytes_per_token() == 30u * 2u * 3u * 64u * 1u);
+  CHECK(spec.bytes_per_block() == 16u * 30u * 2u * 3u * 64u);
+  const uint64_t budget = 256ull << 20;
+  CHECK(spec.num_blocks_for_budget(budget) == static_cast<int>(budget / (16u * 30u * 2u * 3u * 64u)));
+  CHECK(spec.num_blocks_for_budget(spec.bytes_per_block() - 1) == 0);
+  CHECK(spec.num_blocks_for_budget(spec.bytes_per_block() * 7 + 5) == 7);
+
+  KvCacheSpec bf16 = spec;
+  bf16.dtype = KvDtype::bf16;
+  // FP8 is exactly half of bf16 per token, so the same budget holds twice the blocks.
+  CHECK(bf16.bytes_per_token() == 2 * spec.bytes_per_token());
+  CHECK(bf16.bytes_per_block() == 2 * spec.bytes_per_block());
+  CHECK(spec.num_blocks_for_budget(budget) == 2 * bf16.num_blocks_for_budget(budget));
+
+  // 10 * 184320 bytes = 1.76 MiB
+  CHECK(spec.describe(10) == "10 blocks x 16 tokens = 160 tokens, 1.8 MiB, fp8_e4m3");
+}
+
+TEST_CASE("block count is capped so every slot id fits in int32", "[cache][spec]") {
+  const KvCacheSpec spec{32, 1, 1, 1, KvDtype::fp8_e4m3};
+  const int num_blocks = spec.num_blocks_for_budget(std::numeric_limits<uint64_t>::max());
+  CHECK(static_cast<int64_t>(num_blocks) * spec.block_size <= std::numeric_limits<int32_t>::max());
+  CHECK(static_cast<int64_t>(num_blocks + 1) * spec.block_size > std::numeric_limits<int32_t>::max());
+}
+
+TEST_CASE("invalid specs are rejected with a message", "[cache][spec]") {
+  CHECK_THROWS_AS((KvCacheSpec{0, 30, 3, 64, KvDtype::bf16}.validate()), std::invalid_argument);
+  CHECK_THROWS_AS((KvCacheSpec{16, -1, 3, 64, KvDtype::bf16}.validate()), std::invalid_argument);
+  CHECK_THROWS_AS((KvCacheSpec{16, 30, 0, 64, KvDtype::bf16}.validate()), std::invalid_argument);
+  CHECK_THROWS_AS((KvCacheSpec{16, 30, 3, 1 << 20, KvDtype::bf16}.validate()), std::invalid_argument);
+  CHECK_THROWS_AS((KvCacheSpec{16, 30, 3, 64, static_cast<KvDtype>(9)}.validate()), std::invalid_argument);
+}
+
+TEST_CASE("KvDtype names round-trip and sizes are 1 and 2 bytes", "[cache][spec]") {
+  for (const KvDtype dtype : {KvDtype::fp8_e4m3, KvDtype::bf16}) {
+    CHECK(fp8serve::parse_kv_dtype(fp8serve::kv_dtype_name(dtype)) == dtype);
+  }
+  CHECK_FALSE(fp8serve::parse_kv_dtype("fp8").has_value());
+  CHECK_FALSE(fp8serve::parse_kv_dtype("").has_value());
+  CHECK(fp8serve::kv_dtype_size(KvDtype::fp8_e4m3) == 1);
+  CHECK(fp8serve::kv_dtype_size(KvDtype::bf16) == 2);
+  CHECK(fp8serve::kv_dtype_is_scaled(KvDtype::fp8_e4m3));
+  CHECK_FALSE(fp8serve::kv_dtype_is_scaled(KvDtype::bf16));
+}
+
+TEST_CASE("calibrate_kv_scale = max(amax * margin / 448, FLT_MIN)", "[cache][scales]") {
+  using fp8serve::calibrate_kv_scale;
+  CHECK(calibrate_kv_scale(448.0f, 1.0f) == 1.0f);
+  CHECK(calibrate_kv_scale(3.5f, 1.0f) == 3.5f / 448.0f);
+  CHECK(calibrate_kv_scale(3.5f, 2.0f) == 3.5f * 2.0f / 448.0f);
+  CHECK(calibrate_kv_scale(0.0f, 1.0f) == FLT_MIN);  // all-zero prefill: never a zero scale
+  CHECK(calibrate_kv_scale(1e-40f, 1.0f) == FLT_MIN);
+  CHECK(calibrate_kv_scale(std::nanf(""), 1.0f) == FLT_MIN);
+  CHECK(calibrate_kv_scale(std::numeric_limits<float>::infinity(), 1.0f) == FLT_MAX);
+  CHECK(std::isfinite(calibrate_kv_scale(FLT_MAX, 4.0f)));
+  // With margin 1 the calibration amax maps exactly onto the FP8 maximum; larger values saturate.
+  const float scale = calibrate_kv_scale(10.0f, 1.0f);
+  CHECK(fp8serve::fp8_e4m3_encode(10.0f / scale) == 0x7e);
+  CHECK_FALSE(fp8serve::kv_value_saturates(10.0f / scale));
+  CHECK(fp8serve::kv_value_saturates(10.5f / scale));
+  CHECK(fp8serve::kv_value_saturates(-10.5f / scale));
+  CHECK_FALSE(fp8serve::kv_value_saturates(std::nanf("")));
+  CHECK_NOTHROW(fp8serve::validate_kv_scale_margin(1.0f));
+  CHECK_THROWS_AS(fp8serve::validate_kv_scale_margin(0.0f), std::invalid_argument);
+  CHECK_THROWS_AS(fp8serve::validate_kv_scale_margin(-1.0f), std::invalid_argument);
+  CHECK_THROWS_AS(fp8serve::validate_kv_scale_margin(std::nanf("")), std::invalid_argument);
+  CHECK_THROWS_AS(fp8serve::validate_kv_scale_margin(std::numeric_limits<float>::infinity()), std::invalid_argument);
+}
+
+TEST_CASE("saturation counters accumulate per layer", "[cache][scales]") {
+  fp8serve::KvSaturationCounters counters(3);
+  counters.add(0, {100, 1, 0});
+  counters.add(2, {100, 4, 7});
+  counters.add(2, {50, 1, 0});
+  CHECK(counters.layer(0) == fp8serve::KvWriteCounts{100, 1, 0});
+  CHECK(counters.layer(1) == fp8serve::KvWriteCounts{});
+  CHECK(counters.layer(2) == fp8serve::KvWriteCounts{150, 5, 7});
+  CHECK(counters.total() == fp8serve::KvWriteCounts{250, 6, 7});
+  CHECK_THROWS_AS(counters.add(counters.num_layers(), {1, 0, 0}), std::out_of_range);
+  CHECK_THROWS_AS(counters.layer(-1), std::out_of_range);
+  CHECK_THROWS_AS(fp8serve::KvSaturationCounters(0), std::invalid_argument);
+}
