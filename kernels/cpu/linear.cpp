@@ -1,0 +1,94 @@
+// linear_cpu: shape checks, the ISA choice and the split of the output into work items.
+// The kernels themselves are in linear_{scalar,avx2,avx512}.cpp. See kernels/cpu/linear.hpp.
+#include "kernels/cpu/linear.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "kernels/cpu/cpu_features.hpp"
+
+namespace fp8serve::cpu {
+
+namespace {
+
+bool isa_supported(LinearIsa isa) {
+  const CpuFeatures& f = cpu_features();
+  switch (isa) {
+    case LinearIsa::avx512:
+      return f.avx512f && f.avx512bw && f.avx2 && f.fma;
+    case LinearIsa::avx2:
+      return f.avx2 && f.fma;
+    case LinearIsa::scalar:
+      return true;
+    case LinearIsa::best:
+      return true;
+  }
+  return false;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+LinearIsa linear_best_isa() {
+  if (isa_supported(LinearIsa::avx512)) return LinearIsa::avx512;
+  if (isa_supported(LinearIsa::avx2)) return LinearIsa::avx2;
+  return LinearIsa::scalar;
+}
+
+const char* linear_isa_name(LinearIsa isa) {
+  switch (isa) {
+    case LinearIsa::best:
+      return linear_isa_name(linear_best_isa());
+    case LinearIsa::avx512:
+      return "avx512";
+    case LinearIsa::avx2:
+      return "avx2";
+    case LinearIsa::scalar:
+      return "scalar";
+  }
+  return "?";
+}
+
+void linear_cpu(const LinearParams& params, ThreadPool& pool, LinearIsa isa) {
+  LinearParams p = params;
+  if (p.num_tokens < 0 || p.in_features < 1 || p.out_features < 1) {
+    throw std::invalid_argument("linear_cpu: need num_tokens >= 0 and in/out features >= 1");
+  }
+  if (p.x_stride == 0) p.x_stride = p.in_features;
+  if (p.y_stride == 0) p.y_stride = p.out_features;
+  if (p.x_stride < p.in_features || p.y_stride < p.out_features) {
+    throw std::invalid_argument("linear_cpu: row stride smaller than the row");
+  }
+  if (p.num_tokens == 0) return;
+  if (isa == LinearIsa::best) isa = linear_best_isa();
+  if (!isa_supported(isa)) {
+    throw std::runtime_error(std::string("linear_cpu: this CPU cannot run the ") +
+                             linear_isa_name(isa) + " path");
+  }
+  auto* block = isa == LinearIsa::avx512 ? detail::linear_block_avx512
+                : isa == LinearIsa::avx2 ? detail::linear_block_avx2
+                                         : detail::linear_block_scalar;
+
+  // Work items: token blocks whose activations stay in L2 (~256 KiB) while the weight rows of
+  // the item stream past them, times output blocks small enough to give every thread several
+  // items (dynamic hand-out evens out the load). None of this changes any result.
+  const int64_t token_block = std::clamp<int64_t>(65536 / p.in_features, 4, 128) / 4 * 4;
+  const int64_t num_token_blocks = ceil_div(p.num_tokens, token_block);
+  const int64_t wanted_items = 8 * static_cast<int64_t>(pool.num_threads());
+  int64_t out_block =
+      ceil_div(p.out_features, std::max<int64_t>(1, wanted_items / num_token_blocks));
+  out_block = std::clamp<int64_t>(ceil_div(out_block, 24) * 24, 24, 384);
+  const int64_t num_out_blocks = ceil_div(p.out_features, out_block);
+
+  pool.parallel_for(num_token_blocks * num_out_blocks, [&](int64_t item) {
+    const int64_t tb = item / num_out_blocks;
+    const int64_t ob = item - tb * num_out_blocks;
+    const int64_t t_begin = tb * token_block;
+    const int64_t o_begin = ob * out_block;
+    block(p, t_begin, std::min(t_begin + token_block, p.num_tokens), o_begin,
+          std::min(o_begin + out_block, p.out_features));
+  });
+}
+
+}  // namespace fp8serve::cpu

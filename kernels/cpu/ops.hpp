@@ -1,0 +1,164 @@
+#pragma once
+// The CPU backend's small ops of the forward pass: RMSNorm (whole rows and per head), RoPE,
+// SiLU·mul, embedding lookup, bias and residual adds, row gather and argmax.
+//
+// Activations are fp32, weights bf16 (std::uint16_t holding the upper half of an fp32), and the
+// arithmetic follows what transformers does in fp32 on the same bf16-rounded weights, step for
+// step where that is cheap (RoPE and SiLU round each product as torch does), so the forward pass
+// can be checked against it tightly. These ops are a few percent of a step next to the
+// projections (kernels/cpu/linear.hpp): they are written as plain loops the compiler vectorizes,
+// threaded over rows, and each row's result never depends on the other rows of the batch.
+//
+// Shapes use the flattened batch: num_tokens rows, one per token of the step (prefill chunks and
+// decode tokens together). A row stride of 0 means "densely packed".
+#include <cstdint>
+#include <vector>
+
+#include "kernels/bf16.hpp"
+#include "kernels/cpu/thread_pool.hpp"
+
+namespace fp8serve::cpu {
+
+// bf16 <-> fp32 through the one codec of kernels/bf16.hpp. Widening is exact (bf16 is the upper
+// half of an fp32); narrowing rounds to nearest even and keeps NaN a NaN.
+inline float bf16_to_float(std::uint16_t bits) { return bf16_decode(bits); }
+inline std::uint16_t float_to_bf16(float value) { return bf16_encode(value); }
+
+// Runs fn(begin, end) over [0, n) in chunks of about `grain` items on the pool. The chunking
+// only decides who computes a row, never how: results do not depend on it.
+template <typename Fn>
+void parallel_chunks(ThreadPool& pool, int64_t n, int64_t grain, const Fn& fn) {
+  if (n <= 0) return;
+  if (grain < 1) grain = 1;
+  const int64_t num_chunks = (n + grain - 1) / grain;
+  if (num_chunks == 1 || pool.num_threads() == 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  pool.parallel_for(num_chunks, [&](int64_t chunk) {
+    const int64_t begin = chunk * grain;
+    fn(begin, begin + grain < n ? begin + grain : n);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm: out = weight * (x * rsqrt(mean(x^2) + eps)), per row of `dim` elements, in that
+// order of operations (LlamaRMSNorm / Qwen3RMSNorm in fp32). One struct covers both uses:
+//   whole hidden rows:   num_heads = 1, dim = hidden_size
+//   Qwen3 q/k norm:      rows are (token, head), dim = head_dim, one weight shared by all heads
+// x may be a column slice of a wider tensor (q inside a fused qkv output): token_stride says
+// how far apart tokens are; heads of one token are contiguous. out may alias x (in place).
+struct RmsNormParams {
+  const float* x = nullptr;               // [num_tokens, num_heads, dim] (token stride below)
+  const std::uint16_t* weight = nullptr;  // [dim] bf16
+  float* out = nullptr;                   // [num_tokens, num_heads, dim] (token stride below)
+  int64_t num_tokens = 0;
+  int64_t num_heads = 1;
+  int64_t dim = 0;
+  int64_t x_token_stride = 0;    // elements between tokens in x; 0 = num_heads * dim
+  int64_t out_token_stride = 0;  // elements between tokens in out; 0 = num_heads * dim
+  float eps = 1e-6f;
+};
+void rms_norm_cpu(const RmsNormParams& params, ThreadPool& pool);
+
+// ---------------------------------------------------------------------------------------------
+// RoPE in the Hugging Face "rotate_half" layout: element i of a head pairs with i + rotary_dim/2.
+//   out[i]       = x[i] * cos[p][i] - x[i + half] * sin[p][i]
+//   out[i + half] = x[i + half] * cos[p][i] + x[i] * sin[p][i]
+// each product rounded separately, as torch evaluates q * cos + rotate_half(q) * sin.
+// Note for GGUF: llama.cpp's converter permutes Llama's q/k weights into the interleaved pair
+// layout; the loader must undo that permutation so these weights see the HF layout.
+
+// How inv_freq is derived (the model config's rope_theta / rope_scaling).
+enum class RopeScaling { none, llama3 };
+
+struct RopeConfig {
+  int64_t rotary_dim = 0;  // head_dim (times partial_rotary_factor, 1 for Llama/Qwen)
+  double theta = 10000.0;  // rope_theta
+  RopeScaling scaling = RopeScaling::none;
+  // llama3 rope scaling (Llama 3.1 / 3.2): ignored when scaling == none.
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_max_position_embeddings = 8192.0;
+};
+
+// inv_freq[rotary_dim / 2] exactly as transformers' _compute_default_rope_parameters and
+// _compute_llama3_parameters compute it: float32 tensors, python scalars rounded to float32,
+// each operation rounded once. Throws std::invalid_argument for a config that makes no sense
+// (odd or non-positive rotary_dim, theta <= 0, llama3 factors that divide by zero).
+std::vector<float> rope_inv_freq(const RopeConfig& config);
+
+// cos/sin for every position in [0, max_positions): [max_positions, rotary_dim / 2] each.
+// The angle is float(position) * inv_freq rounded to fp32 (as torch), then cos/sin of that
+// fp32 angle correctly rounded (torch's own cos/sin are within 1 ulp of it).
+struct RopeTable {
+  int64_t max_positions = 0;
+  int64_t half_dim = 0;    // rotary_dim / 2
+  std::vector<float> cos;  // [max_positions, half_dim]
+  std::vector<float> sin;  // [max_positions, half_dim]
+};
+RopeTable make_rope_table(const std::vector<float>& inv_freq, int64_t max_positions);
+
+// Rotates q and k in place. q: [num_tokens, num_q_heads, head_dim], k: [num_tokens,
+// num_kv_heads, head_dim]; both may be column slices of a fused qkv tensor (token strides).
+// Only the first rotary_dim = 2 * table.half_dim elements of each head rotate.
+// Throws std::out_of_range if a position is negative or >= table.max_positions.
+struct RopeParams {
+  float* q = nullptr;
+  float* k = nullptr;                  // may be nullptr (rotate q only)
+  const int32_t* positions = nullptr;  // [num_tokens]
+  int64_t num_tokens = 0;
+  int64_t num_q_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t q_token_stride = 0;  // 0 = num_q_heads * head_dim
+  int64_t k_token_stride = 0;  // 0 = num_kv_heads * head_dim
+};
+void rope_cpu(const RopeParams& params, const RopeTable& table, ThreadPool& pool);
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)) as torch computes it.
+// gate and up may be the two halves of a fused gate_up projection (strides); out may alias gate.
+struct SiluMulParams {
+  const float* gate = nullptr;  // [num_tokens, dim]
+  const float* up = nullptr;    // [num_tokens, dim]
+  float* out = nullptr;         // [num_tokens, dim]
+  int64_t num_tokens = 0;
+  int64_t dim = 0;
+  int64_t gate_token_stride = 0;  // 0 = dim
+  int64_t up_token_stride = 0;    // 0 = dim
+  int64_t out_token_stride = 0;   // 0 = dim
+};
+void silu_mul_cpu(const SiluMulParams& params, ThreadPool& pool);
+
+// ---------------------------------------------------------------------------------------------
+// Embedding lookup: out[t] = float(table[token_ids[t]]). Throws std::out_of_range for a token
+// id outside [0, vocab_size): ids can come from a client (prompt token ids), never trust them.
+struct EmbeddingParams {
+  const std::uint16_t* table = nullptr;  // [vocab_size, hidden] bf16
+  const int32_t* token_ids = nullptr;    // [num_tokens]
+  float* out = nullptr;                  // [num_tokens, hidden]
+  int64_t num_tokens = 0;
+  int64_t vocab_size = 0;
+  int64_t hidden = 0;
+};
+void embedding_cpu(const EmbeddingParams& params, ThreadPool& pool);
+
+// x[t, i] += float(bias[i]) for a [num_tokens, dim] block (token stride 0 = dim).
+void add_bias_cpu(float* x, const std::uint16_t* bias, int64_t num_tokens, int64_t dim,
+                  int64_t token_stride = 0);
+
+// residual[i] += x[i] over n elements (the residual stream accumulates each block's output).
+void residual_add_cpu(float* residual, const float* x, int64_t n, ThreadPool& pool);
+
+// out[i] = x[rows[i]] for i < num_rows: picks the hidden states of the tokens that sample this
+// step, so the LM head runs only on those. Throws std::out_of_range for a bad row index.
+void gather_rows_cpu(const float* x, int64_t num_x_rows, int64_t dim, const int32_t* rows,
+                     int64_t num_rows, float* out);
+
+// Index of the largest logit of each row, the first one on ties and a NaN counting as the
+// largest (torch.argmax's rules). logits: [num_rows, vocab_size]; out: [num_rows].
+void argmax_rows_cpu(const float* logits, int64_t num_rows, int64_t vocab_size, int32_t* out);
+
+}  // namespace fp8serve::cpu

@@ -1,0 +1,46 @@
+// SiLU·mul (SwiGLU), bias add and residual add: see kernels/cpu/ops.hpp.
+#include <cmath>
+#include <stdexcept>
+
+#include "kernels/cpu/ops.hpp"
+
+namespace fp8serve::cpu {
+
+void silu_mul_cpu(const SiluMulParams& p, ThreadPool& pool) {
+  if (p.num_tokens < 0 || p.dim < 0) throw std::invalid_argument("silu_mul_cpu: bad shape");
+  const int64_t gate_stride = p.gate_token_stride ? p.gate_token_stride : p.dim;
+  const int64_t up_stride = p.up_token_stride ? p.up_token_stride : p.dim;
+  const int64_t out_stride = p.out_token_stride ? p.out_token_stride : p.dim;
+  const int64_t grain = 1 + 8192 / (p.dim > 0 ? p.dim : 1);
+  parallel_chunks(pool, p.num_tokens, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* gate = p.gate + t * gate_stride;
+      const float* up = p.up + t * up_stride;
+      float* out = p.out + t * out_stride;
+      for (int64_t i = 0; i < p.dim; ++i) {
+        // torch's silu is x / (1 + exp(-x)); the product with up is a separate rounding.
+        const float silu = gate[i] / (1.0f + std::exp(-gate[i]));
+        out[i] = silu * up[i];
+      }
+    }
+  });
+}
+
+void add_bias_cpu(float* x, const std::uint16_t* bias, int64_t num_tokens, int64_t dim,
+                  int64_t token_stride) {
+  if (num_tokens < 0 || dim < 0) throw std::invalid_argument("add_bias_cpu: bad shape");
+  const int64_t stride = token_stride ? token_stride : dim;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    float* row = x + t * stride;
+    for (int64_t i = 0; i < dim; ++i) row[i] += bf16_to_float(bias[i]);
+  }
+}
+
+void residual_add_cpu(float* residual, const float* x, int64_t n, ThreadPool& pool) {
+  if (n < 0) throw std::invalid_argument("residual_add_cpu: negative size");
+  parallel_chunks(pool, n, 65536, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) residual[i] += x[i];
+  });
+}
+
+}  // namespace fp8serve::cpu
