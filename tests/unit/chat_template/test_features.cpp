@@ -1,0 +1,75 @@
+// Each feature of the Jinja subset, one small template per case, against the output Python's
+// jinja2 gives for it (tests/fixtures/chat_templates/features.cases.json). Syntax errors must be
+// load-time TemplateErrors; runtime errors must come back as error values, never as a crash.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "model/chat_template/chat_template.hpp"
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+ojson load_features(const std::string& file) {
+  std::ifstream in(std::string(FP8SERVE_FIXTURES_DIR) + "/chat_templates/" + file, std::ios::binary);
+  REQUIRE(in.good());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ojson::parse(ss.str());
+}
+
+void check_features(const std::string& file, size_t min_cases) {
+  const ojson fixture = load_features(file);
+  fp8serve::ChatTemplateOptions options;  // the fixture pins strftime_now to 2025-03-07 14:05:09
+  options.now.tm_year = 125;
+  options.now.tm_mon = 2;
+  options.now.tm_mday = 7;
+  options.now.tm_hour = 14;
+  options.now.tm_min = 5;
+  options.now.tm_sec = 9;
+  options.now.tm_wday = 5;
+  options.now.tm_yday = 65;
+  size_t checked = 0;
+  for (const ojson& c : fixture.at("cases")) {
+    const std::string name = c.at("name").get<std::string>();
+    const std::string source = c.at("template").get<std::string>();
+    INFO("case " << name << ": " << source);
+    const std::string error = c.value("error", "");
+    if (error == "syntax") {
+      CHECK_THROWS_AS(fp8serve::ChatTemplate::parse(source), fp8serve::TemplateError);
+      ++checked;
+      continue;
+    }
+    fp8serve::ChatTemplate tmpl;
+    REQUIRE_NOTHROW(tmpl = fp8serve::ChatTemplate::parse(source));
+    const auto result = tmpl.render(c.at("context"), options);
+    if (c.contains("expected")) {
+      INFO((result.ok() ? std::string() : result.error->message));
+      REQUIRE(result.ok());
+      CHECK(result.text == c.at("expected").get<std::string>());
+    } else {
+      REQUIRE_FALSE(result.ok());
+      if (error == "raised") {
+        CHECK(result.error->kind == fp8serve::jinja::ErrorKind::raised);
+        CHECK(result.error->message == c.at("message").get<std::string>());
+      } else {
+        CHECK(result.error->kind != fp8serve::jinja::ErrorKind::raised);
+      }
+    }
+    ++checked;
+  }
+  CHECK(checked >= min_cases);
+}
+
+}  // namespace
+
+TEST_CASE("Jinja features render as jinja2 renders them", "[chat_template]") {
+  check_features("features.cases.json", 100);
+}
+
+// Random mixes of whitespace-control tags, comments, raw blocks and expressions.
+TEST_CASE("random whitespace/expression templates render as jinja2 renders them", "[chat_template]") {
+  check_features("random.cases.json", 1500);
+}

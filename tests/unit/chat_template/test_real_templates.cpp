@@ -1,0 +1,80 @@
+// Real model chat templates rendered by our interpreter must match, byte for byte, what
+// transformers + jinja2 render for the same conversations (tests/fixtures/chat_templates, made by
+// tests/scripts/make_chat_template_fixtures.py), including which inputs make a template raise.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "model/chat_template/chat_template.hpp"
+
+namespace {
+
+using fp8serve::ChatTemplate;
+using fp8serve::ChatTemplateOptions;
+using ojson = nlohmann::ordered_json;
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in.good());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The fixture script pins strftime_now to 2025-03-07 14:05:09.
+ChatTemplateOptions fixed_time_options() {
+  ChatTemplateOptions options;
+  options.now.tm_year = 2025 - 1900;
+  options.now.tm_mon = 2;
+  options.now.tm_mday = 7;
+  options.now.tm_hour = 14;
+  options.now.tm_min = 5;
+  options.now.tm_sec = 9;
+  options.now.tm_wday = 5;
+  options.now.tm_yday = 65;
+  return options;
+}
+
+void check_template(const std::string& name, size_t min_cases) {
+  const std::string dir = std::string(FP8SERVE_FIXTURES_DIR) + "/chat_templates/";
+  const ojson fixture = ojson::parse(read_file(dir + name + ".cases.json"));
+  const ChatTemplate tmpl = ChatTemplate::parse(read_file(dir + fixture.at("template").get<std::string>()));
+  const ChatTemplateOptions options = fixed_time_options();
+  size_t rendered = 0;
+  size_t errors = 0;
+  for (const ojson& c : fixture.at("cases")) {
+    INFO(name << " case " << c.at("name").get<std::string>());
+    const ojson ctx = fp8serve::make_chat_context(c.at("messages"), c.at("tools"),
+                                                  c.at("add_generation_prompt").get<bool>(), c.at("extra"));
+    const auto result = tmpl.render(ctx, options);
+    if (c.contains("expected")) {
+      INFO((result.ok() ? std::string() : result.error->message));
+      REQUIRE(result.ok());
+      CHECK(result.text == c.at("expected").get<std::string>());
+      ++rendered;
+    } else {
+      REQUIRE_FALSE(result.ok());
+      if (c.at("error") == "raised") {
+        CHECK(result.error->kind == fp8serve::jinja::ErrorKind::raised);
+        CHECK(result.error->message == c.at("message").get<std::string>());
+      } else {
+        CHECK(result.error->kind == fp8serve::jinja::ErrorKind::runtime);
+      }
+      ++errors;
+    }
+  }
+  CHECK(rendered + errors >= min_cases);
+  CHECK(rendered >= 30);
+}
+
+}  // namespace
+
+TEST_CASE("SmolLM2-Instruct template matches jinja2", "[chat_template]") { check_template("smollm2", 60); }
+TEST_CASE("Qwen2.5-Instruct template matches jinja2", "[chat_template]") { check_template("qwen2_5", 60); }
+TEST_CASE("Qwen3 template matches jinja2, thinking on and off", "[chat_template]") { check_template("qwen3", 60); }
+TEST_CASE("Llama-3.1-Instruct template matches jinja2", "[chat_template]") { check_template("llama3_1", 60); }
+TEST_CASE("Llama-3.2-Instruct template matches jinja2", "[chat_template]") { check_template("llama3_2", 60); }
+TEST_CASE("Zephyr/TinyLlama template matches jinja2", "[chat_template]") { check_template("zephyr", 60); }
+TEST_CASE("Mistral-7B-Instruct-v0.2 template matches jinja2", "[chat_template]") { check_template("mistral_v0_2", 60); }
