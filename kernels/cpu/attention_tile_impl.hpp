@@ -97,6 +97,21 @@ void accumulate_values(const float (*p)[kKeyChunk], const float* alpha, const T*
   }
 }
 
+// Prefetches one block's rows of one head: block_size rows of head_dim elements each, for K and V.
+template <class T>
+inline void prefetch_block(const T* k_base, const T* v_base, int64_t block_offset, int block_size,
+                           int64_t token_stride, int head_dim) {
+  const int64_t row_bytes = static_cast<int64_t>(head_dim) * static_cast<int64_t>(sizeof(T));
+  for (int t = 0; t < block_size; ++t) {
+    const char* k_row = reinterpret_cast<const char*>(k_base + block_offset + t * token_stride);
+    const char* v_row = reinterpret_cast<const char*>(v_base + block_offset + t * token_stride);
+    for (int64_t b = 0; b < row_bytes; b += 64) {
+      __builtin_prefetch(k_row + b);
+      __builtin_prefetch(v_row + b);
+    }
+  }
+}
+
 // Rows [row0, row0 + NR) of the item, processed to the end of its key partition.
 template <class V, class T, int NR>
 void attend_rows(const AttentionItem& it, int row0) {
@@ -135,6 +150,12 @@ void attend_rows(const AttentionItem& it, int row0) {
     const int in_block = key - block * it.block_size;
     const int nj = std::min({kKeyChunk, it.block_size - in_block, key_end - key});
     const int64_t offset = it.block_table[block] * it.block_stride + in_block * it.token_stride;
+    // Blocks sit anywhere in the pool, so the hardware prefetcher sees a new short stream at
+    // every block and the loads wait on memory latency. Ask for the next block's K and V rows
+    // of this head now: they arrive while this block is scored.
+    if (in_block + nj == it.block_size && key + nj < key_end)
+      prefetch_block(k_base, v_base, it.block_table[block + 1] * it.block_stride, it.block_size,
+                     it.token_stride, head_dim);
     score_keys<V, T, NR, KU>(q, k_base + offset, it.token_stride, head_dim, 0, nj, s);
 
     // Online softmax update per row; keys past a row's position (causal) get probability 0.
