@@ -52,8 +52,8 @@ LoadedModel load_hf_folder(const fs::path& dir) {
   model.name = dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
   model.config = load_hf_config(dir.string());
   model.weights = load_hf_weights(dir.string(), model.config);
-  for (const SafetensorsTensor* t : SafetensorsModel::open_dir(dir.string()).tensors())
-    ++model.tensor_types[std::string(safetensors_dtype_name(t->dtype))];
+  const SafetensorsModel files = SafetensorsModel::open_dir(dir.string());  // owns the tensors below
+  for (const SafetensorsTensor* t : files.tensors()) ++model.tensor_types[std::string(safetensors_dtype_name(t->dtype))];
   model.tokenizer = load_tokenizer_dir(dir.string());
   model.chat_template = read_hf_chat_template(dir);
   return model;
