@@ -147,6 +147,10 @@ const std::vector<FlagSpec>& flag_specs() {
     s.push_back(real_flag("shutdown-timeout", "seconds to drain on SIGTERM", 0, 3600, &Config::shutdown_timeout));
     s.push_back(text_flag("chat-template", "Jinja chat template file for models without one", &Config::chat_template_file));
     s.push_back(bool_flag("metrics-public", "serve /metrics without the API key", &Config::metrics_public, true));
+    s.push_back(int64_flag("max-body-bytes", "request body limit; larger gets 413", 1024, 1 << 30, &Config::max_body_bytes));
+    s.push_back(integer_flag("max-header-bytes", "request header limit; larger gets 431", 1024, 1 << 20,
+                             &Config::max_header_bytes));
+    s.push_back(real_flag("request-timeout", "seconds to receive one whole request", 0.1, 3600, &Config::request_timeout));
     s.push_back(choice_flag("log-level", "log verbosity", {"trace", "debug", "info", "warn", "error"}, &Config::log_level));
     s.push_back(text_flag("prompt", "generate: the prompt", &Config::prompt));
     s.push_back(integer_flag("max-tokens", "generate: tokens to generate", 1, 1 << 24, &Config::max_tokens));

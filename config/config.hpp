@@ -24,7 +24,7 @@ struct Config {
   // Device and KV cache (DESIGN §3, §8). Flag names follow vLLM's.
   std::string device = "auto";            // auto | cpu | cuda
   std::string kv_cache_dtype = "fp8_e4m3";  // fp8_e4m3 | bf16
-  double kv_scale_margin = 1.0;           // calibrated scale = amax * margin / 448
+  double kv_scale_margin = 2.0;           // calibrated scale = amax * margin / 448 (see README)
   int block_size = 16;
   int64_t kv_cache_memory = 0;            // bytes; 0 = derive (CPU: 1 GiB; CUDA: utilization)
   double gpu_memory_utilization = 0.9;
@@ -43,6 +43,9 @@ struct Config {
   double shutdown_timeout = 30.0;
   std::string chat_template_file;
   bool metrics_public = false;
+  int64_t max_body_bytes = 4 << 20;       // larger request bodies get 413
+  int max_header_bytes = 16 << 10;        // larger request headers get 431
+  double request_timeout = 30.0;          // seconds to receive one whole request, or idle (slowloris)
   std::string log_level = "info";
 
   // generate: the prompt and sampling.

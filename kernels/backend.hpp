@@ -1,12 +1,22 @@
 #pragma once
 // The kernel interface the forward pass is written against (DESIGN.md §4-5): one abstract
 // Backend whose ops each take one params struct and a stream. The CPU backend
-// (kernels/cpu/cpu_backend.hpp) runs them on its thread pool; a CUDA backend will implement the
-// same ops with device pointers in the same params structs and launch on the stream - the model
-// code does not change. One virtual call per op per layer is noise next to the op itself.
+// (kernels/cpu/cpu_backend.hpp) runs them on its thread pool; a CUDA backend implements the
+// same ops with device pointers in the same params structs and launches on the stream - the
+// model code does not change. One virtual call per op per layer is noise next to the op itself.
+//
+// Memory: every pointer in a params struct is device memory obtained from allocate() (host
+// memory on the CPU). The model uploads its weights and the KV pool lives there too, so the
+// CUDA backend does the same with cudaMalloc; the engine never dereferences device pointers,
+// it moves data with copy_to_device / copy_to_host.
+#include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
+#include "kernels/forward_ops.hpp"
 #include "kernels/kv_write.hpp"
 #include "kernels/paged_attention.hpp"
 
@@ -27,14 +37,74 @@ class Backend {
 
   virtual std::string_view name() const = 0;
   virtual ActDtype activation_dtype() const = 0;
+  // One line for the start-up log: the device, its features and threads.
+  virtual std::string describe() const = 0;
 
-  // Attention (issue 3).
+  // Device memory. allocate() returns zeroed memory aligned for any kernel (64 bytes at
+  // least) and throws std::bad_alloc when the device has none left; free(nullptr) is a no-op.
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void free(void* ptr) = 0;
+  virtual void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream stream) = 0;
+  virtual void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream stream) = 0;
+  // Waits until all work queued on the stream has finished (a no-op on the CPU).
+  virtual void synchronize(Stream stream) = 0;
+
+  // Copy-on-write of paged KV blocks: block src -> dst in K and V of every layer's pool.
+  virtual void copy_blocks(const CopyBlocksParams& params, Stream stream) = 0;
+
+  // RoPE's cos/sin table, built once from the model's inv_freq for positions
+  // [0, max_positions) and kept on the device; rope() reads it. Call before rope().
+  virtual void set_rope_table(const std::vector<float>& inv_freq, int64_t max_positions) = 0;
+
+  // The forward pass, in the order the model calls them (kernels/forward_ops.hpp).
+  virtual void embedding(const EmbeddingOpParams& params, Stream stream) = 0;
+  virtual void rms_norm(const RmsNormOpParams& params, Stream stream) = 0;
+  virtual void linear(const LinearOpParams& params, Stream stream) = 0;
+  virtual void rope(const RopeOpParams& params, Stream stream) = 0;
   virtual void kv_write(const KvWriteParams& params, Stream stream) = 0;
   virtual void paged_attention(const PagedAttentionParams& params, Stream stream) = 0;
+  virtual void silu_mul(const SiluMulOpParams& params, Stream stream) = 0;
+  virtual void residual_add(const ResidualAddOpParams& params, Stream stream) = 0;
+  virtual void gather_rows(const GatherRowsOpParams& params, Stream stream) = 0;
+};
 
-  // The rest of the forward pass (issue 4) joins here, one params struct per op in its own
-  // header: embedding, rms_norm (and per-head q/k norm), rope, matmul (bf16 weights),
-  // silu_mul, residual add, and the device memory verbs (alloc, copy in/out) a CUDA backend needs.
+// Owns one allocation of a Backend (RAII), so a throwing constructor leaks nothing.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend& backend, std::size_t bytes)
+      : backend_(&backend), ptr_(bytes ? backend.allocate(bytes) : nullptr), bytes_(bytes) {}
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      backend_ = other.backend_;
+      ptr_ = other.ptr_;
+      bytes_ = other.bytes_;
+      other.ptr_ = nullptr;
+      other.bytes_ = 0;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return ptr_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void reset() {
+    if (backend_ && ptr_) backend_->free(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+
+  Backend* backend_ = nullptr;
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
 };
 
 }  // namespace fp8serve

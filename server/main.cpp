@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "server/generate.hpp"
 #include "server/inspect.hpp"
+#include "server/serve.hpp"
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
@@ -28,11 +30,10 @@ int main(int argc, char** argv) {
     switch (config.command) {
       case fp8serve::Command::inspect:
         return fp8serve::run_inspect(config);
-      case fp8serve::Command::generate:
       case fp8serve::Command::serve:
-        // The engine and the HTTP server are not built yet: say so rather than pretend.
-        std::fprintf(stderr, "fp8serve: '%s' is not supported by this build yet; use 'inspect'\n", args[0].c_str());
-        return 2;
+        return fp8serve::run_serve(config);
+      case fp8serve::Command::generate:
+        return fp8serve::run_generate(config);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fp8serve: %s\n", e.what());

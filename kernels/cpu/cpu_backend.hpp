@@ -1,9 +1,14 @@
 #pragma once
-// The CPU implementation of the kernel interface: fp32 activations, every op on the one thread
-// pool it is given (created once from --threads by whoever builds the engine).
+// The CPU implementation of the kernel interface: fp32 activations, host memory as "device"
+// memory, every op on the one thread pool it is given (created once from --threads by whoever
+// builds the engine). The ops themselves live in kernels/cpu/ops.hpp and linear.hpp; this class
+// only adapts the device-neutral params structs to them.
+#include <memory>
+#include <string>
 #include <string_view>
 
 #include "kernels/backend.hpp"
+#include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/paged_attention_cpu.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 
@@ -15,15 +20,32 @@ class CpuBackend final : public Backend {
 
   std::string_view name() const override { return "cpu"; }
   ActDtype activation_dtype() const override { return ActDtype::f32; }
+  std::string describe() const override;
 
+  void* allocate(std::size_t bytes) override;
+  void free(void* ptr) override;
+  void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream stream) override;
+  void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream stream) override;
+  void synchronize(Stream /*stream*/) override {}
+  void copy_blocks(const CopyBlocksParams& params, Stream stream) override;
+  void set_rope_table(const std::vector<float>& inv_freq, int64_t max_positions) override;
+
+  void embedding(const EmbeddingOpParams& params, Stream stream) override;
+  void rms_norm(const RmsNormOpParams& params, Stream stream) override;
+  void linear(const LinearOpParams& params, Stream stream) override;
+  void rope(const RopeOpParams& params, Stream stream) override;
   void kv_write(const KvWriteParams& params, Stream stream) override;
   void paged_attention(const PagedAttentionParams& params, Stream stream) override;
+  void silu_mul(const SiluMulOpParams& params, Stream stream) override;
+  void residual_add(const ResidualAddOpParams& params, Stream stream) override;
+  void gather_rows(const GatherRowsOpParams& params, Stream stream) override;
 
   ThreadPool& pool() { return pool_; }
 
  private:
   ThreadPool& pool_;
   AttentionWorkspace attention_workspace_;  // reused by every layer of every step
+  RopeTable rope_table_;
 };
 
 }  // namespace fp8serve::cpu

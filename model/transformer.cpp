@@ -1,0 +1,397 @@
+#include "model/transformer.hpp"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cpu/ops.hpp"  // rope_inv_freq: host-side math shared by every backend
+
+namespace fp8serve {
+
+namespace {
+
+std::string layer_name(int layer, const char* suffix) {
+  return "model.layers." + std::to_string(layer) + "." + suffix;
+}
+
+// inv_freq as transformers computes it for this config (default or llama3 scaling).
+std::vector<float> model_inv_freq(const ModelConfig& c) {
+  cpu::RopeConfig rope;
+  rope.rotary_dim = c.head_dim;
+  rope.theta = c.rope_theta;
+  if (c.rope_scaling.kind == RopeScaling::Kind::llama3) {
+    rope.scaling = cpu::RopeScaling::llama3;
+    rope.factor = c.rope_scaling.factor;
+    rope.low_freq_factor = c.rope_scaling.low_freq_factor;
+    rope.high_freq_factor = c.rope_scaling.high_freq_factor;
+    rope.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
+  }
+  return cpu::rope_inv_freq(rope);
+}
+
+template <typename T>
+DeviceBuffer device_array(Backend& backend, std::size_t count) {
+  return DeviceBuffer(backend, count * sizeof(T));
+}
+
+}  // namespace
+
+Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights, Backend& backend,
+                         const TransformerOptions& options)
+    : config_(config), backend_(backend), options_(options) {
+  if (backend.activation_dtype() != ActDtype::f32) {
+    // The logits read-back and the buffer sizes below assume fp32 activations.
+    throw std::invalid_argument("Transformer: only fp32-activation backends are supported yet");
+  }
+  if (options.num_blocks < 1 || options.block_size < 1 || options.max_num_tokens < 1 ||
+      options.max_num_seqs < 1 || options.max_model_len < 1) {
+    throw std::invalid_argument("Transformer: num_blocks, block_size, max_num_tokens, max_num_seqs "
+                                "and max_model_len must be >= 1");
+  }
+  validate_kv_scale_margin(options.kv_scale_margin);
+  const ModelConfig& c = config_;
+
+  // Weights: uploaded once, in bf16, under the layer's named slots.
+  embed_tokens_ = upload(weights, "model.embed_tokens.weight");
+  final_norm_ = upload(weights, "model.norm.weight");
+  lm_head_ = c.tie_word_embeddings ? embed_tokens_ : upload(weights, "lm_head.weight");
+  layers_.resize(static_cast<std::size_t>(c.num_layers));
+  for (int i = 0; i < c.num_layers; ++i) {
+    LayerWeights& w = layers_[static_cast<std::size_t>(i)];
+    w.input_norm = upload(weights, layer_name(i, "input_layernorm.weight"));
+    w.q_proj = upload(weights, layer_name(i, "self_attn.q_proj.weight"));
+    w.k_proj = upload(weights, layer_name(i, "self_attn.k_proj.weight"));
+    w.v_proj = upload(weights, layer_name(i, "self_attn.v_proj.weight"));
+    if (c.attention_bias) {
+      w.q_bias = upload(weights, layer_name(i, "self_attn.q_proj.bias"));
+      w.k_bias = upload(weights, layer_name(i, "self_attn.k_proj.bias"));
+      w.v_bias = upload(weights, layer_name(i, "self_attn.v_proj.bias"));
+    }
+    if (c.qk_norm) {
+      w.q_norm = upload(weights, layer_name(i, "self_attn.q_norm.weight"));
+      w.k_norm = upload(weights, layer_name(i, "self_attn.k_norm.weight"));
+    }
+    w.o_proj = upload(weights, layer_name(i, "self_attn.o_proj.weight"));
+    w.post_norm = upload(weights, layer_name(i, "post_attention_layernorm.weight"));
+    w.gate_proj = upload(weights, layer_name(i, "mlp.gate_proj.weight"));
+    w.up_proj = upload(weights, layer_name(i, "mlp.up_proj.weight"));
+    w.down_proj = upload(weights, layer_name(i, "mlp.down_proj.weight"));
+  }
+  backend_.set_rope_table(model_inv_freq(c), options.max_model_len);
+
+  // The paged KV pool: one K and one V buffer per layer.
+  const std::size_t pool_elems = static_cast<std::size_t>(options.num_blocks) *
+                                 static_cast<std::size_t>(options.block_size) *
+                                 static_cast<std::size_t>(c.num_kv_heads) * static_cast<std::size_t>(c.head_dim);
+  const std::size_t pool_bytes = pool_elems * kv_dtype_size(options.kv_dtype);
+  for (int i = 0; i < c.num_layers; ++i) {
+    DeviceBuffer k(backend_, pool_bytes);
+    DeviceBuffer v(backend_, pool_bytes);
+    kv_views_.push_back(make_paged_kv_view(k.data(), v.data(), options.kv_dtype, options.num_blocks,
+                                           options.block_size, c.num_kv_heads, c.head_dim));
+    kv_buffers_.push_back(std::move(k));
+    kv_buffers_.push_back(std::move(v));
+    kv_cache_bytes_ += 2 * pool_bytes;
+  }
+
+  // Activations for the largest step.
+  const auto rows = static_cast<std::size_t>(options.max_num_tokens);
+  const auto seqs = static_cast<std::size_t>(options.max_num_seqs);
+  const auto hidden = static_cast<std::size_t>(c.hidden_size);
+  const auto q_width = static_cast<std::size_t>(c.num_heads * c.head_dim);
+  const auto qkv_width = static_cast<std::size_t>((c.num_heads + 2 * c.num_kv_heads) * c.head_dim);
+  hidden_ = device_array<float>(backend_, rows * hidden);
+  normed_ = device_array<float>(backend_, rows * hidden);
+  qkv_ = device_array<float>(backend_, rows * qkv_width);
+  attn_out_ = device_array<float>(backend_, rows * q_width);
+  proj_out_ = device_array<float>(backend_, rows * hidden);
+  gate_up_ = device_array<float>(backend_, rows * 2 * static_cast<std::size_t>(c.intermediate_size));
+  sampled_ = device_array<float>(backend_, seqs * hidden);
+  logits_ = device_array<float>(backend_, seqs * static_cast<std::size_t>(c.vocab_size));
+
+  const auto max_blocks = static_cast<std::size_t>((options.max_model_len + options.block_size - 1) /
+                                                   options.block_size);
+  const auto layers = static_cast<std::size_t>(c.num_layers);
+  token_ids_ = device_array<int32_t>(backend_, rows);
+  positions_ = device_array<int32_t>(backend_, rows);
+  slot_mapping_ = device_array<int64_t>(backend_, rows);
+  query_start_loc_ = device_array<int32_t>(backend_, seqs + 1);
+  context_lens_ = device_array<int32_t>(backend_, seqs);
+  block_tables_ = device_array<int32_t>(backend_, seqs * max_blocks);
+  k_scales_ = device_array<float>(backend_, layers * seqs);
+  v_scales_ = device_array<float>(backend_, layers * seqs);
+  calibrate_ = device_array<uint8_t>(backend_, seqs);
+  sample_rows_ = device_array<int32_t>(backend_, seqs);
+  counts_ = device_array<KvWriteCounts>(backend_, layers);
+}
+
+const std::uint16_t* Transformer::upload(const ModelWeights& weights, const std::string& name) {
+  const HostTensor& tensor = weights.at(name);
+  const std::size_t bytes = tensor.data.size() * sizeof(std::uint16_t);
+  DeviceBuffer buffer(backend_, bytes);
+  backend_.copy_to_device(buffer.data(), tensor.data.data(), bytes, stream_);
+  weight_bytes_ += bytes;
+  const auto* ptr = buffer.as<const std::uint16_t>();
+  weight_buffers_.push_back(std::move(buffer));
+  return ptr;
+}
+
+void Transformer::validate(const ForwardBatch& b, std::span<float> logits) const {
+  const auto num_tokens = static_cast<int64_t>(b.token_ids.size());
+  const auto num_seqs = static_cast<int64_t>(b.context_lens.size());
+  const auto num_layers = static_cast<std::size_t>(config_.num_layers);
+  const int64_t max_blocks = (options_.max_model_len + options_.block_size - 1) / options_.block_size;
+  auto fail = [](const std::string& what) { throw std::invalid_argument("Transformer::forward: " + what); };
+  if (num_tokens < 1 || num_tokens > options_.max_num_tokens) fail("num_tokens outside [1, max_num_tokens]");
+  if (num_seqs < 1 || num_seqs > options_.max_num_seqs) fail("num_seqs outside [1, max_num_seqs]");
+  if (b.positions.size() != b.token_ids.size() || b.slot_mapping.size() != b.token_ids.size())
+    fail("positions and slot_mapping need one entry per token");
+  if (b.query_start_loc.size() != static_cast<std::size_t>(num_seqs + 1) ||
+      b.query_start_loc.front() != 0 || b.query_start_loc.back() != num_tokens)
+    fail("query_start_loc must be [num_seqs + 1] from 0 to num_tokens");
+  if (b.max_blocks_per_seq < 1 || b.max_blocks_per_seq > max_blocks ||
+      b.block_tables.size() != static_cast<std::size_t>(num_seqs * b.max_blocks_per_seq))
+    fail("block_tables must be [num_seqs, max_blocks_per_seq] with max_blocks_per_seq <= max_model_len / block_size");
+  if (b.k_scales.size() != num_layers * static_cast<std::size_t>(num_seqs) ||
+      b.v_scales.size() != b.k_scales.size())
+    fail("k_scales and v_scales must be [num_layers, num_seqs]");
+  if (b.calibrate.size() != static_cast<std::size_t>(num_seqs)) fail("calibrate must be [num_seqs]");
+  if (b.sample_rows.size() > static_cast<std::size_t>(options_.max_num_seqs))
+    fail("more sample rows than max_num_seqs");
+  if (logits.size() != b.sample_rows.size() * static_cast<std::size_t>(config_.vocab_size))
+    fail("logits must be [sample_rows, vocab_size]");
+  for (const int64_t s : b.slot_mapping)
+    if (s >= static_cast<int64_t>(options_.num_blocks) * options_.block_size) fail("slot outside the pool");
+  for (const int32_t p : b.positions)
+    if (p < 0 || p >= options_.max_model_len) fail("position outside [0, max_model_len)");
+}
+
+void Transformer::upload_batch(const ForwardBatch& b) {
+  auto put = [&](const DeviceBuffer& dst, auto span) {
+    backend_.copy_to_device(dst.data(), span.data(), span.size_bytes(), stream_);
+  };
+  put(token_ids_, b.token_ids);
+  put(positions_, b.positions);
+  put(query_start_loc_, b.query_start_loc);
+  put(context_lens_, b.context_lens);
+  put(block_tables_, b.block_tables);
+  put(slot_mapping_, b.slot_mapping);
+  put(k_scales_, b.k_scales);
+  put(v_scales_, b.v_scales);
+  put(calibrate_, b.calibrate);
+  put(sample_rows_, b.sample_rows);
+}
+
+void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::span<KvWriteCounts> counts) {
+  validate(b, logits);
+  upload_batch(b);
+  const ModelConfig& c = config_;
+  const int64_t num_tokens = static_cast<int64_t>(b.token_ids.size());
+  const int32_t num_seqs = static_cast<int32_t>(b.context_lens.size());
+  const int64_t hidden = c.hidden_size;
+  const int64_t head_dim = c.head_dim;
+  const int64_t q_width = c.num_heads * head_dim;
+  const int64_t kv_width = c.num_kv_heads * head_dim;
+  const int64_t qkv_width = q_width + 2 * kv_width;
+  const int64_t inter = c.intermediate_size;
+
+  float* x = hidden_.as<float>();       // [num_tokens, hidden] residual stream
+  float* normed = normed_.as<float>();  // [num_tokens, hidden]
+  float* q = qkv_.as<float>();          // [num_tokens, num_heads, head_dim] (row stride qkv_width)
+  float* k = q + q_width;               // [num_tokens, num_kv_heads, head_dim]
+  float* v = k + kv_width;              // [num_tokens, num_kv_heads, head_dim]
+  float* attn = attn_out_.as<float>();  // [num_tokens, num_heads, head_dim]
+  float* proj = proj_out_.as<float>();  // [num_tokens, hidden]
+  float* gate = gate_up_.as<float>();   // [num_tokens, intermediate] (row stride 2 * intermediate)
+  float* up = gate + inter;             // [num_tokens, intermediate]
+
+  const bool track_counts = !counts.empty();
+  if (track_counts) {
+    if (counts.size() != static_cast<std::size_t>(c.num_layers))
+      throw std::invalid_argument("Transformer::forward: counts must be [num_layers]");
+    const std::vector<KvWriteCounts> zeros(counts.size());
+    backend_.copy_to_device(counts_.data(), zeros.data(), counts.size_bytes(), stream_);
+  }
+
+  PagedBatch batch;
+  batch.num_seqs = num_seqs;
+  batch.num_tokens = static_cast<int32_t>(num_tokens);
+  batch.query_start_loc = query_start_loc_.as<const int32_t>();
+  batch.context_lens = context_lens_.as<const int32_t>();
+  batch.block_tables = block_tables_.as<const int32_t>();
+  batch.max_blocks_per_seq = b.max_blocks_per_seq;
+  batch.slot_mapping = slot_mapping_.as<const int64_t>();
+  batch.calibrate = calibrate_.as<const uint8_t>();
+
+  auto linear = [&](const void* in, int64_t in_stride, const std::uint16_t* w, const std::uint16_t* bias,
+                    void* out, int64_t out_stride, int64_t in_features, int64_t out_features) {
+    LinearOpParams p;
+    p.x = in;
+    p.x_stride = in_stride;
+    p.weight = w;
+    p.bias = bias;
+    p.y = out;
+    p.y_stride = out_stride;
+    p.num_tokens = num_tokens;
+    p.in_features = in_features;
+    p.out_features = out_features;
+    backend_.linear(p, stream_);
+  };
+  auto rms_norm = [&](const void* in, void* out, const std::uint16_t* weight, int64_t num_heads,
+                      int64_t dim, int64_t token_stride) {
+    RmsNormOpParams p;
+    p.x = in;
+    p.out = out;
+    p.weight = weight;
+    p.num_tokens = num_tokens;
+    p.num_heads = num_heads;
+    p.dim = dim;
+    p.x_token_stride = token_stride;
+    p.out_token_stride = token_stride;
+    p.eps = c.rms_norm_eps;
+    backend_.rms_norm(p, stream_);
+  };
+  auto residual_add = [&](const float* delta) {
+    ResidualAddOpParams p;
+    p.residual = x;
+    p.x = delta;
+    p.num_elements = num_tokens * hidden;
+    backend_.residual_add(p, stream_);
+  };
+
+  EmbeddingOpParams embed;
+  embed.table = embed_tokens_;
+  embed.token_ids = token_ids_.as<const int32_t>();
+  embed.out = x;
+  embed.num_tokens = num_tokens;
+  embed.vocab_size = c.vocab_size;
+  embed.hidden = hidden;
+  backend_.embedding(embed, stream_);
+
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    const LayerWeights& w = layers_[static_cast<std::size_t>(layer)];
+    batch.k_scales = k_scales_.as<float>() + static_cast<int64_t>(layer) * num_seqs;
+    batch.v_scales = v_scales_.as<float>() + static_cast<int64_t>(layer) * num_seqs;
+
+    // Attention block: norm -> q, k, v -> (q/k norm) -> rope -> kv_write -> attention -> o_proj.
+    rms_norm(x, normed, w.input_norm, 1, hidden, hidden);
+    linear(normed, hidden, w.q_proj, w.q_bias, q, qkv_width, hidden, q_width);
+    linear(normed, hidden, w.k_proj, w.k_bias, k, qkv_width, hidden, kv_width);
+    linear(normed, hidden, w.v_proj, w.v_bias, v, qkv_width, hidden, kv_width);
+    if (c.qk_norm) {
+      rms_norm(q, q, w.q_norm, c.num_heads, head_dim, qkv_width);
+      rms_norm(k, k, w.k_norm, c.num_kv_heads, head_dim, qkv_width);
+    }
+    RopeOpParams rope;
+    rope.q = q;
+    rope.k = k;
+    rope.positions = positions_.as<const int32_t>();
+    rope.num_tokens = num_tokens;
+    rope.num_q_heads = c.num_heads;
+    rope.num_kv_heads = c.num_kv_heads;
+    rope.head_dim = head_dim;
+    rope.q_token_stride = qkv_width;
+    rope.k_token_stride = qkv_width;
+    backend_.rope(rope, stream_);
+
+    KvWriteParams write;
+    write.k = k;
+    write.v = v;
+    write.k_token_stride = qkv_width;
+    write.v_token_stride = qkv_width;
+    write.cache = kv_views_[static_cast<std::size_t>(layer)];
+    write.batch = batch;
+    write.scale_margin = options_.kv_scale_margin;
+    write.counts = track_counts ? counts_.as<KvWriteCounts>() + layer : nullptr;
+    backend_.kv_write(write, stream_);
+
+    PagedAttentionParams attention;
+    attention.q = q;
+    attention.q_token_stride = qkv_width;
+    attention.out = attn;
+    attention.out_token_stride = q_width;
+    attention.num_heads = c.num_heads;
+    attention.softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    attention.cache = kv_views_[static_cast<std::size_t>(layer)];
+    attention.batch = batch;
+    backend_.paged_attention(attention, stream_);
+
+    linear(attn, q_width, w.o_proj, nullptr, proj, hidden, q_width, hidden);
+    residual_add(proj);
+
+    // MLP block: norm -> gate, up -> silu(gate) * up -> down_proj.
+    rms_norm(x, normed, w.post_norm, 1, hidden, hidden);
+    linear(normed, hidden, w.gate_proj, nullptr, gate, 2 * inter, hidden, inter);
+    linear(normed, hidden, w.up_proj, nullptr, up, 2 * inter, hidden, inter);
+    SiluMulOpParams swiglu;
+    swiglu.gate = gate;
+    swiglu.up = up;
+    swiglu.out = gate;
+    swiglu.num_tokens = num_tokens;
+    swiglu.dim = inter;
+    swiglu.gate_token_stride = 2 * inter;
+    swiglu.up_token_stride = 2 * inter;
+    swiglu.out_token_stride = 2 * inter;
+    backend_.silu_mul(swiglu, stream_);
+    linear(gate, 2 * inter, w.down_proj, nullptr, proj, hidden, inter, hidden);
+    residual_add(proj);
+  }
+
+  // Logits only for the rows that sample: gather, final norm, LM head.
+  const auto num_rows = static_cast<int64_t>(b.sample_rows.size());
+  if (num_rows > 0) {
+    GatherRowsOpParams gather;
+    gather.x = x;
+    gather.rows = sample_rows_.as<const int32_t>();
+    gather.out = sampled_.data();
+    gather.num_x_rows = num_tokens;
+    gather.num_rows = num_rows;
+    gather.dim = hidden;
+    backend_.gather_rows(gather, stream_);
+
+    RmsNormOpParams norm;
+    norm.x = sampled_.data();
+    norm.out = sampled_.data();
+    norm.weight = final_norm_;
+    norm.num_tokens = num_rows;
+    norm.dim = hidden;
+    norm.eps = c.rms_norm_eps;
+    backend_.rms_norm(norm, stream_);
+
+    LinearOpParams head;
+    head.x = sampled_.data();
+    head.weight = lm_head_;
+    head.y = logits_.data();
+    head.num_tokens = num_rows;
+    head.in_features = hidden;
+    head.out_features = c.vocab_size;
+    backend_.linear(head, stream_);
+    backend_.copy_to_host(logits.data(), logits_.data(), logits.size_bytes(), stream_);
+  }
+  backend_.copy_to_host(b.k_scales.data(), k_scales_.data(), b.k_scales.size_bytes(), stream_);
+  backend_.copy_to_host(b.v_scales.data(), v_scales_.data(), b.v_scales.size_bytes(), stream_);
+  if (track_counts) {
+    std::vector<KvWriteCounts> step(counts.size());
+    backend_.copy_to_host(step.data(), counts_.data(), counts.size_bytes(), stream_);
+    for (std::size_t i = 0; i < counts.size(); ++i) counts[i] += step[i];
+  }
+  backend_.synchronize(stream_);
+}
+
+void Transformer::copy_blocks(std::span<const BlockCopy> copies) {
+  if (copies.empty()) return;
+  std::vector<int32_t> src, dst;
+  for (const BlockCopy& copy : copies) {
+    src.push_back(copy.src);
+    dst.push_back(copy.dst);
+  }
+  CopyBlocksParams p;
+  p.layers = kv_views_.data();
+  p.num_layers = static_cast<int32_t>(kv_views_.size());
+  p.src = src.data();
+  p.dst = dst.data();
+  p.num_copies = static_cast<int32_t>(copies.size());
+  backend_.copy_blocks(p, stream_);
+}
+
+}  // namespace fp8serve

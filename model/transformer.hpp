@@ -1,0 +1,125 @@
+#pragma once
+// The forward pass of Llama / Qwen2 / Qwen3, written once against the Backend interface over a
+// flattened batch that mixes prefill chunks and decode tokens (DESIGN.md §4). The families
+// differ only by config flags: QKV bias (Qwen2), per-head q/k RMSNorm (Qwen3), llama3 rope
+// scaling, tied embeddings.
+//
+// The Transformer owns the model's device state: the bf16 weights (uploaded once), the paged
+// KV pool (one K and one V buffer per layer, kernels/paged_kv.hpp layout), the activation
+// buffers sized for the largest step, and the step's metadata buffers. It does not know which
+// block belongs to whom: the engine passes block tables, slots and scales in a ForwardBatch.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cache/block_manager.hpp"
+#include "cache/kv_dtype.hpp"
+#include "cache/kv_scales.hpp"
+#include "kernels/backend.hpp"
+#include "model/formats/model_config.hpp"
+#include "model/formats/weights.hpp"
+
+namespace fp8serve {
+
+struct TransformerOptions {
+  KvDtype kv_dtype = KvDtype::fp8_e4m3;
+  int block_size = 16;
+  int num_blocks = 0;          // of the KV pool (KvCacheSpec::num_blocks_for_budget)
+  int max_num_tokens = 2048;   // per step (--max-num-batched-tokens)
+  int max_num_seqs = 64;       // per step
+  int max_model_len = 0;       // positions the rope table covers; block tables' width
+  float kv_scale_margin = kDefaultKvScaleMargin;
+};
+
+// One step, host side. Sequence s owns tokens [query_start_loc[s], query_start_loc[s + 1]).
+struct ForwardBatch {
+  std::span<const int32_t> token_ids;        // [num_tokens]
+  std::span<const int32_t> positions;        // [num_tokens]
+  std::span<const int32_t> query_start_loc;  // [num_seqs + 1]
+  std::span<const int32_t> context_lens;     // [num_seqs] cached + new tokens after this step
+  std::span<const int32_t> block_tables;     // [num_seqs, max_blocks_per_seq], -1 padded
+  int32_t max_blocks_per_seq = 0;
+  std::span<const int64_t> slot_mapping;     // [num_tokens]
+  // FP8 scales, [num_layers, num_seqs] each: read for every sequence, and overwritten with the
+  // calibrated values for the sequences with calibrate[s] != 0 (their first prefill chunk).
+  std::span<float> k_scales;
+  std::span<float> v_scales;
+  std::span<const uint8_t> calibrate;        // [num_seqs]
+  std::span<const int32_t> sample_rows;      // token rows whose logits are wanted, <= max_num_seqs
+};
+
+class Transformer {
+ public:
+  // Uploads the weights (the host copy may be dropped afterwards) and allocates the KV pool and
+  // buffers. Throws std::invalid_argument for options that cannot work, std::bad_alloc when the
+  // device is out of memory.
+  Transformer(const ModelConfig& config, const ModelWeights& weights, Backend& backend,
+              const TransformerOptions& options);
+
+  // Runs the step and writes [sample_rows.size(), vocab_size] fp32 logits to `logits`.
+  // counts (optional, [num_layers]) accumulates kv_write's saturation counts per layer.
+  void forward(const ForwardBatch& batch, std::span<float> logits,
+               std::span<KvWriteCounts> counts = {});
+
+  // Copy-on-write: every layer's K and V block src -> dst (BlockManager::append_slot asks).
+  void copy_blocks(std::span<const BlockCopy> copies);
+
+  const ModelConfig& config() const { return config_; }
+  const TransformerOptions& options() const { return options_; }
+  uint64_t weight_bytes() const { return weight_bytes_; }
+  uint64_t kv_cache_bytes() const { return kv_cache_bytes_; }
+
+ private:
+  struct LayerWeights {
+    const std::uint16_t* input_norm = nullptr;
+    const std::uint16_t* q_proj = nullptr;
+    const std::uint16_t* k_proj = nullptr;
+    const std::uint16_t* v_proj = nullptr;
+    const std::uint16_t* q_bias = nullptr;  // Qwen2
+    const std::uint16_t* k_bias = nullptr;
+    const std::uint16_t* v_bias = nullptr;
+    const std::uint16_t* q_norm = nullptr;  // Qwen3
+    const std::uint16_t* k_norm = nullptr;
+    const std::uint16_t* o_proj = nullptr;
+    const std::uint16_t* post_norm = nullptr;
+    const std::uint16_t* gate_proj = nullptr;
+    const std::uint16_t* up_proj = nullptr;
+    const std::uint16_t* down_proj = nullptr;
+  };
+
+  const std::uint16_t* upload(const ModelWeights& weights, const std::string& name);
+  void validate(const ForwardBatch& batch, std::span<float> logits) const;
+  void upload_batch(const ForwardBatch& batch);
+
+  ModelConfig config_;
+  Backend& backend_;
+  TransformerOptions options_;
+  Stream stream_;
+
+  std::vector<DeviceBuffer> weight_buffers_;
+  std::vector<LayerWeights> layers_;
+  const std::uint16_t* embed_tokens_ = nullptr;
+  const std::uint16_t* final_norm_ = nullptr;
+  const std::uint16_t* lm_head_ = nullptr;  // == embed_tokens_ when tied
+  uint64_t weight_bytes_ = 0;
+
+  std::vector<DeviceBuffer> kv_buffers_;  // [num_layers * 2]: K then V of each layer
+  std::vector<PagedKvView> kv_views_;     // [num_layers]
+  uint64_t kv_cache_bytes_ = 0;
+
+  // Activations, sized for max_num_tokens rows (act = the backend's activation dtype).
+  DeviceBuffer hidden_;    // [max_tokens, hidden] the residual stream
+  DeviceBuffer normed_;    // [max_tokens, hidden]
+  DeviceBuffer qkv_;       // [max_tokens, (num_heads + 2 * num_kv_heads) * head_dim]
+  DeviceBuffer attn_out_;  // [max_tokens, num_heads * head_dim]
+  DeviceBuffer proj_out_;  // [max_tokens, hidden] o_proj and down_proj outputs
+  DeviceBuffer gate_up_;   // [max_tokens, 2 * intermediate]
+  DeviceBuffer sampled_;   // [max_seqs, hidden] the rows that sample
+  DeviceBuffer logits_;    // [max_seqs, vocab]
+
+  // Step metadata on the device.
+  DeviceBuffer token_ids_, positions_, query_start_loc_, context_lens_, block_tables_;
+  DeviceBuffer slot_mapping_, k_scales_, v_scales_, calibrate_, sample_rows_, counts_;
+};
+
+}  // namespace fp8serve

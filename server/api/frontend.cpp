@@ -1,0 +1,297 @@
+#include "server/api/frontend.hpp"
+
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
+#include <ctime>
+
+namespace fp8serve {
+
+using Json = nlohmann::ordered_json;
+
+HttpReply error_reply(const ApiError& error) {
+  HttpReply reply;
+  reply.status = error.status;
+  reply.body = dump_json(error_body(error));
+  if (error.retry_after_s > 0) reply.headers.emplace_back("Retry-After", std::to_string(error.retry_after_s));
+  return reply;
+}
+
+namespace {
+
+HttpReply json_reply(const Json& body, int status = 200) {
+  HttpReply reply;
+  reply.status = status;
+  reply.body = dump_json(body);
+  return reply;
+}
+
+std::string path_of(const std::string& target) { return target.substr(0, target.find('?')); }
+
+bool is_json_content_type(const std::string& value) {
+  std::string media = value.substr(0, value.find(';'));
+  while (!media.empty() && media.back() == ' ') media.pop_back();
+  for (char& c : media) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return media == "application/json";
+}
+
+ApiError unsupported_media_type() {
+  return ApiError{415, "Content-Type must be application/json.", "invalid_request_error", {}, "unsupported_media_type", 0};
+}
+
+ApiError context_exceeded(int max_model_len, int prompt, int completion, ApiKind kind) {
+  return bad_request("This model's maximum context length is " + std::to_string(max_model_len) +
+                         " tokens. However, you requested " + std::to_string(prompt + completion) + " tokens (" +
+                         std::to_string(prompt) + " in the prompt, " + std::to_string(completion) +
+                         " in the completion). Please reduce the length of the prompt or the completion.",
+                     kind == ApiKind::chat ? "messages" : "prompt", "context_length_exceeded");
+}
+
+}  // namespace
+
+ApiFrontend::ApiFrontend(FrontendOptions options, ServerMetrics& metrics)
+    : options_(std::move(options)), metrics_(metrics), created_(static_cast<int64_t>(std::time(nullptr))) {}
+
+void ApiFrontend::set_ready(ModelContext model) {
+  model_ = std::move(model);
+  state_.store(State::ready, std::memory_order_release);
+}
+
+void ApiFrontend::set_draining() { state_.store(State::draining, std::memory_order_release); }
+
+void ApiFrontend::release(int num_seqs) { in_flight_seqs_.fetch_sub(num_seqs); }
+
+bool ApiFrontend::authorized(const std::string& authorization) const {
+  if (options_.api_key.empty()) return true;
+  static constexpr std::string_view kBearer = "Bearer ";
+  const std::string given = authorization.rfind(kBearer, 0) == 0 ? authorization.substr(kBearer.size()) : std::string();
+  // Compare digests so the time taken reveals neither the key's bytes nor its length.
+  unsigned char a[SHA256_DIGEST_LENGTH], b[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(given.data()), given.size(), a);
+  SHA256(reinterpret_cast<const unsigned char*>(options_.api_key.data()), options_.api_key.size(), b);
+  return CRYPTO_memcmp(a, b, sizeof a) == 0 && !given.empty();
+}
+
+std::optional<ApiError> ApiFrontend::admit(int num_seqs) {
+  // Running sequences are at most max_num_seqs, so whatever is in flight beyond that waits:
+  // an upper estimate of the queue that needs nothing from the engine thread.
+  const int after = in_flight_seqs_.fetch_add(num_seqs) + num_seqs;
+  if (after - model_->max_num_seqs > options_.max_waiting_requests) {
+    in_flight_seqs_.fetch_sub(num_seqs);
+    return service_unavailable("The server is at capacity (waiting queue full); retry shortly.", 1);
+  }
+  return std::nullopt;
+}
+
+RouteResult ApiFrontend::handle(const HttpRequestIn& request) {
+  const std::string path = path_of(request.target);
+  const State state = state_.load(std::memory_order_acquire);
+  const std::string& method = request.method;
+
+  struct Route {
+    const char* path;
+    const char* method;
+  };
+  static constexpr Route kRoutes[] = {{"/health", "GET"},          {"/v1/models", "GET"},   {"/metrics", "GET"},
+                                      {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
+                                      {"/tokenize", "POST"},       {"/detokenize", "POST"}};
+  const Route* route = nullptr;
+  for (const Route& r : kRoutes)
+    if (path == r.path) route = &r;
+  if (route == nullptr) return error_reply(not_found("Route " + path + " not found.", "not_found"));
+  if (method != route->method) {
+    HttpReply reply = error_reply(method_not_allowed(method, path));
+    reply.headers.emplace_back("Allow", route->method);
+    return reply;
+  }
+  if (path == "/health") {
+    if (state == State::ready) return HttpReply{200, "application/json", "{}", {}};
+    return error_reply(service_unavailable(state == State::loading ? "The model is loading." : "The server is shutting down.", 1));
+  }
+  if (!authorized(request.authorization) && !(path == "/metrics" && options_.metrics_public)) return error_reply(unauthorized());
+  if (state == State::loading) return error_reply(service_unavailable("The model is loading; retry shortly.", 5));
+  if (path == "/metrics") {
+    HttpReply reply;
+    reply.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    reply.body = metrics_.render(model_->engine != nullptr ? model_->engine->stats() : EngineStats{});
+    return reply;
+  }
+  if (path == "/v1/models") return handle_models();
+  if (!is_json_content_type(request.content_type)) return error_reply(unsupported_media_type());
+  if (path == "/tokenize") return handle_tokenize(request);
+  if (path == "/detokenize") return handle_detokenize(request);
+  if (state == State::draining) return error_reply(service_unavailable("The server is shutting down.", 5));
+  return handle_generation(request, path == "/v1/completions" ? ApiKind::completion : ApiKind::chat);
+}
+
+HttpReply ApiFrontend::handle_models() const {
+  Json model = {{"id", model_->served_model_name}, {"object", "model"},        {"created", created_},
+                {"owned_by", "fp8serve"},           {"root", model_->served_model_name}, {"parent", nullptr},
+                {"max_model_len", model_->max_model_len}};
+  return json_reply({{"object", "list"}, {"data", Json::array({model})}});
+}
+
+std::variant<std::string, ApiError> ApiFrontend::render_chat(const Json& messages, const Json& tools,
+                                                             bool add_generation_prompt, const Json& kwargs) const {
+  if (model_->chat_template == nullptr)
+    return bad_request("This model has no chat template: use /v1/completions, or start the server with --chat-template FILE.",
+                       "messages");
+  Json extras = model_->template_extras;
+  for (const auto& [key, value] : kwargs.items()) extras[key] = value;
+  ChatTemplateOptions options;
+  const std::time_t now = std::time(nullptr);
+  localtime_r(&now, &options.now);
+  ChatTemplateResult result =
+      model_->chat_template->render(make_chat_context(messages, tools, add_generation_prompt, extras), options);
+  if (!result.ok()) return bad_request("The chat template rejected the messages: " + result.error->message, "messages");
+  return std::move(result.text);
+}
+
+RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind kind) {
+  auto parsed = parse_api_request(request.body, kind, options_.limits);
+  if (auto* error = std::get_if<ApiError>(&parsed)) return error_reply(*error);
+  ApiRequest& r = std::get<ApiRequest>(parsed);
+  if (!r.model.empty() && r.model != model_->served_model_name)
+    return error_reply(not_found("The model '" + r.model + "' does not exist.", "model_not_found"));
+
+  const Tokenizer& tokenizer = *model_->tokenizer;
+  // Tokenized prompts and, for echo, their text.
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> texts;
+  if (kind == ApiKind::chat) {
+    auto rendered = render_chat(r.messages, r.tools, r.add_generation_prompt, r.template_kwargs);
+    if (auto* error = std::get_if<ApiError>(&rendered)) return error_reply(*error);
+    // The template already wrote the special tokens (BOS) it wants, as vLLM does for chat.
+    prompts.push_back(tokenizer.encode(std::get<std::string>(rendered), /*add_special_tokens=*/false));
+    texts.push_back(std::get<std::string>(rendered));
+  } else {
+    for (const PromptInput& p : r.prompts) {
+      if (p.text) {
+        prompts.push_back(tokenizer.encode(*p.text, /*add_special_tokens=*/true));
+        texts.push_back(*p.text);
+      } else {
+        for (int32_t id : p.tokens)
+          if (id >= tokenizer.vocab_size())
+            return error_reply(bad_request("Token id " + std::to_string(id) + " is out of vocabulary (size " +
+                                               std::to_string(tokenizer.vocab_size()) + ").",
+                                           "prompt"));
+        prompts.push_back(p.tokens);
+        texts.push_back(tokenizer.decode(p.tokens, /*skip_special_tokens=*/false));
+      }
+    }
+  }
+  for (int32_t id : r.stop_token_ids)
+    if (id >= tokenizer.vocab_size()) return error_reply(bad_request("stop_token_ids: id out of vocabulary.", "stop_token_ids"));
+
+  if (r.n > model_->max_num_seqs)
+    return error_reply(bad_request("'n' must be at most " + std::to_string(model_->max_num_seqs) + " (--max-num-seqs).", "n"));
+  const int max_len = model_->max_model_len;
+  std::vector<int> max_tokens(prompts.size());
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const int prompt_len = static_cast<int>(prompts[p].size());
+    if (prompt_len == 0) return error_reply(bad_request("The prompt is empty after tokenization.", "prompt"));
+    // Unset: 16 for completions (OpenAI's default), the rest of the context for chat (vLLM's).
+    const int wanted = r.max_tokens.value_or(kind == ApiKind::completion ? 16 : std::max(1, max_len - prompt_len));
+    if (static_cast<int64_t>(prompt_len) + wanted > max_len) return error_reply(context_exceeded(max_len, prompt_len, wanted, kind));
+    if (model_->max_pool_tokens > 0 && static_cast<int64_t>(prompt_len) + wanted > model_->max_pool_tokens)
+      return error_reply(bad_request("The prompt plus max_tokens (" + std::to_string(prompt_len + wanted) +
+                                         " tokens) exceeds what the whole KV cache holds (" +
+                                         std::to_string(model_->max_pool_tokens) + " tokens).",
+                                     "max_tokens", "context_length_exceeded"));
+    max_tokens[p] = wanted;
+  }
+
+  const int num_seqs = static_cast<int>(prompts.size()) * r.n;
+  if (auto error = admit(num_seqs)) return error_reply(*error);
+
+  ResponseMeta meta;
+  meta.kind = kind;
+  meta.id = (kind == ApiKind::chat ? "chatcmpl-" : "cmpl-") + request.request_id;
+  meta.created = static_cast<int64_t>(std::time(nullptr));
+  meta.model = model_->served_model_name;
+  meta.n = r.n;
+  meta.num_prompts = static_cast<int>(prompts.size());
+  meta.stream = r.stream;
+  meta.include_usage = r.include_usage;
+  meta.num_logprobs = r.sampling.num_logprobs;
+  if (r.echo) meta.echo_texts = texts;
+  for (const auto& p : prompts) meta.prompt_tokens.push_back(static_cast<int>(p.size()));
+
+  GenerationJob job;
+  job.kind = kind;
+  job.num_seqs = num_seqs;
+  const Tokenizer* tok = model_->tokenizer;
+  job.builder = std::make_unique<ResponseBuilder>(std::move(meta), [tok](int32_t id) {
+    std::string bytes;
+    bool at_start = false;  // a token's own bytes, dummy-prefix space kept
+    tok->append_token_bytes(id, /*skip_special_tokens=*/false, at_start, bytes);
+    return bytes;
+  });
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    GenerationRequest g;
+    g.request_id = prompts.size() == 1 ? request.request_id : request.request_id + "-" + std::to_string(p);
+    g.prompt_tokens = std::move(prompts[p]);
+    g.sampling = r.sampling;
+    g.max_tokens = max_tokens[p];
+    g.stop = r.stop;
+    g.stop_token_ids = r.stop_token_ids;
+    g.ignore_eos = r.ignore_eos;
+    g.n = r.n;
+    g.skip_special_tokens = r.skip_special_tokens;
+    job.requests.push_back(std::move(g));
+  }
+  return job;
+}
+
+HttpReply ApiFrontend::handle_tokenize(const HttpRequestIn& request) {
+  auto doc = parse_json_body(request.body, options_.limits.max_json_depth);
+  if (auto* error = std::get_if<ApiError>(&doc)) return error_reply(*error);
+  const Json& body = std::get<Json>(doc);
+  if (!body.is_object()) return error_reply(bad_request("the request body must be a JSON object."));
+  auto flag = [&](const char* key, bool fallback) -> std::variant<bool, ApiError> {
+    auto it = body.find(key);
+    if (it == body.end() || it->is_null()) return fallback;
+    if (!it->is_boolean()) return bad_request(std::string("'") + key + "' must be a boolean.", key);
+    return it->get<bool>();
+  };
+  std::string text;
+  bool add_special = true;
+  if (body.contains("messages")) {
+    // Validate through the chat parser so /tokenize accepts exactly what chat accepts.
+    Json chat = {{"messages", body["messages"]}};
+    auto parsed = parse_api_request(dump_json(chat), ApiKind::chat, options_.limits);
+    if (auto* error = std::get_if<ApiError>(&parsed)) return error_reply(*error);
+    auto gen = flag("add_generation_prompt", true);
+    if (auto* error = std::get_if<ApiError>(&gen)) return error_reply(*error);
+    auto rendered = render_chat(std::get<ApiRequest>(parsed).messages, nullptr, std::get<bool>(gen), Json::object());
+    if (auto* error = std::get_if<ApiError>(&rendered)) return error_reply(*error);
+    text = std::get<std::string>(rendered);
+    add_special = false;
+  } else {
+    auto it = body.find("prompt");
+    if (it == body.end() || !it->is_string()) return error_reply(bad_request("'prompt' (a string) or 'messages' is required.", "prompt"));
+    text = it->get<std::string>();
+  }
+  auto special = flag("add_special_tokens", add_special);
+  if (auto* error = std::get_if<ApiError>(&special)) return error_reply(*error);
+  const std::vector<int32_t> tokens = model_->tokenizer->encode(text, std::get<bool>(special));
+  return json_reply({{"tokens", tokens}, {"count", tokens.size()}, {"max_model_len", model_->max_model_len}});
+}
+
+HttpReply ApiFrontend::handle_detokenize(const HttpRequestIn& request) {
+  auto doc = parse_json_body(request.body, options_.limits.max_json_depth);
+  if (auto* error = std::get_if<ApiError>(&doc)) return error_reply(*error);
+  const Json& body = std::get<Json>(doc);
+  if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array())
+    return error_reply(bad_request("'tokens' (a list of token ids) is required.", "tokens"));
+  std::vector<int32_t> ids;
+  for (const Json& id : body["tokens"]) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= model_->tokenizer->vocab_size())
+      return error_reply(bad_request("'tokens' must hold token ids in [0, " + std::to_string(model_->tokenizer->vocab_size()) + ").",
+                                     "tokens"));
+    ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return json_reply({{"prompt", model_->tokenizer->decode(ids, /*skip_special_tokens=*/false)}});
+}
+
+}  // namespace fp8serve

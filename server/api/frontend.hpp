@@ -1,0 +1,112 @@
+#pragma once
+// The OpenAI front end without sockets: ApiFrontend::handle(request) answers every route that
+// needs no generation (health, models, metrics, tokenize, every error) with an HttpReply, and
+// turns a valid completion request into a GenerationJob — tokenized GenerationRequests plus the
+// ResponseBuilder that shapes the engine's outputs — which the HTTP session then runs. Tests
+// call handle() directly (STYLE: a pure handle_request that needs no socket).
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "model/chat_template/chat_template.hpp"
+#include "model/tokenizer/tokenizer.hpp"
+#include "server/api/engine_client.hpp"
+#include "server/api/errors.hpp"
+#include "server/api/request.hpp"
+#include "server/api/responses.hpp"
+#include "server/metrics.hpp"
+
+namespace fp8serve {
+
+struct HttpRequestIn {
+  std::string method;
+  std::string target;          // path and optional query
+  std::string authorization;   // the Authorization header, verbatim
+  std::string content_type;
+  std::string body;
+  std::string request_id;      // assigned by the HTTP layer, echoed in X-Request-Id
+};
+
+struct HttpReply {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // extra headers (Retry-After, Allow)
+};
+
+HttpReply error_reply(const ApiError& error);
+
+// What the loaded model contributes to the API. Pointers stay valid while the server runs.
+struct ModelContext {
+  std::string served_model_name;
+  int max_model_len = 0;
+  int max_num_seqs = 1;           // caps n; and the waiting-queue estimate
+  int64_t max_pool_tokens = 0;    // tokens the whole KV pool holds; 0 = unchecked
+  const Tokenizer* tokenizer = nullptr;
+  const ChatTemplate* chat_template = nullptr;  // null: the model ships none
+  nlohmann::ordered_json template_extras = nlohmann::ordered_json::object();  // bos_token, eos_token
+  EngineClient* engine = nullptr;
+};
+
+struct FrontendOptions {
+  std::string api_key;            // empty: no authentication
+  bool metrics_public = false;
+  int max_waiting_requests = 256;
+  ApiLimits limits;
+};
+
+struct GenerationJob {
+  ApiKind kind = ApiKind::completion;
+  std::vector<GenerationRequest> requests;  // one per prompt; choices index prompt * n + i
+  std::unique_ptr<ResponseBuilder> builder;
+  int num_seqs = 0;                         // admitted sequences, released when the job ends
+};
+
+using RouteResult = std::variant<HttpReply, GenerationJob>;
+
+class ApiFrontend {
+ public:
+  ApiFrontend(FrontendOptions options, ServerMetrics& metrics);
+
+  // Once the model is loaded and the engine runs: /health turns 200, the API opens.
+  void set_ready(ModelContext model);
+  // SIGTERM: /health and every new generation get 503; running jobs finish.
+  void set_draining();
+  bool draining() const { return state_.load() == State::draining; }
+
+  RouteResult handle(const HttpRequestIn& request);
+
+  // A GenerationJob holds num_seqs admitted sequences until the session calls this.
+  void release(int num_seqs);
+  int in_flight_seqs() const { return in_flight_seqs_.load(); }
+  EngineClient* engine() const { return model_ ? model_->engine : nullptr; }
+  ServerMetrics& metrics() { return metrics_; }
+
+ private:
+  enum class State { loading, ready, draining };
+
+  RouteResult handle_generation(const HttpRequestIn& request, ApiKind kind);
+  HttpReply handle_tokenize(const HttpRequestIn& request);
+  HttpReply handle_detokenize(const HttpRequestIn& request);
+  HttpReply handle_models() const;
+  bool authorized(const std::string& authorization) const;
+  // Renders `messages` with the model's chat template: the prompt text, or a 400.
+  std::variant<std::string, ApiError> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                                  bool add_generation_prompt, const nlohmann::ordered_json& kwargs) const;
+  std::optional<ApiError> admit(int num_seqs);
+
+  FrontendOptions options_;
+  ServerMetrics& metrics_;
+  std::atomic<State> state_{State::loading};
+  std::optional<ModelContext> model_;  // set once, before state_ becomes ready
+  std::atomic<int> in_flight_seqs_{0};
+  int64_t created_ = 0;
+};
+
+}  // namespace fp8serve

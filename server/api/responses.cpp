@@ -1,0 +1,269 @@
+#include "server/api/responses.hpp"
+
+#include <algorithm>
+
+namespace fp8serve {
+
+using Json = nlohmann::ordered_json;
+
+std::string dump_json(const nlohmann::ordered_json& value) {
+  return value.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+std::string dump_json(const nlohmann::json& value) {
+  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string sse_event(const nlohmann::ordered_json& value) { return "data: " + dump_json(value) + "\n\n"; }
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::abort: return "abort";
+    case FinishReason::error: return "error";
+  }
+  return "stop";
+}
+
+namespace {
+
+Json bytes_array(const std::string& bytes) {
+  Json out = Json::array();
+  for (unsigned char c : bytes) out.push_back(static_cast<int>(c));
+  return out;
+}
+
+// A token's bytes as text: invalid or cut UTF-8 sequences become U+FFFD (as HF decode does), so
+// distinct byte tokens that print alike share one key, the same key a client would see.
+std::string printable(const std::string& bytes) {
+  std::string out;
+  size_t i = 0;
+  while (i < bytes.size()) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool valid = len > 0 && i + len <= bytes.size();
+    for (size_t k = 1; valid && k < len; ++k) valid = (static_cast<unsigned char>(bytes[i + k]) & 0xC0) == 0x80;
+    if (valid && len > 1) {
+      // Reject overlong forms, surrogates and code points above U+10FFFF.
+      uint32_t cp = c & (0x7F >> len);
+      for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(bytes[i + k]) & 0x3F);
+      static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+      valid = cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    }
+    if (valid) {
+      out.append(bytes, i, len);
+      i += len;
+    } else {
+      out += "\xef\xbf\xbd";
+      ++i;
+    }
+  }
+  return out;
+}
+
+Json finish_json(const std::optional<FinishReason>& finish) {
+  if (!finish || *finish == FinishReason::error) return nullptr;
+  return finish_reason_name(*finish);
+}
+
+}  // namespace
+
+ResponseBuilder::ResponseBuilder(ResponseMeta meta, TokenBytesFn token_bytes)
+    : meta_(std::move(meta)), token_bytes_(std::move(token_bytes)) {
+  choices_.resize(static_cast<size_t>(meta_.num_prompts) * static_cast<size_t>(meta_.n));
+  cached_tokens_.assign(static_cast<size_t>(meta_.num_prompts), 0);
+  if (meta_.prompt_tokens.size() < static_cast<size_t>(meta_.num_prompts)) meta_.prompt_tokens.resize(meta_.num_prompts, 0);
+  for (auto& c : choices_) c.logprobs = nullptr;
+  for (int p = 0; p < meta_.num_prompts && !meta_.echo_texts.empty(); ++p)
+    for (int i = 0; i < meta_.n; ++i) choices_[p * meta_.n + i].text = meta_.echo_texts[p];
+}
+
+Json ResponseBuilder::chunk_base() const {
+  Json chunk;
+  chunk["id"] = meta_.id;
+  chunk["object"] = meta_.kind == ApiKind::chat ? "chat.completion.chunk" : "text_completion";
+  chunk["created"] = meta_.created;
+  chunk["model"] = meta_.model;
+  chunk["choices"] = Json::array();
+  return chunk;
+}
+
+// The logprobs of this output's tokens, in the kind's format; also accumulated into the choice.
+Json ResponseBuilder::logprobs_delta(Choice& choice, const RequestOutput& output) {
+  if (meta_.num_logprobs < 0) return nullptr;
+  Json delta;
+  if (meta_.kind == ApiKind::chat) {
+    delta["content"] = Json::array();
+    for (const SampleResult& s : output.logprobs) {
+      const std::string bytes = token_bytes_(s.token);
+      Json top = Json::array();
+      for (const TokenLogprob& t : s.top_logprobs) {
+        const std::string tb = token_bytes_(t.token);
+        top.push_back({{"token", printable(tb)}, {"logprob", t.logprob}, {"bytes", bytes_array(tb)}});
+      }
+      delta["content"].push_back({{"token", printable(bytes)}, {"logprob", s.logprob}, {"bytes", bytes_array(bytes)},
+                                  {"top_logprobs", std::move(top)}});
+    }
+  } else {
+    delta = {{"tokens", Json::array()}, {"token_logprobs", Json::array()}, {"top_logprobs", Json::array()},
+             {"text_offset", Json::array()}};
+    for (const SampleResult& s : output.logprobs) {
+      const std::string bytes = token_bytes_(s.token);
+      delta["tokens"].push_back(printable(bytes));
+      delta["token_logprobs"].push_back(s.logprob);
+      Json top = Json::object();
+      for (const TokenLogprob& t : s.top_logprobs) {
+        const std::string tb = printable(token_bytes_(t.token));
+        if (!top.contains(tb)) top[tb] = t.logprob;  // a dict: the first (most likely) wins
+      }
+      delta["top_logprobs"].push_back(meta_.num_logprobs > 0 ? std::move(top) : Json(nullptr));
+      delta["text_offset"].push_back(choice.text_offset);
+      choice.text_offset += static_cast<int>(bytes.size());
+    }
+  }
+  return delta;
+}
+
+void ResponseBuilder::append_logprobs(Json& into, const Json& delta, ApiKind kind) {
+  if (delta.is_null()) return;
+  if (into.is_null()) {
+    into = delta;
+    return;
+  }
+  if (kind == ApiKind::chat) {
+    for (const auto& item : delta["content"]) into["content"].push_back(item);
+  } else {
+    for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+      for (const auto& item : delta[key]) into[key].push_back(item);
+  }
+}
+
+std::vector<std::string> ResponseBuilder::on_output(int prompt_index, const RequestOutput& output) {
+  std::vector<std::string> events;
+  if (prompt_index < 0 || prompt_index >= meta_.num_prompts || output.index < 0 || output.index >= meta_.n) return events;
+  Choice& choice = choices_[static_cast<size_t>(prompt_index * meta_.n + output.index)];
+  if (choice.finish) return events;  // late news for a finished choice
+  const int choice_index = prompt_index * meta_.n + output.index;
+  meta_.prompt_tokens[prompt_index] = std::max(meta_.prompt_tokens[prompt_index], output.prompt_tokens);
+  cached_tokens_[prompt_index] = std::max(cached_tokens_[prompt_index], output.cached_tokens);
+  choice.completion_tokens = std::max(choice.completion_tokens, output.completion_tokens);
+
+  Json lp = logprobs_delta(choice, output);
+  if (output.finish) {
+    choice.finish = output.finish;
+    ++num_finished_;
+    if (*output.finish == FinishReason::error && !engine_error_) engine_error_ = output.error.empty() ? "engine error" : output.error;
+  }
+  if (!meta_.stream) {
+    choice.text += output.text_delta;
+    append_logprobs(choice.logprobs, lp, meta_.kind);
+    return events;
+  }
+  // An error or an abort ends the stream without a normal final chunk.
+  if (output.finish && (*output.finish == FinishReason::error || *output.finish == FinishReason::abort)) return events;
+  if (output.text_delta.empty() && output.logprobs.empty() && !output.finish) return events;
+
+  Json c;
+  c["index"] = choice_index;
+  if (meta_.kind == ApiKind::chat) {
+    c["delta"] = output.text_delta.empty() ? Json::object() : Json{{"content", output.text_delta}};
+  } else {
+    c["text"] = output.text_delta;
+  }
+  c["logprobs"] = std::move(lp);
+  c["finish_reason"] = finish_json(output.finish);
+  Json chunk = chunk_base();
+  chunk["choices"].push_back(std::move(c));
+  if (meta_.include_usage) chunk["usage"] = nullptr;
+  events.push_back(sse_event(chunk));
+  return events;
+}
+
+std::vector<std::string> ResponseBuilder::stream_head() const {
+  std::vector<std::string> events;
+  for (int i = 0; i < static_cast<int>(choices_.size()); ++i) {
+    Json c;
+    c["index"] = i;
+    if (meta_.kind == ApiKind::chat) {
+      c["delta"] = {{"role", "assistant"}, {"content", ""}};
+    } else if (!meta_.echo_texts.empty()) {
+      c["text"] = meta_.echo_texts[static_cast<size_t>(i / meta_.n)];
+    } else {
+      continue;  // completions have no role chunk
+    }
+    c["logprobs"] = nullptr;
+    c["finish_reason"] = nullptr;
+    Json chunk = chunk_base();
+    chunk["choices"].push_back(std::move(c));
+    if (meta_.include_usage) chunk["usage"] = nullptr;
+    events.push_back(sse_event(chunk));
+  }
+  return events;
+}
+
+std::string ResponseBuilder::summary_finish() const {
+  int rank = 0;  // 0 stop, 1 length, 2 abort, 3 error
+  for (const auto& c : choices_) {
+    if (!c.finish) continue;
+    const int r = *c.finish == FinishReason::error ? 3 : *c.finish == FinishReason::abort ? 2 : *c.finish == FinishReason::length ? 1 : 0;
+    rank = std::max(rank, r);
+  }
+  static constexpr const char* kNames[] = {"stop", "length", "abort", "error"};
+  return kNames[rank];
+}
+
+Usage ResponseBuilder::usage() const {
+  Usage u;
+  for (int p = 0; p < meta_.num_prompts; ++p) {
+    u.prompt_tokens += meta_.prompt_tokens[p];
+    u.cached_tokens += cached_tokens_[p];
+  }
+  for (const auto& c : choices_) u.completion_tokens += c.completion_tokens;
+  return u;
+}
+
+Json ResponseBuilder::usage_json() const {
+  const Usage u = usage();
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+std::vector<std::string> ResponseBuilder::stream_tail() const {
+  std::vector<std::string> events;
+  if (meta_.include_usage) {
+    Json chunk = chunk_base();
+    chunk["usage"] = usage_json();
+    events.push_back(sse_event(chunk));
+  }
+  events.push_back(kSseDone);
+  return events;
+}
+
+Json ResponseBuilder::final_body() const {
+  Json body;
+  body["id"] = meta_.id;
+  body["object"] = meta_.kind == ApiKind::chat ? "chat.completion" : "text_completion";
+  body["created"] = meta_.created;
+  body["model"] = meta_.model;
+  body["choices"] = Json::array();
+  for (int i = 0; i < static_cast<int>(choices_.size()); ++i) {
+    const Choice& choice = choices_[static_cast<size_t>(i)];
+    Json c;
+    c["index"] = i;
+    if (meta_.kind == ApiKind::chat) {
+      c["message"] = {{"role", "assistant"}, {"content", choice.text}};
+    } else {
+      c["text"] = choice.text;
+    }
+    c["logprobs"] = choice.logprobs;
+    c["finish_reason"] = finish_json(choice.finish);
+    body["choices"].push_back(std::move(c));
+  }
+  body["usage"] = usage_json();
+  return body;
+}
+
+}  // namespace fp8serve

@@ -1,0 +1,98 @@
+#pragma once
+// Builds the OpenAI response bodies from the engine's RequestOutputs: the final JSON of a
+// non-streaming request, or the server-sent events of a streaming one (text_completion /
+// chat.completion.chunk chunks, the usage chunk, `data: [DONE]`). Pure: token strings for
+// logprobs come from a callback, so tests need no tokenizer.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/api/errors.hpp"
+#include "server/api/request.hpp"
+#include "server/engine_api.hpp"
+
+namespace fp8serve {
+
+// Serializes a response body; invalid UTF-8 (a client's bytes echoed in an error message, a
+// token cut inside a character) becomes U+FFFD instead of an exception.
+std::string dump_json(const nlohmann::ordered_json& value);
+std::string dump_json(const nlohmann::json& value);
+
+std::string sse_event(const nlohmann::ordered_json& value);  // "data: {...}\n\n"
+inline constexpr const char* kSseDone = "data: [DONE]\n\n";
+
+// The raw bytes one token contributes to the text (may be part of a UTF-8 character).
+using TokenBytesFn = std::function<std::string(int32_t token)>;
+
+struct ResponseMeta {
+  ApiKind kind = ApiKind::completion;
+  std::string id;             // cmpl-... / chatcmpl-...
+  int64_t created = 0;        // unix seconds
+  std::string model;
+  int n = 1;                  // choices per prompt
+  int num_prompts = 1;
+  bool stream = false;
+  bool include_usage = false;
+  int num_logprobs = -1;      // -1: logprobs not requested
+  std::vector<std::string> echo_texts;  // completion echo: the prompt text of each prompt
+  std::vector<int> prompt_tokens;       // per prompt
+};
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  int cached_tokens = 0;
+};
+
+class ResponseBuilder {
+ public:
+  ResponseBuilder(ResponseMeta meta, TokenBytesFn token_bytes);
+
+  // Consumes one output of prompt `prompt_index`. In stream mode returns the SSE events to send
+  // now (possibly none); otherwise accumulates and returns nothing.
+  std::vector<std::string> on_output(int prompt_index, const RequestOutput& output);
+
+  bool done() const { return num_finished_ == static_cast<int>(choices_.size()); }
+  // The first error an output reported (finish == error), if any.
+  const std::optional<std::string>& engine_error() const { return engine_error_; }
+  Usage usage() const;
+  // One word for the access log and the success counter: error > abort > length > stop.
+  std::string summary_finish() const;
+  const ResponseMeta& meta() const { return meta_; }
+
+  // Stream mode, after done(): the usage chunk (when asked for) and `data: [DONE]`.
+  std::vector<std::string> stream_tail() const;
+  // Non-stream mode, after done(): the whole response object.
+  nlohmann::ordered_json final_body() const;
+  // The first stream events: the role chunk of every chat choice, the echoed prompt.
+  std::vector<std::string> stream_head() const;
+
+ private:
+  struct Choice {
+    std::string text;
+    nlohmann::ordered_json logprobs;  // null, or the accumulated logprobs object
+    std::optional<FinishReason> finish;
+    int completion_tokens = 0;
+    int text_offset = 0;              // completion logprobs: bytes of token text so far
+  };
+
+  nlohmann::ordered_json chunk_base() const;
+  nlohmann::ordered_json logprobs_delta(Choice& choice, const RequestOutput& output);
+  static void append_logprobs(nlohmann::ordered_json& into, const nlohmann::ordered_json& delta, ApiKind kind);
+  nlohmann::ordered_json usage_json() const;
+
+  ResponseMeta meta_;
+  TokenBytesFn token_bytes_;
+  std::vector<Choice> choices_;       // [num_prompts * n]
+  std::vector<int> cached_tokens_;    // per prompt, as the engine reported
+  int num_finished_ = 0;
+  std::optional<std::string> engine_error_;
+};
+
+const char* finish_reason_name(FinishReason reason);
+
+}  // namespace fp8serve

@@ -1,0 +1,385 @@
+#include "server/engine.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <stdexcept>
+#include <thread>
+
+#include "kernels/cpu/cpu_backend.hpp"
+
+namespace fp8serve {
+
+namespace {
+
+std::string mib(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+}  // namespace
+
+EngineOptions engine_options_from_config(const Config& config) {
+  if (config.device == "cuda") {
+    throw ConfigError("--device cuda: this build has only the CPU engine; use --device cpu or auto");
+  }
+  EngineOptions options;
+  const std::optional<KvDtype> dtype = parse_kv_dtype(config.kv_cache_dtype);
+  if (!dtype) throw ConfigError("--kv-cache-dtype: expected fp8_e4m3 or bf16");
+  options.kv_dtype = *dtype;
+  options.kv_scale_margin = static_cast<float>(config.kv_scale_margin);
+  options.block_size = config.block_size;
+  if (config.kv_cache_memory > 0) options.kv_cache_memory = static_cast<uint64_t>(config.kv_cache_memory);
+  options.max_model_len = config.max_model_len;
+  options.max_num_seqs = config.max_num_seqs;
+  options.max_num_batched_tokens = config.max_num_batched_tokens;
+  options.enable_prefix_caching = config.enable_prefix_caching;
+  options.threads = config.threads;
+  return options;
+}
+
+Engine::Engine(LoadedModel model, const EngineOptions& options)
+    : model_(std::move(model)),
+      options_(options),
+      saturation_(std::max(1, model_.config.num_layers)),
+      seed_rng_(std::random_device{}()) {
+  const ModelConfig& c = model_.config;
+  if (options_.max_model_len <= 0) options_.max_model_len = c.max_position_embeddings;
+  if (options_.max_model_len <= 0) throw std::invalid_argument("the model declares no context length: set --max-model-len");
+  const int threads = options_.threads > 0 ? options_.threads
+                                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  pool_ = std::make_unique<cpu::ThreadPool>(threads);
+  backend_ = std::make_unique<cpu::CpuBackend>(*pool_);
+
+  KvCacheSpec spec;
+  spec.block_size = options_.block_size;
+  spec.num_layers = c.num_layers;
+  spec.num_kv_heads = c.num_kv_heads;
+  spec.head_dim = c.head_dim;
+  spec.dtype = options_.kv_dtype;
+  spec.validate();
+  const int num_blocks = spec.num_blocks_for_budget(options_.kv_cache_memory);
+  if (num_blocks < 1) {
+    throw std::invalid_argument("--kv-cache-memory " + std::to_string(options_.kv_cache_memory) +
+                                " bytes holds no block of " + std::to_string(spec.bytes_per_block()) +
+                                " bytes: raise it");
+  }
+
+  TransformerOptions topts;
+  topts.kv_dtype = options_.kv_dtype;
+  topts.block_size = options_.block_size;
+  topts.num_blocks = num_blocks;
+  topts.max_num_tokens = options_.max_num_batched_tokens;
+  topts.max_num_seqs = options_.max_num_seqs;
+  topts.max_model_len = options_.max_model_len;
+  topts.kv_scale_margin = options_.kv_scale_margin;
+  transformer_ = std::make_unique<Transformer>(c, model_.weights, *backend_, topts);
+  model_.weights = ModelWeights{};  // the backend holds its own copy now
+
+  BlockManagerOptions bopts;
+  bopts.block_size = options_.block_size;
+  bopts.num_layers = c.num_layers;
+  bopts.num_blocks = num_blocks;
+  bopts.enable_prefix_caching = options_.enable_prefix_caching;
+  blocks_ = std::make_unique<BlockManager>(bopts);
+  scheduler_ = std::make_unique<Scheduler>(
+      SchedulerOptions{options_.max_num_seqs, options_.max_num_batched_tokens}, *blocks_);
+
+  for (const int id : c.eos_token_ids) stop_ids_.push_back(id);
+  if (const std::optional<int32_t> eos = model_.tokenizer->eos_id()) {
+    if (std::find(stop_ids_.begin(), stop_ids_.end(), *eos) == stop_ids_.end()) stop_ids_.push_back(*eos);
+  }
+  step_counts_.resize(static_cast<std::size_t>(c.num_layers));
+
+  spdlog::info("device: {}", backend_->describe());
+  spdlog::info("model: {} ({}, {}, {} layers), weights {} bf16", model_.name, model_.format,
+               family_name(c.family), c.num_layers, mib(transformer_->weight_bytes()));
+  spdlog::info("KV cache: {}, {} bytes/token, margin {}{}, max model len {}", spec.describe(num_blocks),
+               spec.bytes_per_token(), options_.kv_scale_margin,
+               kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (unused for bf16)", options_.max_model_len);
+}
+
+Engine::~Engine() = default;
+
+std::string Engine::validate(const GenerationRequest& r) const {
+  const ModelConfig& c = model_config();
+  if (requests_.count(r.request_id) != 0) return "duplicate request id '" + r.request_id + "'";
+  if (r.prompt_tokens.empty()) return "the prompt is empty";
+  for (const int32_t id : r.prompt_tokens)
+    if (id < 0 || id >= c.vocab_size) return "prompt token id " + std::to_string(id) + " is outside the vocabulary";
+  if (r.max_tokens < 1) return "max_tokens must be >= 1";
+  if (r.n < 1 || r.n > options_.max_num_seqs)
+    return "n must be in [1, " + std::to_string(options_.max_num_seqs) + "] (--max-num-seqs)";
+  const int64_t total = static_cast<int64_t>(r.prompt_tokens.size()) + r.max_tokens;
+  if (total > options_.max_model_len) {
+    return "prompt (" + std::to_string(r.prompt_tokens.size()) + " tokens) + max_tokens (" +
+           std::to_string(r.max_tokens) + ") exceeds the maximum context length " +
+           std::to_string(options_.max_model_len) + "; shorten the prompt or lower max_tokens";
+  }
+  const int64_t blocks_needed = (total + options_.block_size - 1) / options_.block_size;
+  if (blocks_needed > blocks_->num_blocks()) {
+    return "prompt + max_tokens needs " + std::to_string(blocks_needed) + " KV blocks but the pool has " +
+           std::to_string(blocks_->num_blocks()) + "; raise --kv-cache-memory";
+  }
+  return {};
+}
+
+void Engine::reject(const GenerationRequest& request, const OutputSink& sink, const std::string& message) {
+  for (int i = 0; i < std::max(1, request.n); ++i) {
+    RequestOutput out;
+    out.request_id = request.request_id;
+    out.index = i;
+    out.finish = FinishReason::error;
+    out.error = message;
+    out.prompt_tokens = static_cast<int>(request.prompt_tokens.size());
+    sink(std::move(out));
+  }
+}
+
+void Engine::add_request(GenerationRequest request, OutputSink sink) {
+  if (std::string error = validate(request); !error.empty()) {
+    reject(request, sink, error);
+    return;
+  }
+  const std::string id = request.request_id;
+  RequestState state;
+  state.num_unfinished = request.n;
+  const uint64_t seed = request.sampling.seed.value_or(seed_rng_());
+  for (int i = 0; i < request.n; ++i) {
+    const SeqId seq_id = next_seq_id_++;
+    state.seq_ids.push_back(seq_id);
+    SamplingParams params = request.sampling;
+    params.seed = seed + static_cast<uint64_t>(i);  // choices differ, and repeat with the seed
+    seqs_.emplace(seq_id, SeqState{id, i, Sampler(params, request.prompt_tokens, seed),
+                                   IncrementalDetokenizer(*model_.tokenizer, request.skip_special_tokens),
+                                   StopChecker(request.stop), 0});
+  }
+  const std::vector<SeqId> forks(state.seq_ids.begin() + 1, state.seq_ids.end());
+  scheduler_->add(state.seq_ids.front(), request.prompt_tokens, forks);
+  state.request = std::move(request);
+  state.sink = std::move(sink);
+  requests_.emplace(id, std::move(state));
+}
+
+void Engine::abort(const std::string& request_id) {
+  const auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  for (const SeqId id : std::vector<SeqId>(it->second.seq_ids)) {
+    if (seqs_.count(id) == 0) continue;  // that choice already finished
+    RequestOutput out;
+    finish_seq(id, out, FinishReason::abort);
+  }
+}
+
+void Engine::abort_all() {
+  std::vector<std::string> ids;
+  for (const auto& [id, request] : requests_) ids.push_back(id);
+  for (const std::string& id : ids) abort(id);
+}
+
+// Finishes one choice: its blocks go back, the output carries the reason, and the request
+// disappears with its last choice. `out` may already hold this step's token and text.
+void Engine::finish_seq(SeqId id, RequestOutput& out, FinishReason reason) {
+  SeqState& seq = seqs_.at(id);
+  RequestState& request = requests_.at(seq.request_id);
+  if (reason == FinishReason::length) {
+    // Release what the detokenizer and the stop checker held back (a stop that matches only
+    // now still ends the text there).
+    const StopChecker::Result tail = seq.stop_checker.push(seq.detokenizer.flush());
+    out.text_delta += tail.emit;
+    if (!tail.stopped) out.text_delta += seq.stop_checker.flush();
+  }
+  out.request_id = seq.request_id;
+  out.index = seq.index;
+  out.finish = reason;
+  out.prompt_tokens = static_cast<int>(request.request.prompt_tokens.size());
+  out.completion_tokens = seq.num_generated;
+  out.cached_tokens = scheduler_->contains(id) ? scheduler_->num_cached_tokens(id) : 0;
+  scheduler_->finish(id);  // choices not forked yet are finished by the caller (abort loops all)
+  const OutputSink sink = request.sink;
+  seqs_.erase(id);
+  --request.num_unfinished;
+  const bool request_done = request.num_unfinished == 0;
+  const std::string request_id = out.request_id;
+  sink(std::move(out));
+  if (request_done) requests_.erase(request_id);
+}
+
+void Engine::on_token(SeqId id, const SampleResult& sample) {
+  SeqState& seq = seqs_.at(id);
+  const RequestState& request = requests_.at(seq.request_id);
+  const GenerationRequest& r = request.request;
+  ++seq.num_generated;
+  RequestOutput out;
+  out.new_tokens.push_back(sample.token);
+  if (r.sampling.num_logprobs >= 0) out.logprobs.push_back(sample);
+
+  const bool is_eos = !r.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), sample.token) != stop_ids_.end();
+  const bool is_stop_id = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), sample.token) != r.stop_token_ids.end();
+  if (is_eos || is_stop_id) {
+    // The stop token's own text is not emitted; what was held back before it is.
+    const StopChecker::Result tail = seq.stop_checker.push(seq.detokenizer.flush());
+    out.text_delta = tail.emit;
+    if (!tail.stopped) out.text_delta += seq.stop_checker.flush();
+    finish_seq(id, out, FinishReason::stop);
+    return;
+  }
+  const StopChecker::Result text = seq.stop_checker.push(seq.detokenizer.push(sample.token));
+  out.text_delta = text.emit;
+  if (text.stopped) {
+    finish_seq(id, out, FinishReason::stop);
+    return;
+  }
+  const int total = static_cast<int>(r.prompt_tokens.size()) + seq.num_generated;
+  if (seq.num_generated >= r.max_tokens || total >= options_.max_model_len) {
+    finish_seq(id, out, FinishReason::length);
+    return;
+  }
+  scheduler_->append_token(id, sample.token);
+  out.request_id = seq.request_id;
+  out.index = seq.index;
+  out.prompt_tokens = static_cast<int>(r.prompt_tokens.size());
+  out.completion_tokens = seq.num_generated;
+  out.cached_tokens = scheduler_->num_cached_tokens(id);
+  request.sink(std::move(out));
+}
+
+void Engine::step() {
+  if (!scheduler_->has_work()) return;
+  const StepPlan plan = scheduler_->schedule();
+  if (plan.empty()) return;
+  try {
+    run_step(plan);
+  } catch (const std::exception& e) {
+    // An engine bug or a device failure, not a client's doing (requests are validated on
+    // entry): fail every request rather than continue on a state we no longer trust.
+    spdlog::error("engine step failed: {}", e.what());
+    fail_all(std::string("internal error: ") + e.what());
+  }
+}
+
+void Engine::run_step(const StepPlan& plan) {
+  const auto num_seqs = static_cast<int32_t>(plan.seqs.size());
+  const int num_layers = model_config().num_layers;
+  token_ids_.clear();
+  positions_.clear();
+  slot_mapping_.clear();
+  query_start_loc_.assign(1, 0);
+  context_lens_.clear();
+  sample_rows_.clear();
+  calibrate_.clear();
+  int32_t max_blocks = 1;
+  for (const ScheduledSeq& s : plan.seqs)
+    max_blocks = std::max(max_blocks, static_cast<int32_t>(blocks_->block_table(s.id).size()));
+  block_tables_.assign(static_cast<std::size_t>(num_seqs) * static_cast<std::size_t>(max_blocks), 0);
+  k_scales_.assign(static_cast<std::size_t>(num_layers) * static_cast<std::size_t>(num_seqs), 1.0f);
+  v_scales_.assign(k_scales_.size(), 1.0f);
+
+  for (int32_t i = 0; i < num_seqs; ++i) {
+    const ScheduledSeq& s = plan.seqs[static_cast<std::size_t>(i)];
+    const std::span<const int32_t> tokens = blocks_->tokens(s.id);
+    for (int p = s.start; p < s.start + s.num_tokens; ++p) {
+      token_ids_.push_back(tokens[static_cast<std::size_t>(p)]);
+      positions_.push_back(p);
+      slot_mapping_.push_back(blocks_->slot(s.id, p));
+    }
+    query_start_loc_.push_back(static_cast<int32_t>(token_ids_.size()));
+    context_lens_.push_back(s.start + s.num_tokens);
+    if (s.samples) sample_rows_.push_back(static_cast<int32_t>(token_ids_.size()) - 1);
+    calibrate_.push_back(s.calibrate ? 1 : 0);
+    const std::span<const int32_t> table = blocks_->block_table(s.id);
+    std::copy(table.begin(), table.end(), block_tables_.begin() + static_cast<std::ptrdiff_t>(i) * max_blocks);
+    const KvScales& scales = blocks_->scales(s.id);
+    for (int layer = 0; layer < num_layers; ++layer) {
+      k_scales_[static_cast<std::size_t>(layer * num_seqs + i)] = scales.k[static_cast<std::size_t>(layer)];
+      v_scales_[static_cast<std::size_t>(layer * num_seqs + i)] = scales.v[static_cast<std::size_t>(layer)];
+    }
+  }
+  const auto vocab = static_cast<std::size_t>(model_config().vocab_size);
+  logits_.resize(sample_rows_.size() * vocab);
+
+  transformer_->copy_blocks(plan.block_copies);
+  ForwardBatch batch;
+  batch.token_ids = token_ids_;
+  batch.positions = positions_;
+  batch.query_start_loc = query_start_loc_;
+  batch.context_lens = context_lens_;
+  batch.block_tables = block_tables_;
+  batch.max_blocks_per_seq = max_blocks;
+  batch.slot_mapping = slot_mapping_;
+  batch.k_scales = k_scales_;
+  batch.v_scales = v_scales_;
+  batch.calibrate = calibrate_;
+  batch.sample_rows = sample_rows_;
+  std::fill(step_counts_.begin(), step_counts_.end(), KvWriteCounts{});
+  transformer_->forward(batch, logits_, step_counts_);
+  for (int layer = 0; layer < num_layers; ++layer) saturation_.add(layer, step_counts_[static_cast<std::size_t>(layer)]);
+
+  // Calibrated scales go to the block manager before on_step_done freezes them.
+  for (int32_t i = 0; i < num_seqs; ++i) {
+    const ScheduledSeq& s = plan.seqs[static_cast<std::size_t>(i)];
+    if (!s.calibrate) continue;
+    KvScales* scales = blocks_->scales_to_calibrate(s.id);
+    if (scales == nullptr) throw std::logic_error("calibrating a sequence whose scales are frozen");
+    for (int layer = 0; layer < num_layers; ++layer) {
+      scales->k[static_cast<std::size_t>(layer)] = k_scales_[static_cast<std::size_t>(layer * num_seqs + i)];
+      scales->v[static_cast<std::size_t>(layer)] = v_scales_[static_cast<std::size_t>(layer * num_seqs + i)];
+    }
+  }
+  scheduler_->on_step_done(plan);
+
+  std::size_t row = 0;
+  for (const ScheduledSeq& s : plan.seqs) {
+    if (!s.samples) continue;
+    const std::span<const float> logits(logits_.data() + row * vocab, vocab);
+    ++row;
+    std::vector<SeqId> samplers{s.id};
+    samplers.insert(samplers.end(), s.forks.begin(), s.forks.end());
+    for (const SeqId id : samplers) {
+      const auto it = seqs_.find(id);
+      if (it == seqs_.end()) continue;
+      row_.assign(logits.begin(), logits.end());  // the sampler uses its row as scratch
+      const SampleResult sample = it->second.sampler.sample(row_);
+      on_token(id, sample);
+    }
+  }
+}
+
+void Engine::fail_all(const std::string& message) {
+  std::vector<SeqId> ids;
+  for (const auto& [id, seq] : seqs_) ids.push_back(id);
+  for (const SeqId id : ids) {
+    RequestOutput out;
+    out.error = message;
+    finish_seq(id, out, FinishReason::error);
+  }
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s;
+  s.num_running = scheduler_->num_running();
+  s.num_waiting = scheduler_->num_waiting();
+  const int total = blocks_->num_blocks();
+  s.kv_usage = total > 0 ? static_cast<double>(total - blocks_->num_free_blocks()) / total : 0.0;
+  s.num_preemptions = scheduler_->num_preemptions();
+  const PrefixCacheStats prefix = blocks_->prefix_cache_stats();
+  s.prefix_queries = prefix.num_queried_tokens;
+  s.prefix_hits = prefix.num_hit_tokens;
+  for (int layer = 0; layer < saturation_.num_layers(); ++layer) {
+    const KvWriteCounts& c = saturation_.layer(layer);
+    s.saturated_per_layer.push_back(c.num_k_saturated + c.num_v_saturated);
+  }
+  for (const auto& [id, seq] : seqs_) {
+    if (!blocks_->contains(id)) continue;
+    const KvScales& scales = blocks_->scales(id);
+    if (!scales.frozen) continue;
+    s.k_scales.insert(s.k_scales.end(), scales.k.begin(), scales.k.end());
+    s.v_scales.insert(s.v_scales.end(), scales.v.begin(), scales.v.end());
+  }
+  return s;
+}
+
+}  // namespace fp8serve

@@ -1,0 +1,131 @@
+#pragma once
+// The engine loop's state and one step of it (DESIGN.md §2): the Transformer on its Backend,
+// the BlockManager, the Scheduler, and per sequence a Sampler, an IncrementalDetokenizer and
+// a StopChecker. Single-threaded: the HTTP server reaches it only through AsyncEngine
+// (server/async_engine.hpp), the offline `generate` command drives it directly.
+//
+//   add_request(request, sink)   validate, queue (n > 1: one sequence per choice, forked
+//                                from the prompt's blocks after prefill)
+//   step()                       schedule -> copy-on-write -> forward -> calibrated scales ->
+//                                sample -> stop checks -> outputs posted to each sink
+//   abort(request_id)            frees the request's blocks now
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/block_manager.hpp"
+#include "cache/kv_cache_spec.hpp"
+#include "cache/kv_scales.hpp"
+#include "config/config.hpp"
+#include "kernels/backend.hpp"
+#include "kernels/cpu/thread_pool.hpp"
+#include "model/loader.hpp"
+#include "model/tokenizer/detokenizer.hpp"
+#include "model/transformer.hpp"
+#include "server/api/engine_client.hpp"
+#include "server/engine_api.hpp"
+#include "server/sampling.hpp"
+#include "server/scheduler.hpp"
+#include "server/stop_checker.hpp"
+
+namespace fp8serve {
+
+struct EngineOptions {
+  KvDtype kv_dtype = KvDtype::fp8_e4m3;
+  float kv_scale_margin = kDefaultKvScaleMargin;
+  int block_size = 16;
+  uint64_t kv_cache_memory = 1ull << 30;  // bytes of K + V pool
+  int max_model_len = 0;                  // 0 = the model's max_position_embeddings
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 2048;
+  bool enable_prefix_caching = true;
+  int threads = 0;                        // CPU threads, 0 = all cores
+};
+
+// The engine's part of the configuration (config/ validated it). Throws ConfigError for a
+// combination only the engine can judge (an unknown --device).
+EngineOptions engine_options_from_config(const Config& config);
+
+class Engine {
+ public:
+  // Uploads the weights to the backend and drops the host copy. Logs the start-up summary.
+  Engine(LoadedModel model, const EngineOptions& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // A request the engine cannot serve (empty prompt, a token id outside the vocabulary, too
+  // long for --max-model-len or for the whole KV pool, n > --max-num-seqs, a duplicate id) is
+  // answered at once through `sink` with finish = error and a message; never an exception.
+  void add_request(GenerationRequest request, OutputSink sink);
+  // Finishes every choice of the request with finish = abort; unknown ids are ignored.
+  void abort(const std::string& request_id);
+  // Aborts every request (shutdown).
+  void abort_all();
+  // One iteration: no-op when there is nothing to run.
+  void step();
+  bool has_work() const { return scheduler_->has_work(); }
+  EngineStats stats() const;
+
+  const ModelConfig& model_config() const { return transformer_->config(); }
+  const Tokenizer& tokenizer() const { return *model_.tokenizer; }
+  const LoadedModel& model() const { return model_; }  // weights already dropped
+  const EngineOptions& options() const { return options_; }
+  const BlockManager& block_manager() const { return *blocks_; }
+  const KvSaturationCounters& saturation() const { return saturation_; }
+  uint64_t kv_cache_bytes() const { return transformer_->kv_cache_bytes(); }
+  uint64_t weight_bytes() const { return transformer_->weight_bytes(); }
+  int num_requests() const { return static_cast<int>(requests_.size()); }
+
+ private:
+  struct RequestState {
+    GenerationRequest request;
+    OutputSink sink;
+    std::vector<SeqId> seq_ids;  // per choice
+    int num_unfinished = 0;
+  };
+  struct SeqState {
+    std::string request_id;
+    int index = 0;
+    Sampler sampler;
+    IncrementalDetokenizer detokenizer;
+    StopChecker stop_checker;
+    int num_generated = 0;
+  };
+
+  void reject(const GenerationRequest& request, const OutputSink& sink, const std::string& message);
+  std::string validate(const GenerationRequest& request) const;
+  void run_step(const StepPlan& plan);
+  void on_token(SeqId id, const SampleResult& sample);
+  void finish_seq(SeqId id, RequestOutput& out, FinishReason reason);
+  void fail_all(const std::string& message);
+
+  LoadedModel model_;
+  EngineOptions options_;
+  std::unique_ptr<cpu::ThreadPool> pool_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Transformer> transformer_;
+  std::unique_ptr<BlockManager> blocks_;
+  std::unique_ptr<Scheduler> scheduler_;
+  KvSaturationCounters saturation_;
+  std::vector<int32_t> stop_ids_;  // the model's EOS ids
+
+  std::map<std::string, RequestState> requests_;
+  std::unordered_map<SeqId, SeqState> seqs_;
+  SeqId next_seq_id_ = 0;
+  std::mt19937_64 seed_rng_;  // fallback seeds for requests without one
+
+  // Step scratch, reused so a decode step allocates little.
+  std::vector<int32_t> token_ids_, positions_, query_start_loc_, context_lens_, block_tables_;
+  std::vector<int32_t> sample_rows_;
+  std::vector<int64_t> slot_mapping_;
+  std::vector<float> k_scales_, v_scales_, logits_, row_;
+  std::vector<uint8_t> calibrate_;
+  std::vector<KvWriteCounts> step_counts_;
+};
+
+}  // namespace fp8serve

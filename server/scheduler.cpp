@@ -1,0 +1,188 @@
+#include "server/scheduler.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace fp8serve {
+
+Scheduler::Scheduler(const SchedulerOptions& options, BlockManager& block_manager)
+    : options_(options), blocks_(block_manager) {
+  if (options.max_num_seqs < 1 || options.max_num_batched_tokens < 1) {
+    throw std::invalid_argument("Scheduler: max_num_seqs and max_num_batched_tokens must be >= 1");
+  }
+}
+
+Scheduler::Sequence& Scheduler::seq(SeqId id) {
+  const auto it = seqs_.find(id);
+  if (it == seqs_.end()) throw std::logic_error("Scheduler: unknown sequence " + std::to_string(id));
+  return it->second;
+}
+
+void Scheduler::add(SeqId id, std::span<const int32_t> prompt, std::span<const SeqId> fork_ids) {
+  if (prompt.empty()) throw std::logic_error("Scheduler::add: empty prompt");
+  if (seqs_.count(id) != 0) throw std::logic_error("Scheduler::add: sequence id in use");
+  for (const SeqId f : fork_ids)
+    if (f == id || seqs_.count(f) != 0) throw std::logic_error("Scheduler::add: fork id in use");
+  Sequence s;
+  s.tokens.assign(prompt.begin(), prompt.end());
+  s.num_prompt_tokens = static_cast<int>(prompt.size());
+  s.pending_forks.assign(fork_ids.begin(), fork_ids.end());
+  s.num_cached_tokens = -1;  // not admitted yet
+  seqs_.emplace(id, std::move(s));
+  waiting_.push_back(id);
+}
+
+void Scheduler::preempt(SeqId id, StepPlan& plan) {
+  Sequence& s = seq(id);
+  const KvScales& scales = blocks_.scales(id);
+  // Recomputing must reproduce the same KV: keep the scales the first prefill froze.
+  if (scales.frozen) s.saved_scales = scales;
+  blocks_.free(id);
+  s.num_computed_tokens = 0;
+  s.running = false;
+  running_.erase(std::find(running_.begin(), running_.end(), id));
+  waiting_.push_front(id);
+  plan.preempted.push_back(id);
+  ++num_preemptions_;
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  int budget = options_.max_num_batched_tokens;
+  std::vector<SeqId> decoded;  // scheduled in the decode pass
+
+  // 1. Decodes, oldest first: each needs a slot for the token it sampled last step.
+  for (std::size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    const SeqId id = running_[i];
+    Sequence& s = seq(id);
+    if (static_cast<int>(s.tokens.size()) != blocks_.num_tokens(id) + 1) continue;  // prefilling
+    bool preempted_self = false;
+    while (!blocks_.can_append(id)) {
+      const SeqId victim = running_.back();  // the newest; never one scheduled already
+      preempt(victim, plan);
+      if (victim == id) {
+        preempted_self = true;
+        break;
+      }
+    }
+    if (preempted_self) break;  // it was the newest: nobody after it is left
+    const AppendResult slot = blocks_.append_slot(id, s.tokens.back());
+    if (slot.copy) plan.block_copies.push_back(*slot.copy);
+    ScheduledSeq step;
+    step.id = id;
+    step.start = static_cast<int>(s.tokens.size()) - 1;
+    step.num_tokens = 1;
+    step.samples = true;
+    plan.seqs.push_back(std::move(step));
+    decoded.push_back(id);
+    --budget;
+  }
+
+  auto schedule_chunk = [&](SeqId id, Sequence& s, bool calibrate) {
+    const int remaining = static_cast<int>(s.tokens.size()) - s.num_computed_tokens;
+    const int chunk = std::min(remaining, budget);
+    ScheduledSeq step;
+    step.id = id;
+    step.start = s.num_computed_tokens;
+    step.num_tokens = chunk;
+    step.samples = chunk == remaining;
+    step.calibrate = calibrate;
+    if (step.samples) step.forks = s.pending_forks;
+    budget -= chunk;
+    plan.seqs.push_back(std::move(step));
+  };
+
+  // 2. Running prefills continue (chunked prefill).
+  for (const SeqId id : running_) {
+    if (budget <= 0) break;
+    Sequence& s = seq(id);
+    if (std::find(decoded.begin(), decoded.end(), id) != decoded.end()) continue;
+    if (s.num_computed_tokens < blocks_.num_tokens(id)) schedule_chunk(id, s, false);
+  }
+
+  // 3. Admit waiting sequences, first come first served. Not in a step that had to preempt:
+  // the pool is short, and the preempted sequence would only be admitted to be preempted again.
+  while (!waiting_.empty() && budget > 0 && plan.preempted.empty()) {
+    const SeqId id = waiting_.front();
+    Sequence& s = seq(id);
+    const int group = 1 + static_cast<int>(s.pending_forks.size());
+    if (static_cast<int>(running_.size()) + group > options_.max_num_seqs && !running_.empty()) break;
+    if (!blocks_.can_allocate(s.tokens)) break;
+    const AllocateResult allocated = blocks_.allocate(id, s.tokens);
+    s.num_computed_tokens = allocated.num_cached_tokens;
+    if (s.num_cached_tokens < 0) s.num_cached_tokens = allocated.num_cached_tokens;
+    bool calibrate = false;
+    if (KvScales* scales = blocks_.scales_to_calibrate(id)) {
+      if (s.saved_scales) {
+        scales->k = s.saved_scales->k;
+        scales->v = s.saved_scales->v;
+      } else {
+        calibrate = true;
+      }
+    }
+    s.saved_scales.reset();
+    s.running = true;
+    waiting_.pop_front();
+    running_.push_back(id);
+    schedule_chunk(id, s, calibrate);
+  }
+
+  for (const ScheduledSeq& step : plan.seqs) plan.num_tokens += step.num_tokens;
+  return plan;
+}
+
+void Scheduler::on_step_done(const StepPlan& plan) {
+  for (const ScheduledSeq& step : plan.seqs) {
+    Sequence& s = seq(step.id);
+    s.num_computed_tokens = step.start + step.num_tokens;
+    blocks_.mark_computed(step.id, s.num_computed_tokens);
+    for (const SeqId child : step.forks) {
+      blocks_.fork(step.id, child);
+      Sequence c;
+      c.tokens = s.tokens;
+      c.num_prompt_tokens = s.num_prompt_tokens;
+      c.num_computed_tokens = s.num_computed_tokens;
+      c.num_cached_tokens = s.num_cached_tokens;
+      c.running = true;
+      seqs_.emplace(child, std::move(c));
+      running_.push_back(child);
+    }
+    if (!step.forks.empty()) s.pending_forks.clear();
+  }
+}
+
+void Scheduler::append_token(SeqId id, int32_t token) {
+  Sequence& s = seq(id);
+  if (static_cast<int>(s.tokens.size()) != s.num_computed_tokens) {
+    throw std::logic_error("Scheduler::append_token: sequence " + std::to_string(id) +
+                           " has tokens whose KV is not computed yet");
+  }
+  s.tokens.push_back(token);
+}
+
+void Scheduler::finish(SeqId id) {
+  const auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  if (it->second.running) {
+    blocks_.free(id);
+    running_.erase(std::find(running_.begin(), running_.end(), id));
+  } else {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+  }
+  seqs_.erase(it);
+}
+
+std::span<const int32_t> Scheduler::tokens(SeqId id) const {
+  const auto it = seqs_.find(id);
+  if (it == seqs_.end()) throw std::logic_error("Scheduler: unknown sequence " + std::to_string(id));
+  return it->second.tokens;
+}
+
+int Scheduler::num_cached_tokens(SeqId id) const {
+  const auto it = seqs_.find(id);
+  if (it == seqs_.end()) throw std::logic_error("Scheduler: unknown sequence " + std::to_string(id));
+  return std::max(0, it->second.num_cached_tokens);
+}
+
+}  // namespace fp8serve

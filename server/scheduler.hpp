@@ -1,0 +1,101 @@
+#pragma once
+// Continuous batching (DESIGN.md §6), nano-vllm style: pure host logic over the BlockManager,
+// no model, no device, no HTTP. The engine loop calls, once per step:
+//
+//   plan = schedule()            which sequences run and how many tokens each
+//   ... copy plan.block_copies, forward the batch, write calibrated scales ...
+//   on_step_done(plan)           tokens now computed (scales freeze, forks happen)
+//   append_token(id, token)      for every sequence that sampled, unless it finished:
+//   finish(id)                   blocks back to the pool (or the prefix cache)
+//
+// Policy: running sequences decode first (one token each, oldest first); the leftover token
+// budget (--max-num-batched-tokens) continues running prefills, then admits waiting sequences
+// first-come-first-served (chunked prefill: a long prompt takes several steps). When the pool
+// cannot hold a running sequence's next token, the newest running sequence is preempted: its
+// blocks are freed and it goes back to the front of the queue, to be recomputed from its
+// tokens (prompt + generated so far) with its frozen FP8 scales restored, so its KV is the same.
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/block_manager.hpp"
+#include "cache/kv_scales.hpp"
+
+namespace fp8serve {
+
+struct SchedulerOptions {
+  // Running sequences; a request's forks count at admission. A group larger than this is
+  // admitted alone when nothing runs (the engine rejects n > max_num_seqs before that).
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 2048;  // tokens per step
+};
+
+// One sequence's share of a step: tokens [start, start + num_tokens) of its token list.
+struct ScheduledSeq {
+  SeqId id = 0;
+  int start = 0;
+  int num_tokens = 0;
+  bool samples = false;    // the chunk ends at the sequence's last token: sample from it
+  bool calibrate = false;  // first prefill chunk: kv_write calibrates the FP8 scales
+  std::vector<SeqId> forks;  // created from this sequence by on_step_done (n > 1): they sample too
+};
+
+struct StepPlan {
+  std::vector<ScheduledSeq> seqs;        // decodes first, then prefill chunks
+  std::vector<BlockCopy> block_copies;   // copy-on-write, to run before the forward pass
+  std::vector<SeqId> preempted;          // freed this step, back in the queue
+  int num_tokens = 0;
+  bool empty() const { return seqs.empty(); }
+};
+
+class Scheduler {
+ public:
+  // PRECOND: block_manager outlives the scheduler and nobody else allocates from it.
+  Scheduler(const SchedulerOptions& options, BlockManager& block_manager);
+
+  // Queues a sequence. fork_ids: extra sequences (n > 1 sampling) that share its prompt
+  // blocks once its prefill is done. PRECOND: ids unused, prompt not empty.
+  void add(SeqId id, std::span<const int32_t> prompt, std::span<const SeqId> fork_ids = {});
+
+  StepPlan schedule();
+  void on_step_done(const StepPlan& plan);
+  // The token sampled for a sequence that continues; its KV is computed by a later step.
+  void append_token(SeqId id, int32_t token);
+  // Removes a sequence (finished or aborted) wherever it is; unknown ids are ignored (an abort
+  // can race with the sequence's own finish). Pending forks of a waiting sequence go with it.
+  void finish(SeqId id);
+
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  int num_running() const { return static_cast<int>(running_.size()); }
+  uint64_t num_preemptions() const { return num_preemptions_; }
+  bool contains(SeqId id) const { return seqs_.count(id) != 0; }
+  std::span<const int32_t> tokens(SeqId id) const;
+  int num_cached_tokens(SeqId id) const;  // prompt tokens the prefix cache served at admission
+
+ private:
+  struct Sequence {
+    std::vector<int32_t> tokens;  // prompt + generated
+    int num_prompt_tokens = 0;
+    int num_computed_tokens = 0;
+    int num_cached_tokens = 0;
+    bool running = false;
+    std::vector<SeqId> pending_forks;
+    std::optional<KvScales> saved_scales;  // frozen scales kept across a preemption
+  };
+
+  Sequence& seq(SeqId id);
+  void preempt(SeqId id, StepPlan& plan);
+
+  SchedulerOptions options_;
+  BlockManager& blocks_;
+  std::unordered_map<SeqId, Sequence> seqs_;
+  std::deque<SeqId> waiting_;
+  std::vector<SeqId> running_;  // admission order: back() is the newest
+  uint64_t num_preemptions_ = 0;
+};
+
+}  // namespace fp8serve

@@ -1,0 +1,163 @@
+#include "server/serve.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "model/loader.hpp"
+#include "server/api/frontend.hpp"
+#include "server/async_engine.hpp"
+#include "server/engine.hpp"
+#include "server/http/http_server.hpp"
+#include "server/metrics.hpp"
+
+namespace fp8serve {
+
+namespace {
+
+// SIGTERM / SIGINT are blocked in every thread and received by one waiter thread, so no
+// handler runs at an arbitrary point of the engine or of an I/O thread.
+class ShutdownSignal {
+ public:
+  ShutdownSignal() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);  // before any thread starts: they inherit it
+    signal(SIGPIPE, SIG_IGN);
+    waiter_ = std::thread([this] {
+      int sig = 0;
+      sigwait(&set_, &sig);
+      std::lock_guard lock(mutex_);
+      received_ = sig;
+      cv_.notify_all();
+    });
+  }
+  ~ShutdownSignal() {
+    if (received_ == 0) pthread_kill(waiter_.native_handle(), SIGTERM);  // wake the waiter
+    waiter_.join();
+  }
+  int wait() {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return received_ != 0; });
+    return received_;
+  }
+  bool received() {
+    std::lock_guard lock(mutex_);
+    return received_ != 0;
+  }
+
+ private:
+  sigset_t set_;
+  std::thread waiter_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int received_ = 0;
+};
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("--chat-template: cannot open '" + path + "'");
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+nlohmann::ordered_json special_token_extras(const Tokenizer& tokenizer) {
+  nlohmann::ordered_json extras = nlohmann::ordered_json::object();
+  auto piece = [&](std::optional<int32_t> id) -> nlohmann::ordered_json {
+    if (!id) return nullptr;
+    auto p = tokenizer.id_to_piece(*id);
+    return p ? nlohmann::ordered_json(*p) : nlohmann::ordered_json(nullptr);
+  };
+  extras["bos_token"] = piece(tokenizer.bos_id());
+  extras["eos_token"] = piece(tokenizer.eos_id());
+  return extras;
+}
+
+}  // namespace
+
+int run_serve(const Config& config) {
+  ShutdownSignal shutdown;
+  ServerMetrics metrics;
+  FrontendOptions fopts;
+  fopts.api_key = config.api_key;
+  fopts.metrics_public = config.metrics_public;
+  fopts.max_waiting_requests = config.max_waiting_requests;
+  ApiFrontend frontend(fopts, metrics);
+
+  HttpServerOptions hopts;
+  hopts.host = config.host;
+  hopts.port = static_cast<uint16_t>(config.port);
+  hopts.max_body_bytes = static_cast<uint64_t>(config.max_body_bytes);
+  hopts.max_header_bytes = static_cast<uint32_t>(config.max_header_bytes);
+  hopts.request_timeout_s = config.request_timeout;
+  HttpServer server(hopts, frontend);
+  server.start();
+  spdlog::info("listening on http://{}:{} (loading the model; /health answers 503 until ready)", config.host, server.port());
+
+  const EngineOptions eopts = engine_options_from_config(config);
+  LoadedModel model = load_model(config.model);
+  std::string template_source = config.chat_template_file.empty() ? model.chat_template : read_text_file(config.chat_template_file);
+  std::unique_ptr<ChatTemplate> chat_template;
+  if (!template_source.empty()) {
+    try {
+      chat_template = std::make_unique<ChatTemplate>(ChatTemplate::parse(template_source));
+    } catch (const TemplateError& e) {
+      if (!config.chat_template_file.empty()) throw ConfigError(std::string("--chat-template: ") + e.what());
+      spdlog::warn("the model's chat template does not parse ({}); /v1/chat/completions will answer 400", e.what());
+    }
+  } else {
+    spdlog::warn("the model ships no chat template; /v1/chat/completions will answer 400 (see --chat-template)");
+  }
+  // As vLLM: the API's model name is what the user passed (a .gguf file's stem, a folder's
+  // name), not the free-text general.name inside a GGUF, unless --served-model-name says so.
+  std::string name = config.served_model_name;
+  if (name.empty()) {
+    const std::filesystem::path path = std::filesystem::path(config.model).lexically_normal();
+    name = model.format == "gguf" ? path.stem().string()
+                                  : (path.filename().empty() ? path.parent_path() : path).filename().string();
+  }
+
+  AsyncEngine engine(std::make_unique<Engine>(std::move(model), eopts));
+  engine.start();
+  const Engine& core = engine.engine();
+
+  ModelContext ctx;
+  ctx.served_model_name = name;
+  ctx.max_model_len = core.options().max_model_len;
+  ctx.max_num_seqs = core.options().max_num_seqs;
+  ctx.max_pool_tokens = static_cast<int64_t>(core.block_manager().num_blocks()) * core.block_manager().block_size();
+  ctx.tokenizer = &core.tokenizer();
+  ctx.chat_template = chat_template.get();
+  ctx.template_extras = special_token_extras(core.tokenizer());
+  ctx.engine = &engine;
+  frontend.set_ready(std::move(ctx));
+  spdlog::info("ready: model '{}' served at http://{}:{}/v1 (max model len {}, api key {})", name, config.host, server.port(),
+               core.options().max_model_len, config.api_key.empty() ? "off" : "on");
+
+  const int sig = shutdown.wait();
+  spdlog::info("{} received: draining (new requests get 503; up to {} s for running ones)", sig == SIGINT ? "SIGINT" : "SIGTERM",
+               config.shutdown_timeout);
+  frontend.set_draining();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(config.shutdown_timeout);
+  while (frontend.in_flight_seqs() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (frontend.in_flight_seqs() > 0)
+    spdlog::warn("shutdown timeout: aborting {} unfinished sequences", frontend.in_flight_seqs());
+  server.stop();
+  engine.stop();
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace fp8serve

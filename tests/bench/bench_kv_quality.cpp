@@ -1,0 +1,413 @@
+// bench_kv_quality: the seed's FP8-vs-bf16 table (issue 4), reproduced on this machine with the
+// default model: bf16 KV against FP8 KV at several --kv-scale-margin values.
+//
+//   bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] [--text FILE]
+//
+// Workloads (prompts are token windows of natural English text, the repository's READMEs by
+// default): one long prompt (1000 tokens) + 256 generated, batch 1; and 50 short prompts
+// (20-100 tokens) + 128 generated each, decoded together as one batch of 50.
+//
+// Per KV configuration, two passes:
+//   free run      greedy decoding, timed (wall, decode tokens/s), in a forked child so its peak
+//                 RSS is its own; tokens compared with the bf16 run (matching prefix); the FP8
+//                 saturation fraction counted by kv_write.
+//   teacher-forced every FP8 configuration in lockstep with bf16, all fed the bf16 run's tokens,
+//                 so divergence does not compound: KL(p_bf16 || p_fp8) of each next-token
+//                 distribution, mean and max.
+// It drives the Transformer directly (no scheduler): one sequence per contiguous run of blocks,
+// the whole prompt set prefilled in one step, so the FP8 scales are calibrated on each full
+// prompt, as the engine does with an unchunked prefill.
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <sstream>
+#include <thread>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.hpp"
+#include "model/loader.hpp"
+#include "model/transformer.hpp"
+
+using namespace fp8serve;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct KvConfig {
+  KvDtype dtype = KvDtype::bf16;
+  float margin = 1.0f;
+  std::string name() const {
+    if (dtype == KvDtype::bf16) return "bf16";
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "fp8 m=%.1f", margin);
+    return buf;
+  }
+};
+
+// One model instance with its own pool, running S sequences in lockstep: prefill all, then one
+// decode token per sequence per step.
+class Stepper {
+ public:
+  Stepper(const LoadedModel& model, cpu::ThreadPool& pool, const KvConfig& kv,
+          const std::vector<std::vector<int32_t>>& prompts, int num_generate)
+      : config_(model.config), backend_(pool), prompts_(prompts) {
+    const auto num_seqs = static_cast<int>(prompts.size());
+    int max_prompt = 0, total_prompt = 0;
+    for (const auto& p : prompts) {
+      max_prompt = std::max(max_prompt, static_cast<int>(p.size()));
+      total_prompt += static_cast<int>(p.size());
+    }
+    blocks_per_seq_ = (max_prompt + num_generate + kBlock - 1) / kBlock;
+    TransformerOptions options;
+    options.kv_dtype = kv.dtype;
+    options.kv_scale_margin = kv.margin;
+    options.block_size = kBlock;
+    options.num_blocks = blocks_per_seq_ * num_seqs;
+    options.max_num_tokens = std::max(total_prompt, num_seqs);
+    options.max_num_seqs = num_seqs;
+    options.max_model_len = blocks_per_seq_ * kBlock;
+    transformer_ = std::make_unique<Transformer>(model.config, model.weights, backend_, options);
+    const auto layers = static_cast<std::size_t>(config_.num_layers);
+    k_scales_.assign(layers * static_cast<std::size_t>(num_seqs), 1.0f);
+    v_scales_ = k_scales_;
+    counts_.resize(layers);
+    lengths_.assign(static_cast<std::size_t>(num_seqs), 0);
+    logits_.resize(static_cast<std::size_t>(num_seqs) * static_cast<std::size_t>(config_.vocab_size));
+  }
+
+  // Returns [num_seqs, vocab] logits of each sequence's next token.
+  const std::vector<float>& prefill() {
+    std::vector<std::vector<int32_t>> chunks = prompts_;
+    run(chunks, true);
+    return logits_;
+  }
+  const std::vector<float>& decode(const std::vector<int32_t>& tokens) {
+    std::vector<std::vector<int32_t>> chunks;
+    for (const int32_t t : tokens) chunks.push_back({t});
+    run(chunks, false);
+    return logits_;
+  }
+  uint64_t kv_bytes() const { return transformer_->kv_cache_bytes(); }
+  KvWriteCounts saturation() const {
+    KvWriteCounts total;
+    for (const KvWriteCounts& c : counts_) total += c;
+    return total;
+  }
+
+ private:
+  static constexpr int kBlock = 16;
+
+  void run(const std::vector<std::vector<int32_t>>& chunks, bool calibrate) {
+    const auto num_seqs = static_cast<int32_t>(chunks.size());
+    std::vector<int32_t> ids, positions, qsl{0}, context, table, rows;
+    std::vector<int64_t> slots;
+    for (int32_t s = 0; s < num_seqs; ++s) {
+      int32_t& len = lengths_[static_cast<std::size_t>(s)];
+      for (const int32_t t : chunks[static_cast<std::size_t>(s)]) {
+        ids.push_back(t);
+        positions.push_back(len);
+        slots.push_back(static_cast<int64_t>(s) * blocks_per_seq_ * kBlock + len);
+        ++len;
+      }
+      qsl.push_back(static_cast<int32_t>(ids.size()));
+      context.push_back(len);
+      rows.push_back(static_cast<int32_t>(ids.size()) - 1);
+      for (int b = 0; b < blocks_per_seq_; ++b) table.push_back(s * blocks_per_seq_ + b);
+    }
+    const std::vector<uint8_t> cal(static_cast<std::size_t>(num_seqs), calibrate ? 1 : 0);
+    ForwardBatch batch;
+    batch.token_ids = ids;
+    batch.positions = positions;
+    batch.query_start_loc = qsl;
+    batch.context_lens = context;
+    batch.block_tables = table;
+    batch.max_blocks_per_seq = blocks_per_seq_;
+    batch.slot_mapping = slots;
+    batch.k_scales = k_scales_;
+    batch.v_scales = v_scales_;
+    batch.calibrate = cal;
+    batch.sample_rows = rows;
+    transformer_->forward(batch, logits_, counts_);
+  }
+
+  ModelConfig config_;
+  cpu::CpuBackend backend_;
+  std::vector<std::vector<int32_t>> prompts_;
+  std::unique_ptr<Transformer> transformer_;
+  int blocks_per_seq_ = 0;
+  std::vector<float> k_scales_, v_scales_, logits_;
+  std::vector<KvWriteCounts> counts_;
+  std::vector<int32_t> lengths_;
+};
+
+int32_t argmax(const float* row, int vocab) {
+  return static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+}
+
+// KL(p || q) of softmax(a) and softmax(b), in double.
+double kl_divergence(const float* a, const float* b, int vocab) {
+  const double ma = *std::max_element(a, a + vocab), mb = *std::max_element(b, b + vocab);
+  double za = 0, zb = 0;
+  for (int i = 0; i < vocab; ++i) {
+    za += std::exp(a[i] - ma);
+    zb += std::exp(b[i] - mb);
+  }
+  const double la = std::log(za) + ma, lb = std::log(zb) + mb;
+  double kl = 0;
+  for (int i = 0; i < vocab; ++i) {
+    const double lp = a[i] - la, lq = b[i] - lb;
+    kl += std::exp(lp) * (lp - lq);
+  }
+  return std::max(0.0, kl);
+}
+
+struct FreeRun {
+  double wall_s = 0, prefill_s = 0, decode_s = 0;
+  uint64_t kv_bytes = 0;
+  long peak_rss_kib = 0;
+  uint64_t elements = 0, saturated = 0;
+  std::vector<std::vector<int32_t>> tokens;  // [num_seqs, num_generate]
+};
+
+FreeRun free_run(const LoadedModel& model, cpu::ThreadPool& pool, const KvConfig& kv,
+                 const std::vector<std::vector<int32_t>>& prompts, int num_generate) {
+  FreeRun r;
+  const Clock::time_point t0 = Clock::now();
+  Stepper stepper(model, pool, kv, prompts, num_generate);
+  const int vocab = model.config.vocab_size;
+  const auto num_seqs = prompts.size();
+  r.tokens.resize(num_seqs);
+  const Clock::time_point t1 = Clock::now();
+  const std::vector<float>* logits = &stepper.prefill();
+  const Clock::time_point t2 = Clock::now();
+  std::vector<int32_t> next(num_seqs);
+  for (int step = 0; step < num_generate; ++step) {
+    for (std::size_t s = 0; s < num_seqs; ++s) {
+      next[s] = argmax(logits->data() + s * static_cast<std::size_t>(vocab), vocab);
+      r.tokens[s].push_back(next[s]);
+    }
+    if (step + 1 < num_generate) logits = &stepper.decode(next);
+  }
+  const Clock::time_point t3 = Clock::now();
+  r.prefill_s = std::chrono::duration<double>(t2 - t1).count();
+  r.decode_s = std::chrono::duration<double>(t3 - t2).count();
+  r.wall_s = std::chrono::duration<double>(t3 - t0).count();
+  r.kv_bytes = stepper.kv_bytes();
+  const KvWriteCounts sat = stepper.saturation();
+  r.elements = 2 * sat.num_elements;  // K and V
+  r.saturated = sat.num_k_saturated + sat.num_v_saturated;
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  r.peak_rss_kib = usage.ru_maxrss;
+  return r;
+}
+
+// Runs free_run in a forked child (its own peak RSS), results back through a pipe.
+FreeRun free_run_isolated(const LoadedModel& model, int threads, const KvConfig& kv,
+                          const std::vector<std::vector<int32_t>>& prompts, int num_generate) {
+  int fds[2];
+  if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    cpu::ThreadPool pool(threads);
+    const FreeRun r = free_run(model, pool, kv, prompts, num_generate);
+    std::ostringstream out;
+    out.precision(17);
+    out << r.wall_s << ' ' << r.prefill_s << ' ' << r.decode_s << ' ' << r.kv_bytes << ' ' << r.peak_rss_kib << ' '
+        << r.elements << ' ' << r.saturated;
+    for (const auto& seq : r.tokens)
+      for (const int32_t t : seq) out << ' ' << t;
+    const std::string text = out.str();
+    std::size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = write(fds[1], text.data() + done, text.size() - done);
+      if (n <= 0) _exit(1);
+      done += static_cast<std::size_t>(n);
+    }
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string text;
+  char buf[65536];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error("benchmark child failed");
+  std::istringstream in(text);
+  FreeRun r;
+  in >> r.wall_s >> r.prefill_s >> r.decode_s >> r.kv_bytes >> r.peak_rss_kib >> r.elements >> r.saturated;
+  r.tokens.assign(prompts.size(), std::vector<int32_t>(static_cast<std::size_t>(num_generate)));
+  for (auto& seq : r.tokens)
+    for (int32_t& t : seq) in >> t;
+  return r;
+}
+
+struct Divergence {
+  double mean_kl = 0, max_kl = 0;
+};
+
+// Every FP8 config in lockstep with bf16, all fed the bf16 greedy tokens.
+std::vector<Divergence> teacher_forced(const LoadedModel& model, cpu::ThreadPool& pool,
+                                       const std::vector<KvConfig>& fp8, const std::vector<std::vector<int32_t>>& prompts,
+                                       const std::vector<std::vector<int32_t>>& bf16_tokens, int num_generate) {
+  const int vocab = model.config.vocab_size;
+  const auto num_seqs = prompts.size();
+  Stepper reference(model, pool, KvConfig{}, prompts, num_generate);
+  std::vector<std::unique_ptr<Stepper>> runs;
+  for (const KvConfig& kv : fp8) runs.push_back(std::make_unique<Stepper>(model, pool, kv, prompts, num_generate));
+  std::vector<Divergence> result(fp8.size());
+  std::vector<double> sum(fp8.size(), 0.0);
+  uint64_t count = 0;
+  std::vector<int32_t> forced(num_seqs);
+  for (int step = 0; step < num_generate; ++step) {
+    const std::vector<float>& p = step == 0 ? reference.prefill() : reference.decode(forced);
+    for (std::size_t c = 0; c < runs.size(); ++c) {
+      const std::vector<float>& q = step == 0 ? runs[c]->prefill() : runs[c]->decode(forced);
+      for (std::size_t s = 0; s < num_seqs; ++s) {
+        const double kl = kl_divergence(p.data() + s * vocab, q.data() + s * vocab, vocab);
+        sum[c] += kl;
+        result[c].max_kl = std::max(result[c].max_kl, kl);
+      }
+    }
+    count += num_seqs;
+    for (std::size_t s = 0; s < num_seqs; ++s) forced[s] = bf16_tokens[s][static_cast<std::size_t>(step)];
+  }
+  for (std::size_t c = 0; c < runs.size(); ++c) result[c].mean_kl = sum[c] / static_cast<double>(count);
+  return result;
+}
+
+struct Workload {
+  std::string title;
+  std::vector<std::vector<int32_t>> prompts;
+  int num_generate = 0;
+  std::vector<FreeRun> runs;  // per config
+};
+
+// Free runs first, for every workload, while the parent process is still small: each forked
+// child's peak RSS then counts only the parent's loaded model on top of its own allocations.
+void run_free(const LoadedModel& model, int threads, const std::vector<KvConfig>& configs, Workload& w) {
+  for (const KvConfig& kv : configs) w.runs.push_back(free_run_isolated(model, threads, kv, w.prompts, w.num_generate));
+}
+
+void print_table(const LoadedModel& model, int threads, const std::vector<KvConfig>& configs, const Workload& w) {
+  const auto& prompts = w.prompts;
+  const auto& runs = w.runs;
+  const int num_generate = w.num_generate;
+  std::printf("\n## %s: %zu prompt(s) of %zu-%zu tokens, %d generated each\n\n", w.title.c_str(), prompts.size(),
+              std::min_element(prompts.begin(), prompts.end(), [](auto& a, auto& b) { return a.size() < b.size(); })->size(),
+              std::max_element(prompts.begin(), prompts.end(), [](auto& a, auto& b) { return a.size() < b.size(); })->size(),
+              num_generate);
+  std::vector<KvConfig> fp8(configs.begin() + 1, configs.end());
+  cpu::ThreadPool pool(threads);
+  const std::vector<Divergence> kl = teacher_forced(model, pool, fp8, prompts, runs[0].tokens, num_generate);
+  std::printf("| KV | KV MiB | peak RSS MiB | wall s | prefill tok/s | decode tok/s | greedy tokens = bf16 | "
+              "sequences all = bf16 | mean KL | max KL | saturated |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::size_t prompt_tokens = 0;
+  for (const auto& p : prompts) prompt_tokens += p.size();
+  for (std::size_t c = 0; c < configs.size(); ++c) {
+    const FreeRun& r = runs[c];
+    std::size_t matched = 0, total = 0, all_match = 0;
+    for (std::size_t s = 0; s < prompts.size(); ++s) {
+      std::size_t i = 0;
+      while (i < r.tokens[s].size() && r.tokens[s][i] == runs[0].tokens[s][i]) ++i;
+      matched += i;
+      total += r.tokens[s].size();
+      if (i == r.tokens[s].size()) ++all_match;
+    }
+    const double decode_tokens = static_cast<double>(prompts.size()) * (num_generate - 1);
+    char kl_mean[32] = "-", kl_max[32] = "-";
+    if (c > 0) {
+      std::snprintf(kl_mean, sizeof kl_mean, "%.2e", kl[c - 1].mean_kl);
+      std::snprintf(kl_max, sizeof kl_max, "%.2e", kl[c - 1].max_kl);
+    }
+    std::printf("| %s | %.2f | %.0f | %.1f | %.0f | %.1f | %zu/%zu | %zu/%zu | %s | %s | %.2e |\n",
+                configs[c].name().c_str(), r.kv_bytes / 1048576.0, r.peak_rss_kib / 1024.0, r.wall_s,
+                prompt_tokens / r.prefill_s, decode_tokens / r.decode_s, matched, total, all_match, prompts.size(),
+                kl_mean, kl_max, r.elements ? static_cast<double>(r.saturated) / r.elements : 0.0);
+    std::fflush(stdout);
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::filesystem::path root = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
+  std::string model_path = (root / ".models/SmolLM2-135M-Instruct.Q4_1.gguf").string();
+  std::vector<std::string> texts = {(root / "README.md").string(), (root / "tests/fixtures/README.md").string()};
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  bool quick = false;
+  std::vector<float> margins = {1.0f, 2.0f, 4.0f};
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--threads" && i + 1 < argc) {
+      threads = std::stoi(argv[++i]);
+    } else if (arg == "--quick") {
+      quick = true;
+    } else if (arg == "--text" && i + 1 < argc) {
+      texts = {argv[++i]};
+    } else if (arg == "--margins" && i + 1 < argc) {
+      margins.clear();
+      std::stringstream list(argv[++i]);
+      for (std::string m; std::getline(list, m, ',');) margins.push_back(std::stof(m));
+    } else if (arg.rfind("--", 0) != 0) {
+      model_path = arg;
+    } else {
+      std::fprintf(stderr, "usage: bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] [--text FILE]\n");
+      return 2;
+    }
+  }
+  const LoadedModel model = load_model(model_path);
+  std::string text;
+  for (const std::string& t : texts) text += read_file(t) + "\n";
+  const std::vector<int32_t> ids = model.tokenizer->encode(text, false);
+
+  const int long_len = quick ? 300 : 1000, long_gen = quick ? 64 : 256;
+  const int num_short = quick ? 12 : 50, short_gen = quick ? 32 : 128;
+  if (static_cast<int>(ids.size()) < long_len + 200) {
+    std::fprintf(stderr, "the text has only %zu tokens; pass a longer --text\n", ids.size());
+    return 2;
+  }
+  std::vector<KvConfig> configs{{KvDtype::bf16, 1.0f}};
+  for (const float m : margins) configs.push_back({KvDtype::fp8_e4m3, m});
+
+  std::printf("# bench_kv_quality: %s, %d threads, %zu text tokens\n", model.name.c_str(), threads, ids.size());
+  std::printf("(peak RSS includes the %.0f MiB host copy of the weights every run inherits from the loader)\n",
+              static_cast<double>(model.weights.num_bytes()) / 1048576.0);
+  Workload long_workload{"long prompt", {std::vector<int32_t>(ids.begin(), ids.begin() + long_len)}, long_gen, {}};
+
+  // Short prompts: windows of 20-100 tokens spread over the text.
+  std::vector<std::vector<int32_t>> short_prompts;
+  const std::size_t stride = (ids.size() - 100) / static_cast<std::size_t>(num_short);
+  for (int i = 0; i < num_short; ++i) {
+    const std::size_t len = 20 + static_cast<std::size_t>(i * 37 % 81);
+    const auto begin = ids.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(i) * stride);
+    short_prompts.emplace_back(begin, begin + static_cast<std::ptrdiff_t>(len));
+  }
+  Workload short_workload{"short prompts (one batch)", short_prompts, short_gen, {}};
+  run_free(model, threads, configs, long_workload);
+  run_free(model, threads, configs, short_workload);
+  print_table(model, threads, configs, long_workload);
+  print_table(model, threads, configs, short_workload);
+  return 0;
+}

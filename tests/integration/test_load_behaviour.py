@@ -1,0 +1,118 @@
+"""Concurrency, preemption, client disconnects and the SIGTERM drain, on the real server."""
+import json
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+
+from conftest import TINY_QWEN3, Server
+
+PROMPTS = [f"Request number {i}: tell me about the number {i * 7 % 13} and the colour {c}"
+           for i, c in enumerate(["red", "green", "blue", "black"] * 8)]
+
+
+def stream_text(client, prompt, max_tokens):
+    chunks = client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    text, finish = "", None
+    for c in chunks:
+        if c.choices:
+            text += c.choices[0].text
+            finish = c.choices[0].finish_reason or finish
+    return text, finish
+
+
+def test_32_concurrent_streams_equal_sequential_outputs(tiny, openai_client):
+    alone = [stream_text(openai_client, p, 24) for p in PROMPTS]
+    with ThreadPoolExecutor(32) as pool:
+        together = list(pool.map(lambda p: stream_text(openai_client, p, 24), PROMPTS))
+    assert len(set(PROMPTS)) == 32
+    assert together == alone
+    assert all(f == "length" for _, f in together)
+
+
+def test_preemption_with_a_pool_of_a_few_blocks(tmp_path):
+    # tiny-qwen3 with FP8 K/V: 3 layers x 2 KV heads x 32 dims x 2 (K, V) = 384 bytes per token,
+    # 6144 per 16-token block; 12 blocks hold two of these 70-token requests at a time.
+    s = Server(TINY_QWEN3, "--kv-cache-memory", 12 * 6144, "--served-model-name", "tiny", tmp_path=tmp_path)
+    try:
+        client = openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        prompts = PROMPTS[:16]
+        alone = [stream_text(client, p, 60) for p in prompts]
+        with ThreadPoolExecutor(16) as pool:
+            together = list(pool.map(lambda p: stream_text(client, p, 60), prompts))
+        assert together == alone
+        m = s.metrics()
+        print(f"[preemption] {m['fp8serve:num_preemptions_total']:.0f} preemptions for 16 concurrent requests")
+        assert m["fp8serve:num_preemptions_total"] > 0
+        assert s.wait_kv_idle() == 0
+    finally:
+        assert s.stop() == 0
+
+
+def drop_mid_stream(port, prompt):
+    body = json.dumps({"prompt": prompt, "max_tokens": 960, "stream": True, "ignore_eos": True}).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        seen = b""
+        while seen.count(b"data: {") < 3:
+            chunk = sock.recv(4096)
+            assert chunk, "server closed the stream early"
+            seen += chunk
+    # Closing here, long before 960 tokens: the server must notice and abort.
+
+
+def test_20_clients_drop_mid_stream(tiny, openai_client):
+    before = tiny.metrics().get('fp8serve:request_success_total{finished_reason="abort"}', 0)
+    threads = [threading.Thread(target=drop_mid_stream, args=(tiny.port, p)) for p in PROMPTS[:20]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert tiny.wait_kv_idle(timeout=20) == 0
+    m = tiny.metrics()
+    assert m['fp8serve:request_success_total{finished_reason="abort"}'] - before == 20
+    assert m["fp8serve:num_requests_running"] == 0
+    r = openai_client.completions.create(model="tiny", prompt="after the storm", max_tokens=4, temperature=0)
+    assert r.usage.completion_tokens == 4
+
+
+def test_sigterm_drains_running_requests_and_refuses_new_ones(tmp_path):
+    s = Server(TINY_QWEN3, "--kv-cache-memory", 8_000_000, "--served-model-name", "tiny", "--shutdown-timeout", 60,
+               tmp_path=tmp_path)
+    client = openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    results = [None] * 4
+    started = threading.Barrier(5)
+
+    def run(i):
+        chunks = client.completions.create(model="tiny", prompt=PROMPTS[i], max_tokens=3000, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        text, finish, n = "", None, 0
+        for c in chunks:
+            n += 1
+            if n == 2:
+                started.wait()
+            if c.choices:
+                text += c.choices[0].text
+                finish = c.choices[0].finish_reason or finish
+        results[i] = (len(text) > 0, finish)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    started.wait()  # all four are streaming
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    status, headers, body = s.post("/v1/completions", {"prompt": "too late", "max_tokens": 2})
+    assert status == 503 and "Retry-After" in headers
+    assert json.loads(body)["error"]["code"] == "service_unavailable"
+    assert s.get("/health")[0] == 503
+    for t in threads:
+        t.join()
+    assert results == [(True, "length")] * 4  # every running request finished normally
+    assert s.proc.wait(timeout=60) == 0
+    s.stop()

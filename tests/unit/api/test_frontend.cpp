@@ -1,0 +1,217 @@
+// ApiFrontend::handle without sockets: routing, auth, content type, health states, admission,
+// tokenization through the real tokenizer and chat template (checked against the jinja2
+// rendering recorded in the chat-template fixtures), context-length errors.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "fake_engine.hpp"
+#include "server/api/frontend.hpp"
+
+using namespace fp8serve;
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Fixture {
+  Fixture(FrontendOptions options = {}) : frontend(std::move(options), metrics) {
+    tokenizer = load_tokenizer_dir(FP8SERVE_FIXTURES_DIR "/models/tiny-qwen3");
+    chat_template = std::make_unique<ChatTemplate>(ChatTemplate::parse(read_file(FP8SERVE_FIXTURES_DIR "/chat_templates/qwen3.jinja")));
+  }
+  void ready(int max_model_len = 64, int max_num_seqs = 4) {
+    ModelContext m;
+    m.served_model_name = "tiny";
+    m.max_model_len = max_model_len;
+    m.max_num_seqs = max_num_seqs;
+    m.tokenizer = tokenizer.get();
+    m.chat_template = chat_template.get();
+    m.template_extras = {{"bos_token", nullptr}, {"eos_token", "<|im_end|>"}};
+    m.engine = &engine;
+    frontend.set_ready(std::move(m));
+  }
+  RouteResult call(const std::string& method, const std::string& target, const std::string& body = "",
+                   const std::string& auth = "", const std::string& content_type = "application/json") {
+    return frontend.handle({method, target, auth, content_type, body, "rid1"});
+  }
+  HttpReply reply(const std::string& method, const std::string& target, const std::string& body = "",
+                  const std::string& auth = "", const std::string& content_type = "application/json") {
+    auto r = call(method, target, body, auth, content_type);
+    REQUIRE(std::holds_alternative<HttpReply>(r));
+    return std::get<HttpReply>(r);
+  }
+  GenerationJob job(const std::string& target, const std::string& body) {
+    auto r = call("POST", target, body);
+    if (auto* reply = std::get_if<HttpReply>(&r)) FAIL("expected a job, got " << reply->status << " " << reply->body);
+    return std::move(std::get<GenerationJob>(r));
+  }
+
+  ServerMetrics metrics;
+  ApiFrontend frontend;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<ChatTemplate> chat_template;
+  test::FakeEngine engine;
+};
+
+Json error_of(const HttpReply& r) { return Json::parse(r.body)["error"]; }
+
+}  // namespace
+
+TEST_CASE("health: 503 while loading, 200 when ready, 503 when draining") {
+  Fixture f;
+  CHECK(f.reply("GET", "/health").status == 503);
+  CHECK(f.reply("POST", "/v1/completions", R"({"prompt": "x"})").status == 503);
+  f.ready();
+  CHECK(f.reply("GET", "/health").status == 200);
+  f.frontend.set_draining();
+  CHECK(f.reply("GET", "/health").status == 503);
+  HttpReply r = f.reply("POST", "/v1/completions", R"({"prompt": "x"})");
+  CHECK(r.status == 503);
+  CHECK(r.headers.size() == 1);
+  CHECK(r.headers[0].first == "Retry-After");
+}
+
+TEST_CASE("routing: 404, 405 with Allow, 415, models list") {
+  Fixture f;
+  f.ready();
+  HttpReply r = f.reply("GET", "/v2/nothing");
+  CHECK(r.status == 404);
+  CHECK(error_of(r)["type"] == "invalid_request_error");
+  r = f.reply("GET", "/v1/completions");
+  CHECK(r.status == 405);
+  CHECK(r.headers.at(0) == std::pair<std::string, std::string>("Allow", "POST"));
+  CHECK(f.reply("DELETE", "/v1/models").status == 405);
+  CHECK(f.reply("POST", "/v1/completions", R"({"prompt": "x"})", "", "text/plain").status == 415);
+  CHECK(f.reply("POST", "/v1/completions", R"({"prompt": "x"})", "", "").status == 415);
+  CHECK(std::holds_alternative<GenerationJob>(f.call("POST", "/v1/completions?x=1", R"({"prompt": "x"})", "",
+                                                      "Application/JSON; charset=utf-8")));
+  Json models = Json::parse(f.reply("GET", "/v1/models").body);
+  CHECK(models["object"] == "list");
+  CHECK(models["data"][0]["id"] == "tiny");
+  CHECK(f.reply("POST", "/v1/completions", R"({"model": "other", "prompt": "x"})").status == 404);
+  CHECK(error_of(f.reply("POST", "/v1/completions", R"({"model": "other", "prompt": "x"})"))["code"] == "model_not_found");
+}
+
+TEST_CASE("api key: every route but /health; /metrics only with --metrics-public") {
+  FrontendOptions options;
+  options.api_key = "sekrit";
+  Fixture f(options);
+  f.ready();
+  CHECK(f.reply("GET", "/health").status == 200);
+  CHECK(f.reply("GET", "/v1/models").status == 401);
+  CHECK(f.reply("GET", "/v1/models", "", "Bearer wrong").status == 401);
+  CHECK(f.reply("GET", "/v1/models", "", "Bearer sekri").status == 401);
+  CHECK(f.reply("GET", "/v1/models", "", "sekrit").status == 401);
+  CHECK(f.reply("GET", "/v1/models", "", "Bearer ").status == 401);
+  CHECK(error_of(f.reply("GET", "/metrics"))["code"] == "invalid_api_key");
+  CHECK(f.reply("GET", "/v1/models", "", "Bearer sekrit").status == 200);
+  CHECK(f.reply("GET", "/metrics", "", "Bearer sekrit").status == 200);
+  options.metrics_public = true;
+  Fixture g(options);
+  g.ready();
+  CHECK(g.reply("GET", "/metrics").status == 200);
+  CHECK(g.reply("POST", "/tokenize", R"({"prompt": "x"})").status == 401);
+}
+
+TEST_CASE("completions: prompts are tokenized with special tokens; n and ids carried over") {
+  Fixture f;
+  f.ready();
+  GenerationJob job = f.job("/v1/completions", R"({"prompt": ["Hello world", "Bye"], "n": 2, "max_tokens": 3,
+                                                   "stop": ["x"], "seed": 5, "temperature": 0})");
+  REQUIRE(job.requests.size() == 2);
+  CHECK(job.num_seqs == 4);
+  CHECK(job.requests[0].prompt_tokens == f.tokenizer->encode("Hello world", true));
+  CHECK(job.requests[1].prompt_tokens == f.tokenizer->encode("Bye", true));
+  CHECK(job.requests[0].request_id == "rid1-0");
+  CHECK(job.requests[1].n == 2);
+  CHECK(job.requests[1].max_tokens == 3);
+  CHECK(job.requests[1].stop == std::vector<std::string>{"x"});
+  CHECK(job.requests[1].sampling.seed == 5u);
+  CHECK(job.builder->meta().id == "cmpl-rid1");
+  CHECK(f.frontend.in_flight_seqs() == 4);
+  f.frontend.release(job.num_seqs);
+  CHECK(f.frontend.in_flight_seqs() == 0);
+  // The default completion length is OpenAI's 16.
+  GenerationJob one = f.job("/v1/completions", R"({"prompt": [1, 2, 3]})");
+  CHECK(one.requests[0].max_tokens == 16);
+  CHECK(one.requests[0].prompt_tokens == std::vector<int32_t>{1, 2, 3});
+  CHECK(one.requests[0].request_id == "rid1");
+  HttpReply r = f.reply("POST", "/v1/completions", R"({"prompt": [1, 512]})");
+  CHECK(r.status == 400);
+  CHECK(error_of(r)["param"] == "prompt");
+}
+
+TEST_CASE("chat: the prompt is the template's rendering, as jinja2 renders it") {
+  Fixture f;
+  f.ready(/*max_model_len=*/512);
+  const Json cases = Json::parse(read_file(FP8SERVE_FIXTURES_DIR "/chat_templates/qwen3.cases.json"));
+  const Json& c = cases["cases"][0];  // single user message, generation prompt
+  REQUIRE(c["extra"]["eos_token"] == "<|im_end|>");
+  Json body = {{"messages", c["messages"]}, {"add_generation_prompt", c["add_generation_prompt"]}};
+  GenerationJob job = f.job("/v1/chat/completions", body.dump());
+  REQUIRE(job.requests.size() == 1);
+  CHECK(job.requests[0].prompt_tokens == f.tokenizer->encode(c["expected"].get<std::string>(), false));
+  // No max_tokens: the rest of the context (vLLM's default for chat).
+  CHECK(job.requests[0].max_tokens == 512 - static_cast<int>(job.requests[0].prompt_tokens.size()));
+  CHECK(job.builder->meta().id == "chatcmpl-rid1");
+  // /tokenize with messages gives the same ids.
+  Json t = Json::parse(f.reply("POST", "/tokenize", body.dump()).body);
+  CHECK(t["tokens"].get<std::vector<int32_t>>() == job.requests[0].prompt_tokens);
+  CHECK(t["count"] == job.requests[0].prompt_tokens.size());
+  CHECK(t["max_model_len"] == 512);
+}
+
+TEST_CASE("context length: the OpenAI message with code context_length_exceeded") {
+  Fixture f;
+  f.ready(/*max_model_len=*/8);
+  const auto ids = f.tokenizer->encode("one two three", true);
+  REQUIRE(ids.size() < 8);
+  HttpReply r = f.reply("POST", "/v1/completions", R"({"prompt": "one two three", "max_tokens": 100})");
+  CHECK(r.status == 400);
+  const Json e = error_of(r);
+  CHECK(e["code"] == "context_length_exceeded");
+  CHECK(e["message"].get<std::string>().rfind("This model's maximum context length is 8 tokens. However, you requested " +
+                                                  std::to_string(ids.size() + 100) + " tokens (" + std::to_string(ids.size()) +
+                                                  " in the prompt, 100 in the completion).",
+                                              0) == 0);
+  // Default 16 does not fit either.
+  CHECK(f.reply("POST", "/v1/completions", R"({"prompt": "one two three"})").status == 400);
+  CHECK(std::holds_alternative<GenerationJob>(f.call("POST", "/v1/completions", R"({"prompt": "one", "max_tokens": 2})")));
+}
+
+TEST_CASE("tokenize / detokenize round trip") {
+  Fixture f;
+  f.ready();
+  Json t = Json::parse(f.reply("POST", "/tokenize", R"({"prompt": "Hello world", "add_special_tokens": false})").body);
+  CHECK(t["tokens"].get<std::vector<int32_t>>() == f.tokenizer->encode("Hello world", false));
+  Json d = Json::parse(f.reply("POST", "/detokenize", Json{{"tokens", t["tokens"]}}.dump()).body);
+  CHECK(d["prompt"] == "Hello world");
+  CHECK(f.reply("POST", "/detokenize", R"({"tokens": [100000]})").status == 400);
+  CHECK(f.reply("POST", "/detokenize", R"({"tokens": "x"})").status == 400);
+  CHECK(f.reply("POST", "/tokenize", R"({"prompt": 5})").status == 400);
+  CHECK(f.reply("POST", "/tokenize", R"({"messages": []})").status == 400);
+}
+
+TEST_CASE("admission: beyond max_num_seqs + max_waiting_requests the answer is 503 with Retry-After") {
+  FrontendOptions options;
+  options.max_waiting_requests = 1;
+  Fixture f(options);
+  f.ready(64, /*max_num_seqs=*/2);
+  CHECK(f.reply("POST", "/v1/completions", R"({"prompt": "a", "n": 3})").status == 400);  // n > max_num_seqs
+  GenerationJob a = f.job("/v1/completions", R"({"prompt": "a", "n": 2})");  // 2 run
+  GenerationJob b = f.job("/v1/completions", R"({"prompt": "a"})");          // 1 waits
+  HttpReply r = f.reply("POST", "/v1/completions", R"({"prompt": "b"})");
+  CHECK(r.status == 503);
+  CHECK(r.headers.at(0).first == "Retry-After");
+  CHECK(f.frontend.in_flight_seqs() == 3);
+  f.frontend.release(a.num_seqs);
+  f.frontend.release(b.num_seqs);
+  CHECK(std::holds_alternative<GenerationJob>(f.call("POST", "/v1/completions", R"({"prompt": "b"})")));
+}

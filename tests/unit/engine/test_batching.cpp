@@ -1,0 +1,128 @@
+// Continuous batching must not change a request's output: alone, inside a batch of 8 prompts of
+// different lengths (prefills mixed with decodes in one step), after preemption in a pool too
+// small for everyone, or as one of n forked choices. Compared bitwise: tokens and the logprob
+// of every chosen token (a function of the whole logits row).
+#include "engine_test_util.hpp"
+
+using namespace fp8serve;
+using namespace fp8serve::test;
+
+namespace {
+
+// Eight prompts of different lengths cut from the fixture prompts (3 to 125 tokens).
+std::vector<std::vector<int32_t>> eight_prompts() {
+  const nlohmann::json ref = load_reference("tiny-llama");
+  std::vector<int32_t> pool;
+  for (const auto& p : ref["prompts"]) {
+    const auto ids = ids_of(p["prompt_ids"]);
+    pool.insert(pool.end(), ids.begin(), ids.end());
+  }
+  const int lengths[8] = {125, 3, 17, 40, 64, 90, 110, 7};
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 8; ++i) {
+    const auto begin = pool.begin() + 11 * i;
+    prompts.emplace_back(begin, begin + lengths[i]);
+  }
+  return prompts;
+}
+
+Choice run_alone(const std::string& model, const EngineOptions& options, const std::vector<int32_t>& prompt,
+                 int max_tokens) {
+  auto engine = make_engine(model, options);
+  Outputs out;
+  engine->add_request(greedy_request("alone", prompt, max_tokens), collect(out));
+  run_to_completion(*engine);
+  return out.at("alone").at(0);
+}
+
+void check_invariance(const std::string& model, KvDtype dtype) {
+  const int max_tokens = kSanitized ? 8 : 24;
+  const EngineOptions options = small_options(dtype);
+  const auto prompts = eight_prompts();
+  auto engine = make_engine(model, options);
+  Outputs batched;
+  // Four start first and are decoding when the other four arrive: the later prefills share
+  // steps with decodes.
+  for (int i = 4; i < 8; ++i) engine->add_request(greedy_request(std::to_string(i), prompts[i], max_tokens), collect(batched));
+  engine->step();
+  engine->step();
+  CHECK(engine->stats().num_running == 4);
+  for (int i = 0; i < 4; ++i) engine->add_request(greedy_request(std::to_string(i), prompts[i], max_tokens), collect(batched));
+  run_to_completion(*engine);
+  for (int i = 0; i < 8; ++i) {
+    const Choice alone = run_alone(model, options, prompts[i], max_tokens);
+    const Choice& in_batch = batched.at(std::to_string(i)).at(0);
+    INFO("prompt " << i << " (" << prompts[i].size() << " tokens), " << kv_dtype_name(dtype) << " pool");
+    CHECK(in_batch.tokens.size() == static_cast<std::size_t>(max_tokens));
+    CHECK(in_batch.tokens == alone.tokens);
+    CHECK(in_batch.logprobs == alone.logprobs);  // bitwise: same logits rows
+  }
+}
+
+}  // namespace
+
+TEST_CASE("batch invariance: alone == in a batch of 8 with mixed prefill and decode, bitwise", "[engine][batch]") {
+  check_invariance(fixture("models/tiny-llama"), KvDtype::bf16);
+  check_invariance(fixture("models/tiny-qwen3"), KvDtype::fp8_e4m3);
+}
+
+TEST_CASE("preemption in a tiny pool leaves outputs unchanged and returns every block", "[engine][preemption]") {
+  const int max_tokens = kSanitized ? 12 : 32;
+  const auto prompts = eight_prompts();
+  for (const KvDtype dtype : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+    for (const bool prefix_caching : {false, true}) {
+      EngineOptions roomy = small_options(dtype);
+      roomy.enable_prefix_caching = prefix_caching;
+      EngineOptions tiny = roomy;
+      // 10 blocks of 16 tokens: the longest request (125 + 32 tokens) fits alone, the eight
+      // together need ~50 blocks, so running sequences must be preempted and recomputed.
+      const uint64_t block_bytes = 2ull * 2 * 2 * 16 * 16 * kv_dtype_size(dtype);  // layers, K+V, kv heads, dim, tokens
+      tiny.kv_cache_memory = 10 * block_bytes;
+      auto reference = make_engine(fixture("models/tiny-llama"), roomy);
+      auto engine = make_engine(fixture("models/tiny-llama"), tiny);
+      REQUIRE(engine->block_manager().num_blocks() == 10);
+      Outputs expected, got;
+      for (int i = 0; i < 8; ++i) {
+        reference->add_request(greedy_request(std::to_string(i), prompts[i], max_tokens), collect(expected));
+        engine->add_request(greedy_request(std::to_string(i), prompts[i], max_tokens), collect(got));
+      }
+      run_to_completion(*reference);
+      for (int step = 0; step < 100000 && engine->has_work(); ++step) {
+        engine->step();
+        engine->block_manager().check_integrity();
+      }
+      INFO(kv_dtype_name(dtype) << " pool, prefix caching " << prefix_caching);
+      REQUIRE_FALSE(engine->has_work());
+      const EngineStats stats = engine->stats();
+      CHECK(stats.num_preemptions > 0);
+      for (int i = 0; i < 8; ++i) {
+        CHECK(got.at(std::to_string(i)).at(0).finish == FinishReason::length);
+        CHECK(got.at(std::to_string(i)).at(0).tokens == expected.at(std::to_string(i)).at(0).tokens);
+      }
+      CHECK(engine->block_manager().num_seqs() == 0);
+      CHECK(engine->block_manager().num_free_blocks() == engine->block_manager().num_blocks());
+      CHECK(stats.kv_usage == 0.0);
+      CHECK(engine->num_requests() == 0);
+    }
+  }
+}
+
+TEST_CASE("n > 1 greedy choices fork the prompt's blocks and all equal the single greedy output", "[engine][fork]") {
+  const auto prompts = eight_prompts();
+  for (const KvDtype dtype : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+    const EngineOptions options = small_options(dtype);
+    const Choice single = run_alone(fixture("models/tiny-qwen2"), options, prompts[3], 20);
+    auto engine = make_engine(fixture("models/tiny-qwen2"), options);
+    GenerationRequest r = greedy_request("n3", prompts[3], 20);  // 40 tokens: a partial last block
+    r.n = 3;
+    Outputs out;
+    engine->add_request(r, collect(out));
+    run_to_completion(*engine);
+    REQUIRE(out.at("n3").size() == 3);
+    for (int i = 0; i < 3; ++i) {
+      CHECK(out.at("n3").at(i).tokens == single.tokens);
+      CHECK(out.at("n3").at(i).logprobs == single.logprobs);
+    }
+    CHECK(engine->block_manager().num_free_blocks() == engine->block_manager().num_blocks());
+  }
+}

@@ -1,0 +1,284 @@
+// The scheduler against a real BlockManager with fake sequences: no model, tokens are a
+// function of (sequence, position), so every outcome is predictable by hand.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "server/scheduler.hpp"
+
+using namespace fp8serve;
+
+namespace {
+
+std::vector<int32_t> make_prompt(int length, int32_t first) {
+  std::vector<int32_t> prompt(static_cast<std::size_t>(length));
+  std::iota(prompt.begin(), prompt.end(), first);
+  return prompt;
+}
+
+BlockManager make_blocks(int num_blocks, bool prefix_caching = false, int block_size = 4) {
+  BlockManagerOptions options;
+  options.block_size = block_size;
+  options.num_layers = 2;
+  options.num_blocks = num_blocks;
+  options.enable_prefix_caching = prefix_caching;
+  return BlockManager(options);
+}
+
+// What the engine does after a forward pass: calibrated scales are written (a fake value per
+// sequence), the plan is committed, sampled tokens appended unless the sequence is done.
+struct FakeEngine {
+  BlockManager& blocks;
+  Scheduler& scheduler;
+  std::map<SeqId, int> max_tokens;  // generated tokens each sequence wants
+  std::map<SeqId, std::vector<int32_t>> generated;
+  std::map<SeqId, std::vector<float>> calibrated;  // k scales seen at calibration
+
+  static int32_t token_for(SeqId id, std::size_t position) {
+    return static_cast<int32_t>(1000 + id * 100 + static_cast<int64_t>(position));
+  }
+
+  StepPlan step() {
+    StepPlan plan = scheduler.schedule();
+    for (const ScheduledSeq& s : plan.seqs) {
+      if (!s.calibrate) continue;
+      KvScales* scales = blocks.scales_to_calibrate(s.id);
+      REQUIRE(scales != nullptr);
+      std::fill(scales->k.begin(), scales->k.end(), 0.5f + static_cast<float>(s.id));
+      std::fill(scales->v.begin(), scales->v.end(), 0.25f + static_cast<float>(s.id));
+      calibrated[s.id] = scales->k;
+    }
+    scheduler.on_step_done(plan);
+    for (const ScheduledSeq& s : plan.seqs) {
+      if (!s.samples) continue;
+      std::vector<SeqId> ids{s.id};
+      ids.insert(ids.end(), s.forks.begin(), s.forks.end());
+      for (const SeqId id : ids) {
+        auto& out = generated[id];
+        out.push_back(token_for(id, scheduler.tokens(id).size()));
+        if (static_cast<int>(out.size()) >= max_tokens[id]) {
+          scheduler.finish(id);
+        } else {
+          scheduler.append_token(id, out.back());
+        }
+      }
+    }
+    blocks.check_integrity();
+    return plan;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("chunked prefill: a long prompt takes several steps, calibrating only on the first", "[scheduler]") {
+  BlockManager blocks = make_blocks(64);
+  Scheduler scheduler({8, 8}, blocks);
+  FakeEngine engine{blocks, scheduler, {{0, 3}}, {}, {}};
+  scheduler.add(0, make_prompt(20, 1));
+
+  StepPlan p1 = engine.step();
+  REQUIRE(p1.seqs.size() == 1);
+  CHECK(p1.seqs[0].start == 0);
+  CHECK(p1.seqs[0].num_tokens == 8);
+  CHECK(p1.seqs[0].calibrate);
+  CHECK_FALSE(p1.seqs[0].samples);
+  StepPlan p2 = engine.step();
+  CHECK(p2.seqs[0].start == 8);
+  CHECK(p2.seqs[0].num_tokens == 8);
+  CHECK_FALSE(p2.seqs[0].calibrate);
+  CHECK_FALSE(p2.seqs[0].samples);
+  StepPlan p3 = engine.step();
+  CHECK(p3.seqs[0].start == 16);
+  CHECK(p3.seqs[0].num_tokens == 4);
+  CHECK(p3.seqs[0].samples);
+  CHECK(blocks.scales(0).frozen);
+  // Decodes: one token each, at the position of the token sampled last.
+  StepPlan p4 = engine.step();
+  CHECK(p4.seqs[0].start == 20);
+  CHECK(p4.seqs[0].num_tokens == 1);
+  engine.step();
+  CHECK_FALSE(scheduler.has_work());
+  CHECK(engine.generated[0].size() == 3);
+  CHECK(blocks.num_free_blocks() == blocks.num_blocks());
+}
+
+TEST_CASE("running sequences decode first; the leftover budget admits waiting prompts FCFS", "[scheduler]") {
+  BlockManager blocks = make_blocks(64);
+  Scheduler scheduler({3, 6}, blocks);
+  FakeEngine engine{blocks, scheduler, {{0, 10}, {1, 10}, {2, 10}, {3, 10}}, {}, {}};
+  scheduler.add(0, make_prompt(5, 1));
+  engine.step();  // prefill of 0 (5 tokens)
+  scheduler.add(1, make_prompt(9, 1));
+  scheduler.add(2, make_prompt(2, 1));
+  scheduler.add(3, make_prompt(2, 1));
+
+  StepPlan p = engine.step();
+  REQUIRE(p.seqs.size() == 2);
+  CHECK(p.seqs[0].id == 0);  // decode first
+  CHECK(p.seqs[0].num_tokens == 1);
+  CHECK(p.seqs[1].id == 1);  // then 5 tokens of 1's prefill: the budget is 6
+  CHECK(p.seqs[1].num_tokens == 5);
+  CHECK(p.num_tokens == 6);
+  CHECK(scheduler.num_waiting() == 2);  // 2 waits behind 1 (FCFS), even though it is short
+
+  p = engine.step();  // 0 decodes, 1 finishes its prefill (4), 2 gets admitted (budget 1)
+  REQUIRE(p.seqs.size() == 3);
+  CHECK(p.seqs[1].id == 1);
+  CHECK(p.seqs[1].num_tokens == 4);
+  CHECK(p.seqs[1].samples);
+  CHECK(p.seqs[2].id == 2);
+  CHECK(p.seqs[2].num_tokens == 1);
+  // max_num_seqs = 3 keeps 3 waiting while 0, 1 and 2 run.
+  for (int i = 0; i < 5; ++i) {
+    p = engine.step();
+    CHECK(p.num_tokens <= 6);
+    CHECK(scheduler.num_running() <= 3);
+    CHECK(std::none_of(p.seqs.begin(), p.seqs.end(), [](const ScheduledSeq& s) { return s.id == 3; }));
+  }
+  while (scheduler.has_work()) engine.step();
+  for (SeqId id = 0; id < 4; ++id) CHECK(engine.generated[id].size() == 10);
+  CHECK(blocks.num_free_blocks() == blocks.num_blocks());
+}
+
+TEST_CASE("preemption: the newest running sequence is recomputed later with its frozen scales", "[scheduler]") {
+  // 6 blocks of 4 tokens. Two sequences of 8-token prompts (2 blocks each) grow until the pool
+  // runs out; the newer one must give way and come back with the same tokens and scales.
+  BlockManager blocks = make_blocks(6);
+  Scheduler scheduler({4, 64}, blocks);
+  FakeEngine engine{blocks, scheduler, {{0, 9}, {1, 9}}, {}, {}};
+  scheduler.add(0, make_prompt(8, 1));
+  scheduler.add(1, make_prompt(8, 50));
+  engine.step();
+  const std::vector<float> scales_1 = blocks.scales(1).k;
+
+  bool saw_preemption = false;
+  bool saw_recompute = false;
+  while (scheduler.has_work()) {
+    const std::vector<int32_t> tokens_before =
+        scheduler.contains(1) ? std::vector<int32_t>(scheduler.tokens(1).begin(), scheduler.tokens(1).end())
+                              : std::vector<int32_t>{};
+    StepPlan p = engine.step();
+    if (!p.preempted.empty()) {
+      saw_preemption = true;
+      CHECK(p.preempted == std::vector<SeqId>{1});
+      CHECK_FALSE(blocks.contains(1));
+      CHECK(scheduler.num_waiting() == 1);
+    }
+    for (const ScheduledSeq& s : p.seqs) {
+      if (s.id == 1 && s.start == 0 && saw_preemption) {
+        saw_recompute = true;
+        CHECK(s.num_tokens == static_cast<int>(tokens_before.size()));  // prompt + generated
+        CHECK_FALSE(s.calibrate);                                      // scales restored
+        CHECK(s.samples);
+        CHECK(blocks.scales(1).k == scales_1);
+      }
+    }
+  }
+  CHECK(saw_preemption);
+  CHECK(saw_recompute);
+  CHECK(scheduler.num_preemptions() >= 1);
+  // Same tokens as if nothing had happened: token_for depends only on (id, position).
+  for (SeqId id : {0, 1}) {
+    REQUIRE(engine.generated[id].size() == 9);
+    for (std::size_t i = 0; i < 9; ++i) CHECK(engine.generated[id][i] == FakeEngine::token_for(id, 8 + i));
+  }
+  CHECK(engine.calibrated.size() == 2);  // each sequence calibrated exactly once
+  CHECK(blocks.num_free_blocks() == blocks.num_blocks());
+}
+
+TEST_CASE("a sequence alone that outgrows the pool preempts itself only when nothing else can go", "[scheduler]") {
+  BlockManager blocks = make_blocks(3);
+  Scheduler scheduler({4, 64}, blocks);
+  FakeEngine engine{blocks, scheduler, {{0, 4}}, {}, {}};
+  scheduler.add(0, make_prompt(6, 1));
+  while (scheduler.has_work()) {
+    const StepPlan p = engine.step();
+    CHECK(p.preempted.empty());
+  }
+  CHECK(engine.generated[0].size() == 4);  // 6 + 4 = 10 tokens <= 12 slots
+}
+
+TEST_CASE("n > 1: forks share the prompt's blocks and copy the partial last block on write", "[scheduler]") {
+  BlockManager blocks = make_blocks(16);
+  Scheduler scheduler({4, 64}, blocks);
+  FakeEngine engine{blocks, scheduler, {{0, 3}, {1, 3}, {2, 3}}, {}, {}};
+  const std::vector<SeqId> forks{1, 2};
+  scheduler.add(0, make_prompt(6, 1), forks);  // 6 tokens: one full block, one partial
+  StepPlan p = engine.step();
+  REQUIRE(p.seqs.size() == 1);
+  CHECK(p.seqs[0].forks == forks);
+  CHECK(scheduler.num_running() == 3);
+  CHECK(blocks.block_table(1)[0] == blocks.block_table(0)[0]);
+  CHECK(blocks.num_free_blocks() == 16 - 2);  // shared, not copied yet
+  CHECK(blocks.scales(1) == blocks.scales(0));
+
+  const int32_t shared_partial = blocks.block_table(0)[1];
+  p = engine.step();  // three decodes; the first two copy the shared partial block, the last
+                      // holder keeps it
+  CHECK(p.seqs.size() == 3);
+  CHECK(p.block_copies.size() == 2);
+  for (const BlockCopy& c : p.block_copies) CHECK(c.src == shared_partial);
+  CHECK(blocks.block_table(2)[1] == shared_partial);
+  CHECK(blocks.block_table(0)[1] != blocks.block_table(1)[1]);
+  while (scheduler.has_work()) engine.step();
+  CHECK(engine.generated[1].size() == 3);
+  CHECK(blocks.num_free_blocks() == blocks.num_blocks());
+}
+
+TEST_CASE("finish() of a waiting or running sequence returns its blocks", "[scheduler]") {
+  BlockManager blocks = make_blocks(16);
+  Scheduler scheduler({1, 64}, blocks);
+  scheduler.add(0, make_prompt(5, 1));
+  scheduler.add(1, make_prompt(5, 1));
+  StepPlan p = scheduler.schedule();
+  scheduler.on_step_done(p);
+  CHECK(scheduler.num_running() == 1);
+  scheduler.finish(1);  // waiting
+  scheduler.finish(0);  // running
+  scheduler.finish(7);  // unknown: ignored
+  CHECK_FALSE(scheduler.has_work());
+  CHECK(blocks.num_free_blocks() == blocks.num_blocks());
+  blocks.check_integrity();
+}
+
+TEST_CASE("random workloads: budgets hold, every sequence completes, no block leaks", "[scheduler]") {
+  std::mt19937 rng(1234);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int num_blocks = 8 + static_cast<int>(rng() % 24);
+    const bool caching = trial % 2 == 0;
+    BlockManager blocks = make_blocks(num_blocks, caching);
+    const SchedulerOptions options{1 + static_cast<int>(rng() % 6), 4 + static_cast<int>(rng() % 30)};
+    Scheduler scheduler(options, blocks);
+    FakeEngine engine{blocks, scheduler, {}, {}, {}};
+    const int num_seqs = 1 + static_cast<int>(rng() % 10);
+    for (SeqId id = 0; id < num_seqs; ++id) {
+      const int prompt = 1 + static_cast<int>(rng() % 20);
+      const int max_tokens = 1 + static_cast<int>(rng() % 12);
+      if ((prompt + max_tokens + 3) / 4 > num_blocks) continue;  // the engine rejects these
+      engine.max_tokens[id] = max_tokens;
+      // Shared prefixes (same first token) exercise the prefix cache.
+      scheduler.add(id, make_prompt(prompt, static_cast<int32_t>(rng() % 2)));
+    }
+    int steps = 0;
+    while (scheduler.has_work() && steps < 2000) {
+      const StepPlan p = engine.step();
+      CHECK(p.num_tokens <= options.max_num_batched_tokens);
+      CHECK(scheduler.num_running() <= options.max_num_seqs);
+      ++steps;
+    }
+    REQUIRE_FALSE(scheduler.has_work());
+    for (const auto& [id, wanted] : engine.max_tokens) {
+      REQUIRE(static_cast<int>(engine.generated[id].size()) == wanted);
+      for (std::size_t i = 0; i < engine.generated[id].size(); ++i) {
+        // Position of generated token i is prompt + i whatever preemptions happened.
+        CHECK(engine.generated[id][i] - engine.generated[id][0] == static_cast<int32_t>(i));
+      }
+    }
+    CHECK(blocks.num_seqs() == 0);
+    CHECK(blocks.num_free_blocks() == blocks.num_blocks());
+  }
+}
