@@ -1,4 +1,5 @@
 #include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cpu/host_memory.hpp"
 
 #include <cstdlib>
 #include <cstring>
@@ -14,7 +15,6 @@ namespace fp8serve::cpu {
 namespace {
 
 // 64 bytes: one cache line and one AVX-512 register, so no kernel load straddles two lines.
-constexpr std::size_t kAlignment = 64;
 
 const float* f32(const void* p) { return static_cast<const float*>(p); }
 float* f32(void* p) { return static_cast<float*>(p); }
@@ -26,15 +26,9 @@ std::string CpuBackend::describe() const {
          "), " + std::to_string(pool_.num_threads()) + " threads";
 }
 
-void* CpuBackend::allocate(std::size_t bytes) {
-  const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  void* ptr = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
-  if (ptr == nullptr) throw std::bad_alloc();
-  std::memset(ptr, 0, rounded == 0 ? kAlignment : rounded);
-  return ptr;
-}
+void* CpuBackend::allocate(std::size_t bytes) { return cpu::allocate_host_memory(bytes); }
 
-void CpuBackend::free(void* ptr) { std::free(ptr); }
+void CpuBackend::free(void* ptr) { cpu::free_host_memory(ptr); }
 
 void CpuBackend::copy_to_device(void* dst, const void* src, std::size_t bytes, Stream /*stream*/) {
   if (bytes) std::memcpy(dst, src, bytes);

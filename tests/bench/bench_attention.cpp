@@ -19,11 +19,15 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_features.hpp"
+#include "kernels/cpu/host_memory.hpp"
 #include "kernels/cpu/paged_attention_cpu.hpp"
 
 using namespace fp8serve;
 using Clock = std::chrono::steady_clock;
 
+
+// The pool lives in the same kind of memory the engine gives it (2 MiB pages where possible).
+using PoolBytes = std::vector<uint8_t, fp8serve::cpu::HostMemoryAllocator<uint8_t>>;
 namespace {
 
 constexpr int32_t kNumHeads = 32, kNumKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
@@ -32,7 +36,7 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-void fill_random(std::vector<uint8_t>& bytes, uint64_t seed, bool fp8) {
+void fill_random(PoolBytes& bytes, uint64_t seed, bool fp8) {
   uint64_t x = seed | 1;
   for (std::size_t i = 0; i < bytes.size(); i += 8) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
@@ -70,7 +74,7 @@ double measure_read_bandwidth(cpu::ThreadPool& pool, std::size_t bytes) {
 }
 
 struct Setup {
-  std::vector<uint8_t> k, v;
+  PoolBytes k, v;
   std::vector<int32_t> block_tables, query_start_loc, context_lens;
   std::vector<float> q, out, k_scales, v_scales;
   int32_t num_blocks = 0;
@@ -138,7 +142,7 @@ int main(int argc, char** argv) {
   Setup s;
   s.num_blocks = static_cast<int32_t>(std::min<int64_t>(max_tokens, 32LL * 16384) / kBlockSize);
   const std::size_t pool_elems = static_cast<std::size_t>(s.num_blocks) * kBlockSize * kNumKvHeads * kHeadDim;
-  std::vector<uint8_t> k8(pool_elems), v8(pool_elems), k16(2 * pool_elems), v16(2 * pool_elems);
+  PoolBytes k8(pool_elems), v8(pool_elems), k16(2 * pool_elems), v16(2 * pool_elems);
   fill_random(k8, 1, true);
   fill_random(v8, 2, true);
   fill_random(k16, 3, false);
