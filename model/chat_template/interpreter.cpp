@@ -199,18 +199,7 @@ Value Interpreter::make_macro(const Stmt& stmt) {
       fail("macro '" + macro->name + "' takes not more than " + std::to_string(macro->params.size()) + " argument(s)");
     }
     Scope local{&root_, {}};
-    for (size_t i = 0; i < macro->params.size(); ++i) {
-      const MacroParam& p = macro->params[i];
-      if (i < args.positional.size()) {
-        local.set(p.name, args.positional[i]);
-      } else if (const Value* kw = args.keyword_arg(p.name)) {
-        local.set(p.name, *kw);
-      } else if (p.default_value) {
-        local.set(p.name, eval(*p.default_value, local));
-      } else {
-        local.set(p.name, Value::undefined("'" + p.name + "' is undefined"));
-      }
-    }
+    bind_params(macro->params, args, local);
     for (const auto& kw : args.keyword) {
       const std::string& key = kw.first;
       const bool known = key == "caller" || std::any_of(macro->params.begin(), macro->params.end(),
@@ -224,6 +213,24 @@ Value Interpreter::make_macro(const Stmt& stmt) {
   });
 }
 
+// Binds a macro's (or call block's) parameters in `local`: positional arguments first, then
+// keywords, then defaults (evaluated in `local`, so a default may use earlier parameters), and an
+// undefined value for a parameter given nothing, as jinja2 does.
+void Interpreter::bind_params(const std::vector<MacroParam>& params, CallArgs& args, Scope& local) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const MacroParam& p = params[i];
+    if (i < args.positional.size()) {
+      local.set(p.name, args.positional[i]);
+    } else if (const Value* kw = args.keyword_arg(p.name)) {
+      local.set(p.name, *kw);
+    } else if (p.default_value) {
+      local.set(p.name, eval(*p.default_value, local));
+    } else {
+      local.set(p.name, Value::undefined("'" + p.name + "' is undefined"));
+    }
+  }
+}
+
 void Interpreter::exec_call_block(const Stmt& stmt, Scope& scope, std::string& out) {
   // caller() renders the call block's body; it must not outlive this statement's scope.
   auto alive = std::make_shared<bool>(true);
@@ -232,18 +239,7 @@ void Interpreter::exec_call_block(const Stmt& stmt, Scope& scope, std::string& o
   Value caller = Value::function("caller", [this, block, outer, alive](CallArgs& args) {
     if (!*alive) fail("caller() used outside of its call block");
     Scope local{outer, {}};
-    for (size_t i = 0; i < block->params.size(); ++i) {
-      const MacroParam& p = block->params[i];
-      if (i < args.positional.size()) {
-        local.set(p.name, args.positional[i]);
-      } else if (const Value* kw = args.keyword_arg(p.name)) {
-        local.set(p.name, *kw);
-      } else if (p.default_value) {
-        local.set(p.name, eval(*p.default_value, local));
-      } else {
-        local.set(p.name, Value::undefined("'" + p.name + "' is undefined"));
-      }
-    }
+    bind_params(block->params, args, local);
     std::string body;
     exec(block->body, local, body);
     return Value(std::move(body));

@@ -38,6 +38,7 @@ class Interpreter {
   void exec_for(const Stmt& stmt, Scope& scope, std::string& out);
   void exec_set(const Stmt& stmt, Scope& scope);
   void exec_call_block(const Stmt& stmt, Scope& scope, std::string& out);
+  void bind_params(const std::vector<MacroParam>& params, CallArgs& args, Scope& local);
   Value make_macro(const Stmt& stmt);
   void bind_targets(const std::vector<std::string>& targets, const Value& item, Scope& scope);
 

@@ -7,30 +7,19 @@
 #include <sstream>
 
 #include "model/chat_template/chat_template.hpp"
+#include "tests/unit/chat_template/fixture_util.hpp"
 
 namespace {
 
 using ojson = nlohmann::ordered_json;
 
 ojson load_features(const std::string& file) {
-  std::ifstream in(std::string(FP8SERVE_FIXTURES_DIR) + "/chat_templates/" + file, std::ios::binary);
-  REQUIRE(in.good());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ojson::parse(ss.str());
+  return ojson::parse(fp8serve::test::read_fixture_file(std::string(FP8SERVE_FIXTURES_DIR) + "/chat_templates/" + file));
 }
 
 void check_features(const std::string& file, size_t min_cases) {
   const ojson fixture = load_features(file);
-  fp8serve::ChatTemplateOptions options;  // the fixture pins strftime_now to 2025-03-07 14:05:09
-  options.now.tm_year = 125;
-  options.now.tm_mon = 2;
-  options.now.tm_mday = 7;
-  options.now.tm_hour = 14;
-  options.now.tm_min = 5;
-  options.now.tm_sec = 9;
-  options.now.tm_wday = 5;
-  options.now.tm_yday = 65;
+  const fp8serve::ChatTemplateOptions options = fp8serve::test::fixed_time_options();
   size_t checked = 0;
   for (const ojson& c : fixture.at("cases")) {
     const std::string name = c.at("name").get<std::string>();

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "model/chat_template/chat_template.hpp"
+#include "tests/unit/chat_template/fixture_util.hpp"
 
 namespace {
 
@@ -15,32 +16,13 @@ using fp8serve::ChatTemplate;
 using fp8serve::ChatTemplateOptions;
 using ojson = nlohmann::ordered_json;
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in.good());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// The fixture script pins strftime_now to 2025-03-07 14:05:09.
-ChatTemplateOptions fixed_time_options() {
-  ChatTemplateOptions options;
-  options.now.tm_year = 2025 - 1900;
-  options.now.tm_mon = 2;
-  options.now.tm_mday = 7;
-  options.now.tm_hour = 14;
-  options.now.tm_min = 5;
-  options.now.tm_sec = 9;
-  options.now.tm_wday = 5;
-  options.now.tm_yday = 65;
-  return options;
-}
+using fp8serve::test::fixed_time_options;
+using fp8serve::test::read_fixture_file;
 
 void check_template(const std::string& name, size_t min_cases) {
   const std::string dir = std::string(FP8SERVE_FIXTURES_DIR) + "/chat_templates/";
-  const ojson fixture = ojson::parse(read_file(dir + name + ".cases.json"));
-  const ChatTemplate tmpl = ChatTemplate::parse(read_file(dir + fixture.at("template").get<std::string>()));
+  const ojson fixture = ojson::parse(read_fixture_file(dir + name + ".cases.json"));
+  const ChatTemplate tmpl = ChatTemplate::parse(read_fixture_file(dir + fixture.at("template").get<std::string>()));
   const ChatTemplateOptions options = fixed_time_options();
   size_t rendered = 0;
   size_t errors = 0;
