@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <stdexcept>
@@ -145,6 +146,7 @@ void Engine::add_request(GenerationRequest request, OutputSink sink) {
     return;
   }
   const std::string id = request.request_id;
+  if (request.arrival == std::chrono::steady_clock::time_point{}) request.arrival = std::chrono::steady_clock::now();
   RequestState state;
   state.num_unfinished = request.n;
   const uint64_t seed = request.sampling.seed.value_or(seed_rng_());
@@ -198,6 +200,7 @@ void Engine::finish_seq(SeqId id, RequestOutput& out, FinishReason reason) {
   out.prompt_tokens = static_cast<int>(request.request.prompt_tokens.size());
   out.completion_tokens = seq.num_generated;
   out.cached_tokens = scheduler_->contains(id) ? scheduler_->num_cached_tokens(id) : 0;
+  out.queue_s = request.queue_s;
   scheduler_->finish(id);  // choices not forked yet are finished by the caller (abort loops all)
   const OutputSink sink = request.sink;
   seqs_.erase(id);
@@ -244,6 +247,7 @@ void Engine::on_token(SeqId id, const SampleResult& sample) {
   out.prompt_tokens = static_cast<int>(r.prompt_tokens.size());
   out.completion_tokens = seq.num_generated;
   out.cached_tokens = scheduler_->num_cached_tokens(id);
+  out.queue_s = request.queue_s;
   request.sink(std::move(out));
 }
 
@@ -262,6 +266,12 @@ void Engine::step() {
 }
 
 void Engine::run_step(const StepPlan& plan) {
+  const auto step_start = std::chrono::steady_clock::now();
+  for (const ScheduledSeq& s : plan.seqs) {
+    RequestState& request = requests_.at(seqs_.at(s.id).request_id);
+    if (request.queue_s < 0)
+      request.queue_s = std::chrono::duration<double>(step_start - request.request.arrival).count();
+  }
   const auto num_seqs = static_cast<int32_t>(plan.seqs.size());
   const int num_layers = model_config().num_layers;
   token_ids_.clear();

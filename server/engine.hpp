@@ -87,6 +87,7 @@ class Engine {
     OutputSink sink;
     std::vector<SeqId> seq_ids;  // per choice
     int num_unfinished = 0;
+    double queue_s = -1;  // set when one of its sequences is first scheduled
   };
   struct SeqState {
     std::string request_id;

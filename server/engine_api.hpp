@@ -3,6 +3,7 @@
 // GenerationRequests and receives RequestOutputs; the engine thread owns the model, the cache
 // and the scheduler, and the two sides meet only through thread-safe queues (AsyncEngine).
 // The offline `generate` command drives the same Engine directly, batch of one.
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -26,6 +27,8 @@ struct GenerationRequest {
   bool ignore_eos = false;
   int n = 1;                            // parallel samples; they share the prompt's blocks
   bool skip_special_tokens = true;      // in the returned text
+  // When the request reached the server (the front end sets it; unset = when add_request ran).
+  std::chrono::steady_clock::time_point arrival{};
 };
 
 // One step's news for one choice of one request. Text deltas are valid UTF-8 and never contain
@@ -41,6 +44,7 @@ struct RequestOutput {
   int prompt_tokens = 0;
   int completion_tokens = 0;            // so far
   int cached_tokens = 0;                // prompt tokens served from the prefix cache
+  double queue_s = -1;                  // arrival -> start of the request's first step (< 0: not run)
 };
 
 // Where the engine thread posts outputs for one request; called on the engine thread, so it

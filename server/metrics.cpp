@@ -161,7 +161,7 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
   histogram("fp8serve:time_to_first_token_seconds", "Time from arrival to the first generated token.", ttft_);
   histogram("fp8serve:inter_token_latency_seconds", "Time between consecutive outputs of a request.", inter_token_);
   histogram("fp8serve:e2e_request_latency_seconds", "Time from arrival to the last token.", e2e_);
-  histogram("fp8serve:request_queue_time_seconds", "Time waiting before the first scheduled step (empty until the engine reports it per request).", queue_);
+  histogram("fp8serve:request_queue_time_seconds", "Time from arrival to the start of the request's first engine step.", queue_);
   histogram("fp8serve:request_prompt_tokens", "Prompt length of finished requests.", prompt_len_);
   histogram("fp8serve:request_generation_tokens", "Generated tokens of finished requests.", generation_len_);
   return out;

@@ -91,6 +91,7 @@ net::awaitable<bool> run_job(beast::tcp_stream& stream, ApiFrontend& frontend, G
 
   for (size_t p = 0; p < job.requests.size(); ++p) {
     const int prompt_index = static_cast<int>(p);
+    job.requests[p].arrival = started;
     engine->submit(job.requests[p], [channel, prompt_index](RequestOutput&& out) {
       {
         std::lock_guard lock(channel->mutex);
@@ -119,6 +120,7 @@ net::awaitable<bool> run_job(beast::tcp_stream& stream, ApiFrontend& frontend, G
   }
 
   double ttft = -1;
+  double queue = -1;  // the longest wait of the job's prompts before their first step
   auto last_output = Clock::now();
   while (!builder.done() && !ec) {
     std::deque<std::pair<int, RequestOutput>> batch;
@@ -137,6 +139,7 @@ net::awaitable<bool> run_job(beast::tcp_stream& stream, ApiFrontend& frontend, G
     }
     for (auto& [prompt_index, out] : batch) {
       const auto now = Clock::now();
+      queue = std::max(queue, out.queue_s);
       if (!out.new_tokens.empty()) {
         if (ttft < 0) ttft = std::chrono::duration<double>(now - started).count();
         else frontend.metrics().record_inter_token(std::chrono::duration<double>(now - last_output).count());
@@ -206,6 +209,7 @@ net::awaitable<bool> run_job(beast::tcp_stream& stream, ApiFrontend& frontend, G
   record.prompt_tokens = usage.prompt_tokens;
   record.completion_tokens = usage.completion_tokens;
   record.ttft_s = ttft;
+  record.queue_s = queue;
   record.e2e_s = std::chrono::duration<double>(Clock::now() - started).count();
   frontend.metrics().record_request(record);
   co_return usable;

@@ -215,6 +215,13 @@ def test_metrics_pass_promtool_and_the_prometheus_parser(tiny, openai_client):
     layers = {s.labels["layer"] for s in families["fp8serve:kv_fp8_saturated_elements"].samples}
     assert layers == {"0", "1", "2"}  # tiny-qwen3 has three layers
     assert families["fp8serve:generation_tokens"].samples[0].value >= 4
+
+    def sample(family, suffix):
+        return next(s.value for s in families[family].samples if s.name == family + suffix)
+    # Every request that reached the engine waited >= 0 s, and no longer than it lived.
+    assert sample("fp8serve:request_queue_time_seconds", "_count") >= 1
+    assert 0 <= sample("fp8serve:request_queue_time_seconds", "_sum") <= \
+        sample("fp8serve:e2e_request_latency_seconds", "_sum")
     if shutil.which("promtool") is None:
         pytest.skip("promtool (Debian package prometheus) not installed")
     check = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, timeout=60)

@@ -99,3 +99,26 @@ TEST_CASE("seeded sampling is reproducible and the text is the detokenized token
   CHECK(a == b);
   CHECK(a != c);
 }
+
+TEST_CASE("queue time runs from arrival to the request's first step", "[engine][requests]") {
+  EngineOptions options = small_options(KvDtype::fp8_e4m3);
+  options.max_num_seqs = 1;  // the second request waits until the first has finished
+  auto engine = make_engine(fixture("models/tiny-qwen2"), options);
+  std::map<std::string, std::vector<double>> queue;
+  auto sink = [&queue](RequestOutput&& out) { queue[out.request_id].push_back(out.queue_s); };
+  GenerationRequest early = greedy_request("first", prompt_ids("short"), 3);
+  early.arrival = std::chrono::steady_clock::now() - std::chrono::seconds(5);  // the front end's clock
+  engine->add_request(early, sink);
+  engine->add_request(greedy_request("second", prompt_ids("short"), 3), sink);
+  engine->add_request(greedy_request("bad", {}, 3), sink);  // rejected: never scheduled
+  run_to_completion(*engine);
+  REQUIRE(queue.at("first").size() == 3);
+  REQUIRE(queue.at("second").size() == 3);
+  for (const double q : queue.at("first")) CHECK(q == queue.at("first").front());  // set once
+  CHECK(queue.at("first").front() >= 5.0);
+  CHECK(queue.at("first").front() < 60.0);
+  // "second" arrived after "first" (without the 5 s backdating) but ran only after its 3 steps.
+  CHECK(queue.at("second").front() > 0.0);
+  CHECK(queue.at("second").front() < queue.at("first").front());
+  CHECK(queue.at("bad") == std::vector<double>{-1.0});
+}
