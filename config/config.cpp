@@ -2,12 +2,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <fstream>
 #include <functional>
 #include <limits>
 #include <sstream>
+#include <string_view>
+#include <utility>
 
 namespace fp8serve {
 
@@ -51,6 +54,28 @@ int64_t parse_integer(const FlagSpec& spec, const std::string& text) {
   return value;
 }
 
+// A byte count: digits with an optional unit, 1000-based (k, M, G, T) or 1024-based (Ki, Mi,
+// Gi, Ti), either one optionally followed by B: "1073741824", "1GiB", "512MB", "2G".
+int64_t parse_bytes(const FlagSpec& spec, const std::string& text) {
+  static const std::pair<std::string_view, int64_t> units[] = {
+      {"", 1},       {"B", 1},        {"k", 1000},     {"K", 1000},      {"M", 1000'000},
+      {"G", 1000'000'000}, {"T", 1000'000'000'000}, {"Ki", 1ll << 10}, {"Mi", 1ll << 20},
+      {"Gi", 1ll << 30},   {"Ti", 1ll << 40}};
+  const std::size_t digits = std::min(text.size(), text.find_first_not_of("0123456789"));
+  std::string_view unit = std::string_view(text).substr(digits);
+  if (unit.size() > 1 && unit.back() == 'B') unit.remove_suffix(1);  // "MB", "GiB"; "B" alone stays
+  const auto found = std::find_if(std::begin(units), std::end(units), [unit](const auto& u) { return u.first == unit; });
+  if (digits == 0 || digits > 16 || found == std::end(units)) {
+    fail(spec.name, "expected a byte count such as 1073741824, 1GiB or 512MB in " + range_text(spec) +
+                        ", got '" + text + "'");
+  }
+  int64_t number = 0;
+  std::from_chars(text.data(), text.data() + digits, number);
+  const double value = static_cast<double>(number) * static_cast<double>(found->second);
+  if (value < spec.min || value > spec.max) fail(spec.name, "must be in " + range_text(spec) + ", got " + text);
+  return number * found->second;
+}
+
 double parse_real(const FlagSpec& spec, const std::string& text) {
   double value = 0;
   const char* end = text.data() + text.size();
@@ -74,9 +99,9 @@ FlagSpec integer_flag(std::string name, std::string help, double min, double max
   return spec;
 }
 
-FlagSpec int64_flag(std::string name, std::string help, double min, double max, int64_t Config::*member) {
+FlagSpec bytes_flag(std::string name, std::string help, double min, double max, int64_t Config::*member) {
   FlagSpec spec{name, Kind::integer, std::move(help), min, max, {}, nullptr, nullptr};
-  spec.set = [spec, member](Config& c, const std::string& v) { c.*member = parse_integer(spec, v); };
+  spec.set = [spec, member](Config& c, const std::string& v) { c.*member = parse_bytes(spec, v); };
   spec.show = [member](const Config& c) { return std::to_string(c.*member); };
   return spec;
 }
@@ -129,7 +154,7 @@ const std::vector<FlagSpec>& flag_specs() {
     s.push_back(real_flag("kv-scale-margin", "FP8 scale headroom: scale = amax * margin / 448", 1.0, 64.0,
                           &Config::kv_scale_margin));
     s.push_back(integer_flag("block-size", "tokens per KV block (8, 16 or 32)", 8, 32, &Config::block_size));
-    s.push_back(int64_flag("kv-cache-memory", "KV cache budget in bytes (0 = default)", 0, 1e15,
+    s.push_back(bytes_flag("kv-cache-memory", "KV cache budget in bytes, e.g. 4GiB (0 = default)", 0, 1e15,
                            &Config::kv_cache_memory));
     s.push_back(real_flag("gpu-memory-utilization", "fraction of GPU memory to use", 0.05, 0.99,
                           &Config::gpu_memory_utilization));
@@ -147,7 +172,7 @@ const std::vector<FlagSpec>& flag_specs() {
     s.push_back(real_flag("shutdown-timeout", "seconds to drain on SIGTERM", 0, 3600, &Config::shutdown_timeout));
     s.push_back(text_flag("chat-template", "Jinja chat template file for models without one", &Config::chat_template_file));
     s.push_back(bool_flag("metrics-public", "serve /metrics without the API key", &Config::metrics_public, true));
-    s.push_back(int64_flag("max-body-bytes", "request body limit; larger gets 413", 1024, 1 << 30, &Config::max_body_bytes));
+    s.push_back(bytes_flag("max-body-bytes", "request body limit (e.g. 8MiB); larger gets 413", 1024, 1 << 30, &Config::max_body_bytes));
     s.push_back(integer_flag("max-header-bytes", "request header limit; larger gets 431", 1024, 1 << 20,
                              &Config::max_header_bytes));
     s.push_back(real_flag("request-timeout", "seconds to receive one whole request", 0.1, 3600, &Config::request_timeout));

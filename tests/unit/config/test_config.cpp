@@ -45,6 +45,29 @@ TEST_CASE("bad values name the flag and the accepted range", "[config]") {
   CHECK(message_of({"serve", "m", "--port"}) == "--port: needs a value");
 }
 
+TEST_CASE("byte counts take 1000- and 1024-based units", "[config]") {
+  auto kv_memory = [](const std::string& value) {
+    return parse_command_line({"serve", "m", "--kv-cache-memory", value}).kv_cache_memory;
+  };
+  CHECK(kv_memory("1073741824") == 1073741824);
+  CHECK(kv_memory("1GiB") == 1073741824);
+  CHECK(kv_memory("1Gi") == 1073741824);
+  CHECK(kv_memory("64MiB") == 64 << 20);
+  CHECK(kv_memory("512MB") == 512'000'000);
+  CHECK(kv_memory("2G") == 2'000'000'000);
+  CHECK(kv_memory("3k") == 3000);
+  CHECK(kv_memory("7B") == 7);
+  CHECK(kv_memory("0") == 0);
+  CHECK(parse_command_line({"serve", "m", "--max-body-bytes", "8MiB"}).max_body_bytes == 8 << 20);
+  for (const char* bad : {"", "GiB", "1.5GiB", "-1", "1 GiB", "1gib", "1GiBB", "1Mb", "12345678901234567"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(kv_memory(bad), Catch::Matchers::StartsWith("--kv-cache-memory: expected a byte count"));
+  }
+  CHECK_THROWS_WITH(kv_memory("2000TiB"), "--kv-cache-memory: must be in [0, 1e+15], got 2000TiB");
+  CHECK_THROWS_WITH(parse_command_line({"serve", "m", "--max-body-bytes", "1000B"}).max_body_bytes,
+                    Catch::Matchers::StartsWith("--max-body-bytes: must be in [1024"));
+}
+
 TEST_CASE("--config file is applied first and the command line overrides it", "[config]") {
   const std::string path = "test_config_tmp.json";
   {
