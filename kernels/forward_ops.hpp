@@ -1,15 +1,18 @@
 #pragma once
 // Params of the forward-pass ops of the Backend interface (kernels/backend.hpp), one struct
-// per op. Activations (`void*`) are in the backend's activation dtype (fp32 on the CPU, bf16
-// on the GPU); weights are bf16 bits (std::uint16_t) as HF stores them, [out, in] row-major.
-// All pointers are device memory. A token stride of 0 means "densely packed".
+// per op, shared by every backend: the CPU ops (kernels/cpu/ops.hpp, linear.hpp) take these
+// very structs. Their fields are documented here, the ops' arithmetic next to each op.
+// Activations (`void*`) are in the backend's activation dtype (fp32 on the CPU, bf16 on the
+// GPU); weights are bf16 bits (std::uint16_t) as HF stores them, [out, in] row-major. All
+// pointers are device memory. A token stride of 0 means "densely packed".
 #include <cstdint>
 
 #include "kernels/paged_kv.hpp"
 
 namespace fp8serve {
 
-// out[t] = table[token_ids[t]]. Ids outside [0, vocab_size) are an error, never a wild read.
+// out[t] = table[token_ids[t]]. Ids can come from a client (prompt token ids): one outside
+// [0, vocab_size) is an error, never a wild read.
 struct EmbeddingOpParams {
   const std::uint16_t* table = nullptr;  // [vocab_size, hidden] bf16
   const int32_t* token_ids = nullptr;    // [num_tokens]
@@ -19,9 +22,11 @@ struct EmbeddingOpParams {
   int64_t hidden = 0;
 };
 
-// out = weight * x * rsqrt(mean(x^2) + eps) per row of `dim` elements. Whole hidden rows:
-// num_heads = 1. Qwen3's per-head q/k norm: rows are (token, head), dim = head_dim, one weight
-// shared by every head. out may alias x.
+// out = weight * (x * rsqrt(mean(x^2) + eps)) per row of `dim` elements. Two uses:
+//   whole hidden rows:   num_heads = 1, dim = hidden_size
+//   Qwen3 q/k norm:      rows are (token, head), dim = head_dim, one weight shared by all heads
+// x may be a column slice of a wider tensor (q inside a fused qkv output): the token strides
+// say how far apart tokens are; heads of one token are contiguous. out may alias x (in place).
 struct RmsNormOpParams {
   const void* x = nullptr;                // [num_tokens, num_heads, dim]
   const std::uint16_t* weight = nullptr;  // [dim] bf16
@@ -29,8 +34,8 @@ struct RmsNormOpParams {
   int64_t num_tokens = 0;
   int64_t num_heads = 1;
   int64_t dim = 0;
-  int64_t x_token_stride = 0;
-  int64_t out_token_stride = 0;
+  int64_t x_token_stride = 0;    // elements between tokens in x; 0 = num_heads * dim
+  int64_t out_token_stride = 0;  // elements between tokens in out; 0 = num_heads * dim
   float eps = 1e-6f;
 };
 
@@ -44,33 +49,35 @@ struct LinearOpParams {
   int64_t num_tokens = 0;
   int64_t in_features = 0;
   int64_t out_features = 0;
-  int64_t x_stride = 0;
-  int64_t y_stride = 0;
+  int64_t x_stride = 0;  // elements between rows of x; 0 = in_features
+  int64_t y_stride = 0;  // elements between rows of y; 0 = out_features
 };
 
-// RoPE (HF rotate_half layout) on q and k in place, with the table of set_rope_table().
+// RoPE (HF rotate_half layout) on q and k in place, with the table of set_rope_table(). q and
+// k may be column slices of a fused qkv tensor (token strides); k may be nullptr (q only).
 struct RopeOpParams {
   void* q = nullptr;                   // [num_tokens, num_q_heads, head_dim]
-  void* k = nullptr;                   // [num_tokens, num_kv_heads, head_dim]
+  void* k = nullptr;                   // [num_tokens, num_kv_heads, head_dim] or nullptr
   const int32_t* positions = nullptr;  // [num_tokens], each in [0, max_positions)
   int64_t num_tokens = 0;
   int64_t num_q_heads = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
-  int64_t q_token_stride = 0;
-  int64_t k_token_stride = 0;
+  int64_t q_token_stride = 0;  // 0 = num_q_heads * head_dim
+  int64_t k_token_stride = 0;  // 0 = num_kv_heads * head_dim
 };
 
-// out = silu(gate) * up (SwiGLU). out may alias gate.
+// out = silu(gate) * up (SwiGLU). gate and up may be the two halves of a fused gate_up
+// projection (token strides); out may alias gate.
 struct SiluMulOpParams {
   const void* gate = nullptr;  // [num_tokens, dim]
   const void* up = nullptr;    // [num_tokens, dim]
   void* out = nullptr;         // [num_tokens, dim]
   int64_t num_tokens = 0;
   int64_t dim = 0;
-  int64_t gate_token_stride = 0;
-  int64_t up_token_stride = 0;
-  int64_t out_token_stride = 0;
+  int64_t gate_token_stride = 0;  // 0 = dim
+  int64_t up_token_stride = 0;    // 0 = dim
+  int64_t out_token_stride = 0;   // 0 = dim
 };
 
 // residual += x over num_elements elements (the residual stream).

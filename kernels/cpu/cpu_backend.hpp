@@ -1,8 +1,8 @@
 #pragma once
 // The CPU implementation of the kernel interface: fp32 activations, host memory as "device"
 // memory, every op on the one thread pool it is given (created once from --threads by whoever
-// builds the engine). The ops themselves live in kernels/cpu/ops.hpp and linear.hpp; this class
-// only adapts the device-neutral params structs to them.
+// builds the engine). The ops themselves live in kernels/cpu/ops.hpp and linear.hpp and take the
+// same params structs; this class forwards to them and owns their state (rope table, workspace).
 #include <memory>
 #include <string>
 #include <string_view>

@@ -22,28 +22,17 @@
 #include <cstdint>
 
 #include "kernels/cpu/thread_pool.hpp"
+#include "kernels/forward_ops.hpp"
 
 namespace fp8serve::cpu {
-
-struct LinearParams {
-  const float* x = nullptr;               // [num_tokens, in_features] (row stride x_stride)
-  const std::uint16_t* weight = nullptr;  // [out_features, in_features] bf16, as HF stores it
-  const std::uint16_t* bias = nullptr;    // [out_features] bf16, or nullptr
-  float* y = nullptr;                     // [num_tokens, out_features] (row stride y_stride)
-  int64_t num_tokens = 0;
-  int64_t in_features = 0;
-  int64_t out_features = 0;
-  int64_t x_stride = 0;  // elements between rows of x; 0 = in_features
-  int64_t y_stride = 0;  // elements between rows of y; 0 = out_features
-};
 
 // Which vectorized path runs. `best` picks the widest the CPU has (cpu_features()); the others
 // exist so tests can check that every path gives bitwise the same result, and throw
 // std::runtime_error when the CPU lacks the instructions.
 enum class LinearIsa { best, avx512, avx2, scalar };
 
-// PRECOND: y does not overlap x or the weights. Throws std::invalid_argument on a bad shape.
-void linear_cpu(const LinearParams& params, ThreadPool& pool, LinearIsa isa = LinearIsa::best);
+// Activations are fp32 (kernels/cpu/ops.hpp). Throws std::invalid_argument on a bad shape.
+void linear_cpu(const LinearOpParams& params, ThreadPool& pool, LinearIsa isa = LinearIsa::best);
 
 // The path `best` resolves to on this CPU, for logs and benchmarks.
 LinearIsa linear_best_isa();
@@ -52,12 +41,13 @@ const char* linear_isa_name(LinearIsa isa);
 namespace detail {
 
 // One ISA's kernel: computes rows [t_begin, t_end) x columns [o_begin, o_end) of y.
-// Defined in linear_scalar.cpp, linear_avx2.cpp and linear_avx512.cpp.
-void linear_block_scalar(const LinearParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
+// PRECOND: p.x_stride and p.y_stride are set (not 0). Defined in linear_scalar.cpp,
+// linear_avx2.cpp and linear_avx512.cpp.
+void linear_block_scalar(const LinearOpParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
                          int64_t o_end);
-void linear_block_avx2(const LinearParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
+void linear_block_avx2(const LinearOpParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
                        int64_t o_end);
-void linear_block_avx512(const LinearParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
+void linear_block_avx512(const LinearOpParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
                          int64_t o_end);
 
 }  // namespace detail

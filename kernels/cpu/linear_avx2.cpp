@@ -138,7 +138,7 @@ constexpr auto tiles = make_tiles(std::make_integer_sequence<int, kRows>{});
 
 }  // namespace
 
-void linear_block_avx2(const LinearParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
+void linear_block_avx2(const LinearOpParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
                        int64_t o_end) {
   // The same walk as linear_block_avx512: segments for one token, adjacent-row tiles otherwise.
   float dots[kRows * kCols];
@@ -146,7 +146,7 @@ void linear_block_avx2(const LinearParams& p, int64_t t_begin, int64_t t_end, in
   int64_t outs[kCols];
   auto store = [&](int64_t t, int num_rows, int num_cols) {
     for (int r = 0; r < num_rows; ++r) {
-      float* y = p.y + (t + r) * p.y_stride;
+      float* y = f32(p.y) + (t + r) * p.y_stride;
       for (int c = 0; c < num_cols; ++c) {
         const float dot = dots[r * num_cols + c];
         y[outs[c]] = p.bias ? dot + bf16_to_float(p.bias[outs[c]]) : dot;
@@ -165,7 +165,7 @@ void linear_block_avx2(const LinearParams& p, int64_t t_begin, int64_t t_end, in
           rows[cols++] = p.weight + o * p.in_features;
         }
       }
-      tiles.fn[0][cols - 1](p.x + t_begin * p.x_stride, p.x_stride, rows, p.in_features,
+      tiles.fn[0][cols - 1](f32(p.x) + t_begin * p.x_stride, p.x_stride, rows, p.in_features,
                             kGemvPrefetchRows * p.in_features * 2, dots);
       store(t_begin, 1, cols);
     }
@@ -180,7 +180,7 @@ void linear_block_avx2(const LinearParams& p, int64_t t_begin, int64_t t_end, in
     const int64_t prefetch_bytes = kPrefetchTiles * cols * p.in_features * 2;
     for (int64_t t = t_begin; t < t_end; t += kRows) {
       const int num_rows = static_cast<int>(t_end - t < kRows ? t_end - t : kRows);
-      tiles.fn[num_rows - 1][cols - 1](p.x + t * p.x_stride, p.x_stride, rows, p.in_features,
+      tiles.fn[num_rows - 1][cols - 1](f32(p.x) + t * p.x_stride, p.x_stride, rows, p.in_features,
                                        prefetch_bytes, dots);
       store(t, num_rows, cols);
     }

@@ -138,13 +138,13 @@ constexpr auto tiles = make_tiles(std::make_integer_sequence<int, kRows>{});
 
 }  // namespace
 
-void linear_block_avx512(const LinearParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
+void linear_block_avx512(const LinearOpParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
                          int64_t o_end) {
   float dots[kRows * kCols];
   const std::uint16_t* rows[kCols];
   auto store = [&](int64_t t, int num_rows, const int64_t* outs, int num_cols) {
     for (int r = 0; r < num_rows; ++r) {
-      float* y = p.y + (t + r) * p.y_stride;
+      float* y = f32(p.y) + (t + r) * p.y_stride;
       for (int c = 0; c < num_cols; ++c) {
         const float dot = dots[r * num_cols + c];
         y[outs[c]] = p.bias ? dot + bf16_to_float(p.bias[outs[c]]) : dot;
@@ -167,7 +167,7 @@ void linear_block_avx512(const LinearParams& p, int64_t t_begin, int64_t t_end, 
           rows[cols++] = p.weight + o * p.in_features;
         }
       }
-      tiles.fn[0][cols - 1](p.x + t_begin * p.x_stride, p.x_stride, rows, p.in_features,
+      tiles.fn[0][cols - 1](f32(p.x) + t_begin * p.x_stride, p.x_stride, rows, p.in_features,
                             kGemvPrefetchRows * p.in_features * 2, dots);
       store(t_begin, 1, outs, cols);
     }
@@ -183,7 +183,7 @@ void linear_block_avx512(const LinearParams& p, int64_t t_begin, int64_t t_end, 
     const int64_t prefetch_bytes = kPrefetchTiles * cols * p.in_features * 2;
     for (int64_t t = t_begin; t < t_end; t += kRows) {
       const int num_rows = static_cast<int>(t_end - t < kRows ? t_end - t : kRows);
-      tiles.fn[num_rows - 1][cols - 1](p.x + t * p.x_stride, p.x_stride, rows, p.in_features,
+      tiles.fn[num_rows - 1][cols - 1](f32(p.x) + t * p.x_stride, p.x_stride, rows, p.in_features,
                                        prefetch_bytes, dots);
       store(t, num_rows, outs, cols);
     }

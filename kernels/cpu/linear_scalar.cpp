@@ -32,14 +32,14 @@ float canonical_dot(const float* x, const std::uint16_t* w, int64_t k) {
 
 }  // namespace
 
-void linear_block_scalar(const LinearParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
+void linear_block_scalar(const LinearOpParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
                          int64_t o_end) {
   for (int64_t o = o_begin; o < o_end; ++o) {
     const std::uint16_t* w = p.weight + o * p.in_features;
     const float bias = p.bias ? bf16_to_float(p.bias[o]) : 0.0f;
     for (int64_t t = t_begin; t < t_end; ++t) {
-      const float dot = canonical_dot(p.x + t * p.x_stride, w, p.in_features);
-      p.y[t * p.y_stride + o] = p.bias ? dot + bias : dot;
+      const float dot = canonical_dot(f32(p.x) + t * p.x_stride, w, p.in_features);
+      f32(p.y)[t * p.y_stride + o] = p.bias ? dot + bias : dot;
     }
   }
 }

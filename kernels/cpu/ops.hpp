@@ -10,12 +10,14 @@
 // threaded over rows, and each row's result never depends on the other rows of the batch.
 //
 // Shapes use the flattened batch: num_tokens rows, one per token of the step (prefill chunks and
-// decode tokens together). A row stride of 0 means "densely packed".
+// decode tokens together). Each op takes the params struct of kernels/forward_ops.hpp, which
+// documents the fields (shapes, strides, aliasing), plus whatever only the CPU needs.
 #include <cstdint>
 #include <vector>
 
 #include "kernels/bf16.hpp"
 #include "kernels/cpu/thread_pool.hpp"
+#include "kernels/forward_ops.hpp"
 
 namespace fp8serve::cpu {
 
@@ -23,6 +25,11 @@ namespace fp8serve::cpu {
 // half of an fp32); narrowing rounds to nearest even and keeps NaN a NaN.
 inline float bf16_to_float(std::uint16_t bits) { return bf16_decode(bits); }
 inline std::uint16_t float_to_bf16(float value) { return bf16_encode(value); }
+
+// The params structs hold activations as `void*` in the backend's activation dtype, which is
+// fp32 on the CPU (ActDtype::f32): the CPU ops read them through these casts.
+inline const float* f32(const void* p) { return static_cast<const float*>(p); }
+inline float* f32(void* p) { return static_cast<float*>(p); }
 
 // Runs fn(begin, end) over [0, n) in chunks of about `grain` items on the pool. The chunking
 // only decides who computes a row, never how: results do not depend on it.
@@ -43,23 +50,8 @@ void parallel_chunks(ThreadPool& pool, int64_t n, int64_t grain, const Fn& fn) {
 
 // ---------------------------------------------------------------------------------------------
 // RMSNorm: out = weight * (x * rsqrt(mean(x^2) + eps)), per row of `dim` elements, in that
-// order of operations (LlamaRMSNorm / Qwen3RMSNorm in fp32). One struct covers both uses:
-//   whole hidden rows:   num_heads = 1, dim = hidden_size
-//   Qwen3 q/k norm:      rows are (token, head), dim = head_dim, one weight shared by all heads
-// x may be a column slice of a wider tensor (q inside a fused qkv output): token_stride says
-// how far apart tokens are; heads of one token are contiguous. out may alias x (in place).
-struct RmsNormParams {
-  const float* x = nullptr;               // [num_tokens, num_heads, dim] (token stride below)
-  const std::uint16_t* weight = nullptr;  // [dim] bf16
-  float* out = nullptr;                   // [num_tokens, num_heads, dim] (token stride below)
-  int64_t num_tokens = 0;
-  int64_t num_heads = 1;
-  int64_t dim = 0;
-  int64_t x_token_stride = 0;    // elements between tokens in x; 0 = num_heads * dim
-  int64_t out_token_stride = 0;  // elements between tokens in out; 0 = num_heads * dim
-  float eps = 1e-6f;
-};
-void rms_norm_cpu(const RmsNormParams& params, ThreadPool& pool);
+// order of operations (LlamaRMSNorm / Qwen3RMSNorm in fp32).
+void rms_norm_cpu(const RmsNormOpParams& params, ThreadPool& pool);
 
 // ---------------------------------------------------------------------------------------------
 // RoPE in the Hugging Face "rotate_half" layout: element i of a head pairs with i + rotary_dim/2.
@@ -100,62 +92,29 @@ struct RopeTable {
 };
 RopeTable make_rope_table(const std::vector<float>& inv_freq, int64_t max_positions);
 
-// Rotates q and k in place. q: [num_tokens, num_q_heads, head_dim], k: [num_tokens,
-// num_kv_heads, head_dim]; both may be column slices of a fused qkv tensor (token strides).
-// Only the first rotary_dim = 2 * table.half_dim elements of each head rotate.
+// Rotates q and k in place with `table` (the CPU backend's copy of set_rope_table()). Only the
+// first rotary_dim = 2 * table.half_dim elements of each head rotate.
 // Throws std::out_of_range if a position is negative or >= table.max_positions.
-struct RopeParams {
-  float* q = nullptr;
-  float* k = nullptr;                  // may be nullptr (rotate q only)
-  const int32_t* positions = nullptr;  // [num_tokens]
-  int64_t num_tokens = 0;
-  int64_t num_q_heads = 0;
-  int64_t num_kv_heads = 0;
-  int64_t head_dim = 0;
-  int64_t q_token_stride = 0;  // 0 = num_q_heads * head_dim
-  int64_t k_token_stride = 0;  // 0 = num_kv_heads * head_dim
-};
-void rope_cpu(const RopeParams& params, const RopeTable& table, ThreadPool& pool);
+void rope_cpu(const RopeOpParams& params, const RopeTable& table, ThreadPool& pool);
 
 // ---------------------------------------------------------------------------------------------
 // SwiGLU: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)) as torch computes it.
-// gate and up may be the two halves of a fused gate_up projection (strides); out may alias gate.
-struct SiluMulParams {
-  const float* gate = nullptr;  // [num_tokens, dim]
-  const float* up = nullptr;    // [num_tokens, dim]
-  float* out = nullptr;         // [num_tokens, dim]
-  int64_t num_tokens = 0;
-  int64_t dim = 0;
-  int64_t gate_token_stride = 0;  // 0 = dim
-  int64_t up_token_stride = 0;    // 0 = dim
-  int64_t out_token_stride = 0;   // 0 = dim
-};
-void silu_mul_cpu(const SiluMulParams& params, ThreadPool& pool);
+void silu_mul_cpu(const SiluMulOpParams& params, ThreadPool& pool);
 
 // ---------------------------------------------------------------------------------------------
 // Embedding lookup: out[t] = float(table[token_ids[t]]). Throws std::out_of_range for a token
-// id outside [0, vocab_size): ids can come from a client (prompt token ids), never trust them.
-struct EmbeddingParams {
-  const std::uint16_t* table = nullptr;  // [vocab_size, hidden] bf16
-  const int32_t* token_ids = nullptr;    // [num_tokens]
-  float* out = nullptr;                  // [num_tokens, hidden]
-  int64_t num_tokens = 0;
-  int64_t vocab_size = 0;
-  int64_t hidden = 0;
-};
-void embedding_cpu(const EmbeddingParams& params, ThreadPool& pool);
+// id outside [0, vocab_size), before writing anything.
+void embedding_cpu(const EmbeddingOpParams& params, ThreadPool& pool);
 
 // x[t, i] += float(bias[i]) for a [num_tokens, dim] block (token stride 0 = dim).
 void add_bias_cpu(float* x, const std::uint16_t* bias, int64_t num_tokens, int64_t dim,
                   int64_t token_stride = 0);
 
-// residual[i] += x[i] over n elements (the residual stream accumulates each block's output).
-void residual_add_cpu(float* residual, const float* x, int64_t n, ThreadPool& pool);
+// residual += x (the residual stream accumulates each block's output).
+void residual_add_cpu(const ResidualAddOpParams& params, ThreadPool& pool);
 
-// out[i] = x[rows[i]] for i < num_rows: picks the hidden states of the tokens that sample this
-// step, so the LM head runs only on those. Throws std::out_of_range for a bad row index.
-void gather_rows_cpu(const float* x, int64_t num_x_rows, int64_t dim, const int32_t* rows,
-                     int64_t num_rows, float* out);
+// out[i] = x[rows[i]]. Throws std::out_of_range for a bad row index, before writing anything.
+void gather_rows_cpu(const GatherRowsOpParams& params);
 
 // Index of the largest logit of each row, the first one on ties and a NaN counting as the
 // largest (torch.argmax's rules). logits: [num_rows, vocab_size]; out: [num_rows].

@@ -6,7 +6,7 @@
 
 namespace fp8serve::cpu {
 
-void silu_mul_cpu(const SiluMulParams& p, ThreadPool& pool) {
+void silu_mul_cpu(const SiluMulOpParams& p, ThreadPool& pool) {
   if (p.num_tokens < 0 || p.dim < 0) throw std::invalid_argument("silu_mul_cpu: bad shape");
   const int64_t gate_stride = p.gate_token_stride ? p.gate_token_stride : p.dim;
   const int64_t up_stride = p.up_token_stride ? p.up_token_stride : p.dim;
@@ -14,9 +14,9 @@ void silu_mul_cpu(const SiluMulParams& p, ThreadPool& pool) {
   const int64_t grain = 1 + 8192 / (p.dim > 0 ? p.dim : 1);
   parallel_chunks(pool, p.num_tokens, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const float* gate = p.gate + t * gate_stride;
-      const float* up = p.up + t * up_stride;
-      float* out = p.out + t * out_stride;
+      const float* gate = f32(p.gate) + t * gate_stride;
+      const float* up = f32(p.up) + t * up_stride;
+      float* out = f32(p.out) + t * out_stride;
       for (int64_t i = 0; i < p.dim; ++i) {
         // torch's silu is x / (1 + exp(-x)); the product with up is a separate rounding.
         const float silu = gate[i] / (1.0f + std::exp(-gate[i]));
@@ -36,9 +36,11 @@ void add_bias_cpu(float* x, const std::uint16_t* bias, int64_t num_tokens, int64
   }
 }
 
-void residual_add_cpu(float* residual, const float* x, int64_t n, ThreadPool& pool) {
-  if (n < 0) throw std::invalid_argument("residual_add_cpu: negative size");
-  parallel_chunks(pool, n, 65536, [&](int64_t begin, int64_t end) {
+void residual_add_cpu(const ResidualAddOpParams& p, ThreadPool& pool) {
+  if (p.num_elements < 0) throw std::invalid_argument("residual_add_cpu: negative size");
+  float* residual = f32(p.residual);
+  const float* x = f32(p.x);
+  parallel_chunks(pool, p.num_elements, 65536, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) residual[i] += x[i];
   });
 }

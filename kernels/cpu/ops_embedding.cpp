@@ -7,7 +7,7 @@
 
 namespace fp8serve::cpu {
 
-void embedding_cpu(const EmbeddingParams& p, ThreadPool& pool) {
+void embedding_cpu(const EmbeddingOpParams& p, ThreadPool& pool) {
   if (p.num_tokens < 0 || p.vocab_size < 1 || p.hidden < 1) {
     throw std::invalid_argument("embedding_cpu: bad shape");
   }
@@ -22,24 +22,23 @@ void embedding_cpu(const EmbeddingParams& p, ThreadPool& pool) {
   parallel_chunks(pool, p.num_tokens, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const std::uint16_t* row = p.table + static_cast<int64_t>(p.token_ids[t]) * p.hidden;
-      float* out = p.out + t * p.hidden;
+      float* out = f32(p.out) + t * p.hidden;
       for (int64_t i = 0; i < p.hidden; ++i) out[i] = bf16_to_float(row[i]);
     }
   });
 }
 
-void gather_rows_cpu(const float* x, int64_t num_x_rows, int64_t dim, const int32_t* rows,
-                     int64_t num_rows, float* out) {
-  if (num_rows < 0 || dim < 0) throw std::invalid_argument("gather_rows_cpu: bad shape");
-  for (int64_t i = 0; i < num_rows; ++i) {
-    if (rows[i] < 0 || rows[i] >= num_x_rows) {
-      throw std::out_of_range("gather_rows_cpu: row " + std::to_string(rows[i]) + " outside [0, " +
-                              std::to_string(num_x_rows) + ")");
+void gather_rows_cpu(const GatherRowsOpParams& p) {
+  if (p.num_rows < 0 || p.dim < 0) throw std::invalid_argument("gather_rows_cpu: bad shape");
+  for (int64_t i = 0; i < p.num_rows; ++i) {
+    if (p.rows[i] < 0 || p.rows[i] >= p.num_x_rows) {
+      throw std::out_of_range("gather_rows_cpu: row " + std::to_string(p.rows[i]) +
+                              " outside [0, " + std::to_string(p.num_x_rows) + ")");
     }
   }
-  for (int64_t i = 0; i < num_rows; ++i) {
-    const float* src = x + static_cast<int64_t>(rows[i]) * dim;
-    std::copy(src, src + dim, out + i * dim);
+  for (int64_t i = 0; i < p.num_rows; ++i) {
+    const float* src = f32(p.x) + static_cast<int64_t>(p.rows[i]) * p.dim;
+    std::copy(src, src + p.dim, f32(p.out) + i * p.dim);
   }
 }
 

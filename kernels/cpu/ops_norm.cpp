@@ -35,7 +35,7 @@ void rms_norm_row(const float* x, const std::uint16_t* weight, float* out, int64
 
 }  // namespace
 
-void rms_norm_cpu(const RmsNormParams& p, ThreadPool& pool) {
+void rms_norm_cpu(const RmsNormOpParams& p, ThreadPool& pool) {
   if (p.num_tokens < 0 || p.num_heads < 1 || p.dim < 1 || !(p.eps >= 0.0f)) {
     throw std::invalid_argument("rms_norm_cpu: bad shape or eps");
   }
@@ -49,8 +49,8 @@ void rms_norm_cpu(const RmsNormParams& p, ThreadPool& pool) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t token = row / p.num_heads;
       const int64_t head = row - token * p.num_heads;
-      rms_norm_row(p.x + token * x_stride + head * p.dim, p.weight,
-                   p.out + token * out_stride + head * p.dim, p.dim, p.eps);
+      rms_norm_row(f32(p.x) + token * x_stride + head * p.dim, p.weight,
+                   f32(p.out) + token * out_stride + head * p.dim, p.dim, p.eps);
     }
   });
 }

@@ -37,6 +37,7 @@
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 
+using namespace fp8serve;
 using namespace fp8serve::cpu;
 
 namespace {
@@ -245,7 +246,7 @@ void dpbf16_linear(const Weight& w, const float* x, float* y, int64_t tokens, Th
 }
 
 void run_ours(const Weight& w, const float* x, float* y, int64_t tokens, ThreadPool& pool) {
-  LinearParams p;
+  LinearOpParams p;
   p.x = x;
   p.weight = w.bf16.data();
   p.y = y;

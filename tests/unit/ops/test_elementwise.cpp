@@ -8,6 +8,7 @@
 #include "kernels/cpu/ops.hpp"
 #include "ops_test_util.hpp"
 
+using namespace fp8serve;
 using namespace fp8serve::cpu;
 using namespace fp8serve::cpu::test;
 
@@ -33,7 +34,7 @@ TEST_CASE("silu_mul matches g / (1 + exp(-g)) * u, fused gate_up layout", "[elem
       random_floats(static_cast<std::size_t>(num_tokens * 2 * dim), 12, 4.0f);
   std::vector<float> out(static_cast<std::size_t>(num_tokens * dim));
   ThreadPool pool(3);
-  SiluMulParams p;
+  SiluMulOpParams p;
   p.gate = gate_up.data();
   p.up = gate_up.data() + dim;
   p.out = out.data();
@@ -57,7 +58,7 @@ TEST_CASE("silu_mul matches g / (1 + exp(-g)) * u, fused gate_up layout", "[elem
   float g2[3] = {-200.0f, 200.0f, 0.0f};
   float u2[3] = {1.0f, 1.0f, 5.0f};
   float o2[3];
-  SiluMulParams q;
+  SiluMulOpParams q;
   q.gate = g2;
   q.up = u2;
   q.out = o2;
@@ -76,7 +77,7 @@ TEST_CASE("embedding copies bf16 rows exactly and rejects bad token ids", "[elem
   const std::vector<int32_t> ids = {5, 0, 99, 5, 42};
   std::vector<float> out(ids.size() * hidden);
   ThreadPool pool(2);
-  EmbeddingParams p;
+  EmbeddingOpParams p;
   p.table = table.data();
   p.token_ids = ids.data();
   p.out = out.data();
@@ -121,7 +122,8 @@ TEST_CASE("add_bias and residual_add", "[elementwise]") {
   std::vector<float> residual = random_floats(big, 33);
   const std::vector<float> delta = random_floats(big, 34);
   const std::vector<float> r0 = residual;
-  residual_add_cpu(residual.data(), delta.data(), static_cast<int64_t>(big), pool);
+  residual_add_cpu({.residual = residual.data(), .x = delta.data(), .num_elements = int64_t{big}},
+                   pool);
   for (std::size_t i = 0; i < big; ++i) REQUIRE(bits_of(residual[i]) == bits_of(r0[i] + delta[i]));
 }
 
@@ -129,14 +131,18 @@ TEST_CASE("gather_rows picks sampling rows and rejects bad indices", "[elementwi
   const std::vector<float> x = random_floats(5 * 4, 41);
   const int32_t rows[3] = {4, 0, 4};
   std::vector<float> out(3 * 4);
-  gather_rows_cpu(x.data(), 5, 4, rows, 3, out.data());
+  GatherRowsOpParams p{
+      .x = x.data(), .rows = rows, .out = out.data(), .num_x_rows = 5, .num_rows = 3, .dim = 4};
+  gather_rows_cpu(p);
   for (int i = 0; i < 3; ++i) {
     for (int j = 0; j < 4; ++j)
       CHECK(out[static_cast<std::size_t>(i * 4 + j)] ==
             x[static_cast<std::size_t>(rows[i] * 4 + j)]);
   }
   const int32_t bad[1] = {5};
-  CHECK_THROWS_AS(gather_rows_cpu(x.data(), 5, 4, bad, 1, out.data()), std::out_of_range);
+  p.rows = bad;
+  p.num_rows = 1;
+  CHECK_THROWS_AS(gather_rows_cpu(p), std::out_of_range);
 }
 
 TEST_CASE("argmax_rows follows torch.argmax: first maximum, NaN wins", "[elementwise]") {
