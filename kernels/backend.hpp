@@ -57,15 +57,15 @@ class Backend {
   virtual void set_rope_table(const std::vector<float>& inv_freq, int64_t max_positions) = 0;
 
   // The forward pass, in the order the model calls them (kernels/forward_ops.hpp).
-  virtual void embedding(const EmbeddingOpParams& params, Stream stream) = 0;
-  virtual void rms_norm(const RmsNormOpParams& params, Stream stream) = 0;
-  virtual void linear(const LinearOpParams& params, Stream stream) = 0;
-  virtual void rope(const RopeOpParams& params, Stream stream) = 0;
+  virtual void embedding(const EmbeddingParams& params, Stream stream) = 0;
+  virtual void rms_norm(const RmsNormParams& params, Stream stream) = 0;
+  virtual void linear(const LinearParams& params, Stream stream) = 0;
+  virtual void rope(const RopeParams& params, Stream stream) = 0;
   virtual void kv_write(const KvWriteParams& params, Stream stream) = 0;
   virtual void paged_attention(const PagedAttentionParams& params, Stream stream) = 0;
-  virtual void silu_mul(const SiluMulOpParams& params, Stream stream) = 0;
-  virtual void residual_add(const ResidualAddOpParams& params, Stream stream) = 0;
-  virtual void gather_rows(const GatherRowsOpParams& params, Stream stream) = 0;
+  virtual void silu_mul(const SiluMulParams& params, Stream stream) = 0;
+  virtual void residual_add(const ResidualAddParams& params, Stream stream) = 0;
+  virtual void gather_rows(const GatherRowsParams& params, Stream stream) = 0;
 };
 
 // Owns one allocation of a Backend (RAII), so a throwing constructor leaks nothing.

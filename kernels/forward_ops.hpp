@@ -13,7 +13,7 @@ namespace fp8serve {
 
 // out[t] = table[token_ids[t]]. Ids can come from a client (prompt token ids): one outside
 // [0, vocab_size) is an error, never a wild read.
-struct EmbeddingOpParams {
+struct EmbeddingParams {
   const std::uint16_t* table = nullptr;  // [vocab_size, hidden] bf16
   const int32_t* token_ids = nullptr;    // [num_tokens]
   void* out = nullptr;                   // [num_tokens, hidden]
@@ -27,7 +27,7 @@ struct EmbeddingOpParams {
 //   Qwen3 q/k norm:      rows are (token, head), dim = head_dim, one weight shared by all heads
 // x may be a column slice of a wider tensor (q inside a fused qkv output): the token strides
 // say how far apart tokens are; heads of one token are contiguous. out may alias x (in place).
-struct RmsNormOpParams {
+struct RmsNormParams {
   const void* x = nullptr;                // [num_tokens, num_heads, dim]
   const std::uint16_t* weight = nullptr;  // [dim] bf16
   void* out = nullptr;                    // [num_tokens, num_heads, dim]
@@ -41,7 +41,7 @@ struct RmsNormOpParams {
 
 // y = x @ weight^T (+ bias). Batch invariant: y[t] does not depend on the other rows.
 // PRECOND: y overlaps neither x nor the weights.
-struct LinearOpParams {
+struct LinearParams {
   const void* x = nullptr;                // [num_tokens, in_features] (row stride x_stride)
   const std::uint16_t* weight = nullptr;  // [out_features, in_features] bf16
   const std::uint16_t* bias = nullptr;    // [out_features] bf16 or nullptr
@@ -55,7 +55,7 @@ struct LinearOpParams {
 
 // RoPE (HF rotate_half layout) on q and k in place, with the table of set_rope_table(). q and
 // k may be column slices of a fused qkv tensor (token strides); k may be nullptr (q only).
-struct RopeOpParams {
+struct RopeParams {
   void* q = nullptr;                   // [num_tokens, num_q_heads, head_dim]
   void* k = nullptr;                   // [num_tokens, num_kv_heads, head_dim] or nullptr
   const int32_t* positions = nullptr;  // [num_tokens], each in [0, max_positions)
@@ -69,7 +69,7 @@ struct RopeOpParams {
 
 // out = silu(gate) * up (SwiGLU). gate and up may be the two halves of a fused gate_up
 // projection (token strides); out may alias gate.
-struct SiluMulOpParams {
+struct SiluMulParams {
   const void* gate = nullptr;  // [num_tokens, dim]
   const void* up = nullptr;    // [num_tokens, dim]
   void* out = nullptr;         // [num_tokens, dim]
@@ -81,14 +81,14 @@ struct SiluMulOpParams {
 };
 
 // residual += x over num_elements elements (the residual stream).
-struct ResidualAddOpParams {
+struct ResidualAddParams {
   void* residual = nullptr;  // [num_elements]
   const void* x = nullptr;   // [num_elements]
   int64_t num_elements = 0;
 };
 
 // out[i] = x[rows[i]]: the rows that sample this step, so the LM head runs only on them.
-struct GatherRowsOpParams {
+struct GatherRowsParams {
   const void* x = nullptr;        // [num_x_rows, dim]
   const int32_t* rows = nullptr;  // [num_rows], each in [0, num_x_rows)
   void* out = nullptr;            // [num_rows, dim]

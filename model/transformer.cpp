@@ -225,7 +225,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
 
   auto linear = [&](const void* in, int64_t in_stride, const std::uint16_t* w, const std::uint16_t* bias,
                     void* out, int64_t out_stride, int64_t in_features, int64_t out_features) {
-    LinearOpParams p;
+    LinearParams p;
     p.x = in;
     p.x_stride = in_stride;
     p.weight = w;
@@ -239,7 +239,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
   };
   auto rms_norm = [&](const void* in, void* out, const std::uint16_t* weight, int64_t num_heads,
                       int64_t dim, int64_t token_stride) {
-    RmsNormOpParams p;
+    RmsNormParams p;
     p.x = in;
     p.out = out;
     p.weight = weight;
@@ -252,14 +252,14 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     backend_.rms_norm(p, stream_);
   };
   auto residual_add = [&](const float* delta) {
-    ResidualAddOpParams p;
+    ResidualAddParams p;
     p.residual = x;
     p.x = delta;
     p.num_elements = num_tokens * hidden;
     backend_.residual_add(p, stream_);
   };
 
-  EmbeddingOpParams embed;
+  EmbeddingParams embed;
   embed.table = embed_tokens_;
   embed.token_ids = token_ids_.as<const int32_t>();
   embed.out = x;
@@ -282,7 +282,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
       rms_norm(q, q, w.q_norm, c.num_heads, head_dim, qkv_width);
       rms_norm(k, k, w.k_norm, c.num_kv_heads, head_dim, qkv_width);
     }
-    RopeOpParams rope;
+    RopeParams rope;
     rope.q = q;
     rope.k = k;
     rope.positions = positions_.as<const int32_t>();
@@ -323,7 +323,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     rms_norm(x, normed, w.post_norm, 1, hidden, hidden);
     linear(normed, hidden, w.gate_proj, nullptr, gate, 2 * inter, hidden, inter);
     linear(normed, hidden, w.up_proj, nullptr, up, 2 * inter, hidden, inter);
-    SiluMulOpParams swiglu;
+    SiluMulParams swiglu;
     swiglu.gate = gate;
     swiglu.up = up;
     swiglu.out = gate;
@@ -340,7 +340,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
   // Logits only for the rows that sample: gather, final norm, LM head.
   const auto num_rows = static_cast<int64_t>(b.sample_rows.size());
   if (num_rows > 0) {
-    GatherRowsOpParams gather;
+    GatherRowsParams gather;
     gather.x = x;
     gather.rows = sample_rows_.as<const int32_t>();
     gather.out = sampled_.data();
@@ -349,7 +349,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     gather.dim = hidden;
     backend_.gather_rows(gather, stream_);
 
-    RmsNormOpParams norm;
+    RmsNormParams norm;
     norm.x = sampled_.data();
     norm.out = sampled_.data();
     norm.weight = final_norm_;
@@ -358,7 +358,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     norm.eps = c.rms_norm_eps;
     backend_.rms_norm(norm, stream_);
 
-    LinearOpParams head;
+    LinearParams head;
     head.x = sampled_.data();
     head.weight = lm_head_;
     head.y = logits_.data();

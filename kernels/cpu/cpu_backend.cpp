@@ -53,15 +53,15 @@ void CpuBackend::set_rope_table(const std::vector<float>& inv_freq, int64_t max_
   rope_table_ = make_rope_table(inv_freq, max_positions);
 }
 
-void CpuBackend::embedding(const EmbeddingOpParams& p, Stream /*stream*/) {
+void CpuBackend::embedding(const EmbeddingParams& p, Stream /*stream*/) {
   embedding_cpu(p, pool_);
 }
 
-void CpuBackend::rms_norm(const RmsNormOpParams& p, Stream /*stream*/) { rms_norm_cpu(p, pool_); }
+void CpuBackend::rms_norm(const RmsNormParams& p, Stream /*stream*/) { rms_norm_cpu(p, pool_); }
 
-void CpuBackend::linear(const LinearOpParams& p, Stream /*stream*/) { linear_cpu(p, pool_); }
+void CpuBackend::linear(const LinearParams& p, Stream /*stream*/) { linear_cpu(p, pool_); }
 
-void CpuBackend::rope(const RopeOpParams& p, Stream /*stream*/) {
+void CpuBackend::rope(const RopeParams& p, Stream /*stream*/) {
   if (rope_table_.max_positions == 0) throw std::logic_error("rope: set_rope_table() was not called");
   rope_cpu(p, rope_table_, pool_);
 }
@@ -72,12 +72,12 @@ void CpuBackend::paged_attention(const PagedAttentionParams& p, Stream /*stream*
   paged_attention_cpu(p, pool_, attention_workspace_);
 }
 
-void CpuBackend::silu_mul(const SiluMulOpParams& p, Stream /*stream*/) { silu_mul_cpu(p, pool_); }
+void CpuBackend::silu_mul(const SiluMulParams& p, Stream /*stream*/) { silu_mul_cpu(p, pool_); }
 
-void CpuBackend::residual_add(const ResidualAddOpParams& p, Stream /*stream*/) {
+void CpuBackend::residual_add(const ResidualAddParams& p, Stream /*stream*/) {
   residual_add_cpu(p, pool_);
 }
 
-void CpuBackend::gather_rows(const GatherRowsOpParams& p, Stream /*stream*/) { gather_rows_cpu(p); }
+void CpuBackend::gather_rows(const GatherRowsParams& p, Stream /*stream*/) { gather_rows_cpu(p); }
 
 }  // namespace fp8serve::cpu

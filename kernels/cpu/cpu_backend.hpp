@@ -30,15 +30,15 @@ class CpuBackend final : public Backend {
   void copy_blocks(const CopyBlocksParams& params, Stream stream) override;
   void set_rope_table(const std::vector<float>& inv_freq, int64_t max_positions) override;
 
-  void embedding(const EmbeddingOpParams& params, Stream stream) override;
-  void rms_norm(const RmsNormOpParams& params, Stream stream) override;
-  void linear(const LinearOpParams& params, Stream stream) override;
-  void rope(const RopeOpParams& params, Stream stream) override;
+  void embedding(const EmbeddingParams& params, Stream stream) override;
+  void rms_norm(const RmsNormParams& params, Stream stream) override;
+  void linear(const LinearParams& params, Stream stream) override;
+  void rope(const RopeParams& params, Stream stream) override;
   void kv_write(const KvWriteParams& params, Stream stream) override;
   void paged_attention(const PagedAttentionParams& params, Stream stream) override;
-  void silu_mul(const SiluMulOpParams& params, Stream stream) override;
-  void residual_add(const ResidualAddOpParams& params, Stream stream) override;
-  void gather_rows(const GatherRowsOpParams& params, Stream stream) override;
+  void silu_mul(const SiluMulParams& params, Stream stream) override;
+  void residual_add(const ResidualAddParams& params, Stream stream) override;
+  void gather_rows(const GatherRowsParams& params, Stream stream) override;
 
   ThreadPool& pool() { return pool_; }
 

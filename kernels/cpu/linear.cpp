@@ -50,8 +50,8 @@ const char* linear_isa_name(LinearIsa isa) {
   return "?";
 }
 
-void linear_cpu(const LinearOpParams& params, ThreadPool& pool, LinearIsa isa) {
-  LinearOpParams p = params;
+void linear_cpu(const LinearParams& params, ThreadPool& pool, LinearIsa isa) {
+  LinearParams p = params;
   if (p.num_tokens < 0 || p.in_features < 1 || p.out_features < 1) {
     throw std::invalid_argument("linear_cpu: need num_tokens >= 0 and in/out features >= 1");
   }

@@ -32,7 +32,7 @@ namespace fp8serve::cpu {
 enum class LinearIsa { best, avx512, avx2, scalar };
 
 // Activations are fp32 (kernels/cpu/ops.hpp). Throws std::invalid_argument on a bad shape.
-void linear_cpu(const LinearOpParams& params, ThreadPool& pool, LinearIsa isa = LinearIsa::best);
+void linear_cpu(const LinearParams& params, ThreadPool& pool, LinearIsa isa = LinearIsa::best);
 
 // The path `best` resolves to on this CPU, for logs and benchmarks.
 LinearIsa linear_best_isa();
@@ -43,11 +43,11 @@ namespace detail {
 // One ISA's kernel: computes rows [t_begin, t_end) x columns [o_begin, o_end) of y.
 // PRECOND: p.x_stride and p.y_stride are set (not 0). Defined in linear_scalar.cpp,
 // linear_avx2.cpp and linear_avx512.cpp.
-void linear_block_scalar(const LinearOpParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
+void linear_block_scalar(const LinearParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
                          int64_t o_end);
-void linear_block_avx2(const LinearOpParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
+void linear_block_avx2(const LinearParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
                        int64_t o_end);
-void linear_block_avx512(const LinearOpParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
+void linear_block_avx512(const LinearParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
                          int64_t o_end);
 
 }  // namespace detail

@@ -138,7 +138,7 @@ constexpr auto tiles = make_tiles(std::make_integer_sequence<int, kRows>{});
 
 }  // namespace
 
-void linear_block_avx2(const LinearOpParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
+void linear_block_avx2(const LinearParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
                        int64_t o_end) {
   // The same walk as linear_block_avx512: segments for one token, adjacent-row tiles otherwise.
   float dots[kRows * kCols];

@@ -138,7 +138,7 @@ constexpr auto tiles = make_tiles(std::make_integer_sequence<int, kRows>{});
 
 }  // namespace
 
-void linear_block_avx512(const LinearOpParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
+void linear_block_avx512(const LinearParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
                          int64_t o_end) {
   float dots[kRows * kCols];
   const std::uint16_t* rows[kCols];

@@ -32,7 +32,7 @@ float canonical_dot(const float* x, const std::uint16_t* w, int64_t k) {
 
 }  // namespace
 
-void linear_block_scalar(const LinearOpParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
+void linear_block_scalar(const LinearParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
                          int64_t o_end) {
   for (int64_t o = o_begin; o < o_end; ++o) {
     const std::uint16_t* w = p.weight + o * p.in_features;

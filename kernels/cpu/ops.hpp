@@ -51,7 +51,7 @@ void parallel_chunks(ThreadPool& pool, int64_t n, int64_t grain, const Fn& fn) {
 // ---------------------------------------------------------------------------------------------
 // RMSNorm: out = weight * (x * rsqrt(mean(x^2) + eps)), per row of `dim` elements, in that
 // order of operations (LlamaRMSNorm / Qwen3RMSNorm in fp32).
-void rms_norm_cpu(const RmsNormOpParams& params, ThreadPool& pool);
+void rms_norm_cpu(const RmsNormParams& params, ThreadPool& pool);
 
 // ---------------------------------------------------------------------------------------------
 // RoPE in the Hugging Face "rotate_half" layout: element i of a head pairs with i + rotary_dim/2.
@@ -95,26 +95,26 @@ RopeTable make_rope_table(const std::vector<float>& inv_freq, int64_t max_positi
 // Rotates q and k in place with `table` (the CPU backend's copy of set_rope_table()). Only the
 // first rotary_dim = 2 * table.half_dim elements of each head rotate.
 // Throws std::out_of_range if a position is negative or >= table.max_positions.
-void rope_cpu(const RopeOpParams& params, const RopeTable& table, ThreadPool& pool);
+void rope_cpu(const RopeParams& params, const RopeTable& table, ThreadPool& pool);
 
 // ---------------------------------------------------------------------------------------------
 // SwiGLU: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)) as torch computes it.
-void silu_mul_cpu(const SiluMulOpParams& params, ThreadPool& pool);
+void silu_mul_cpu(const SiluMulParams& params, ThreadPool& pool);
 
 // ---------------------------------------------------------------------------------------------
 // Embedding lookup: out[t] = float(table[token_ids[t]]). Throws std::out_of_range for a token
 // id outside [0, vocab_size), before writing anything.
-void embedding_cpu(const EmbeddingOpParams& params, ThreadPool& pool);
+void embedding_cpu(const EmbeddingParams& params, ThreadPool& pool);
 
 // x[t, i] += float(bias[i]) for a [num_tokens, dim] block (token stride 0 = dim).
 void add_bias_cpu(float* x, const std::uint16_t* bias, int64_t num_tokens, int64_t dim,
                   int64_t token_stride = 0);
 
 // residual += x (the residual stream accumulates each block's output).
-void residual_add_cpu(const ResidualAddOpParams& params, ThreadPool& pool);
+void residual_add_cpu(const ResidualAddParams& params, ThreadPool& pool);
 
 // out[i] = x[rows[i]]. Throws std::out_of_range for a bad row index, before writing anything.
-void gather_rows_cpu(const GatherRowsOpParams& params);
+void gather_rows_cpu(const GatherRowsParams& params);
 
 // Index of the largest logit of each row, the first one on ties and a NaN counting as the
 // largest (torch.argmax's rules). logits: [num_rows, vocab_size]; out: [num_rows].

@@ -6,7 +6,7 @@
 
 namespace fp8serve::cpu {
 
-void silu_mul_cpu(const SiluMulOpParams& p, ThreadPool& pool) {
+void silu_mul_cpu(const SiluMulParams& p, ThreadPool& pool) {
   if (p.num_tokens < 0 || p.dim < 0) throw std::invalid_argument("silu_mul_cpu: bad shape");
   const int64_t gate_stride = p.gate_token_stride ? p.gate_token_stride : p.dim;
   const int64_t up_stride = p.up_token_stride ? p.up_token_stride : p.dim;
@@ -36,7 +36,7 @@ void add_bias_cpu(float* x, const std::uint16_t* bias, int64_t num_tokens, int64
   }
 }
 
-void residual_add_cpu(const ResidualAddOpParams& p, ThreadPool& pool) {
+void residual_add_cpu(const ResidualAddParams& p, ThreadPool& pool) {
   if (p.num_elements < 0) throw std::invalid_argument("residual_add_cpu: negative size");
   float* residual = f32(p.residual);
   const float* x = f32(p.x);

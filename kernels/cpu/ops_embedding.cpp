@@ -7,7 +7,7 @@
 
 namespace fp8serve::cpu {
 
-void embedding_cpu(const EmbeddingOpParams& p, ThreadPool& pool) {
+void embedding_cpu(const EmbeddingParams& p, ThreadPool& pool) {
   if (p.num_tokens < 0 || p.vocab_size < 1 || p.hidden < 1) {
     throw std::invalid_argument("embedding_cpu: bad shape");
   }
@@ -28,7 +28,7 @@ void embedding_cpu(const EmbeddingOpParams& p, ThreadPool& pool) {
   });
 }
 
-void gather_rows_cpu(const GatherRowsOpParams& p) {
+void gather_rows_cpu(const GatherRowsParams& p) {
   if (p.num_rows < 0 || p.dim < 0) throw std::invalid_argument("gather_rows_cpu: bad shape");
   for (int64_t i = 0; i < p.num_rows; ++i) {
     if (p.rows[i] < 0 || p.rows[i] >= p.num_x_rows) {

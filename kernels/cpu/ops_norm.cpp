@@ -35,7 +35,7 @@ void rms_norm_row(const float* x, const std::uint16_t* weight, float* out, int64
 
 }  // namespace
 
-void rms_norm_cpu(const RmsNormOpParams& p, ThreadPool& pool) {
+void rms_norm_cpu(const RmsNormParams& p, ThreadPool& pool) {
   if (p.num_tokens < 0 || p.num_heads < 1 || p.dim < 1 || !(p.eps >= 0.0f)) {
     throw std::invalid_argument("rms_norm_cpu: bad shape or eps");
   }

@@ -119,7 +119,7 @@ void rotate_heads(float* x, int64_t num_heads, int64_t head_dim, const float* co
 
 }  // namespace
 
-void rope_cpu(const RopeOpParams& p, const RopeTable& table, ThreadPool& pool) {
+void rope_cpu(const RopeParams& p, const RopeTable& table, ThreadPool& pool) {
   if (p.num_tokens < 0 || p.head_dim < 1 || p.num_q_heads < 0 || p.num_kv_heads < 0 ||
       2 * table.half_dim > p.head_dim) {
     throw std::invalid_argument("rope_cpu: bad shape or rotary dim larger than head_dim");

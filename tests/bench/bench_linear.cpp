@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "machine_limits.hpp"
 #include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/linear.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -42,111 +43,6 @@ using namespace fp8serve::cpu;
 
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Best time of `reps` runs after one warm-up (the best run is the one least disturbed).
-double best_time(int reps, const std::function<void()>& fn) {
-  fn();
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    const double t0 = now_s();
-    fn();
-    best = std::min(best, now_s() - t0);
-  }
-  return best;
-}
-
-__attribute__((target("avx2"))) float read_chunk(const float* p, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t i = 0; i + 32 <= n; i += 32) {
-    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
-    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
-    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
-    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
-  }
-  const __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-  float lanes[8];
-  _mm256_storeu_ps(lanes, s);
-  return lanes[0] + lanes[7];
-}
-
-// The same read with software prefetch 4 KiB ahead: with 4 KiB pages the hardware prefetcher
-// stops at every page boundary, so the plain loop can understate what the memory delivers.
-__attribute__((target("avx2"))) float read_chunk_prefetch(const float* p, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t i = 0; i + 32 <= n; i += 32) {
-    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(p + i) + 4096),
-                 _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(p + i) + 4096 + 64),
-                 _MM_HINT_T1);
-    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
-    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
-    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
-    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
-  }
-  const __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-  float lanes[8];
-  _mm256_storeu_ps(lanes, s);
-  return lanes[0] + lanes[7];
-}
-
-// Reads `bytes` bytes at p with every thread of the pool (each its own contiguous slice).
-void stream_read(ThreadPool& pool, const void* p, int64_t bytes, float* sink, bool prefetch) {
-  const int64_t floats = bytes / 4;
-  const int64_t parts = pool.num_threads();
-  pool.parallel_for(parts, [&](int64_t i) {
-    const int64_t begin = floats * i / parts, end = floats * (i + 1) / parts;
-    const float* chunk = static_cast<const float*>(p) + begin;
-    sink[i * 16] =
-        prefetch ? read_chunk_prefetch(chunk, end - begin) : read_chunk(chunk, end - begin);
-  });
-}
-
-template <int kChains>
-__attribute__((target("avx512f"))) float fma_loop_avx512(int64_t iters) {
-  __m512 acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
-  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 16
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
-  }
-  float out = 0.0f;
-  for (int c = 0; c < kChains; ++c) out += _mm512_reduce_add_ps(acc[c]);
-  return out;
-}
-
-template <int kChains>
-__attribute__((target("avx2,fma"))) float fma_loop_avx2(int64_t iters) {
-  __m256 acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(static_cast<float>(c));
-  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-3f);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 16
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
-  }
-  float lanes[8];
-  _mm256_storeu_ps(lanes, acc[0]);
-  return lanes[0];
-}
-
-// fp32 FMA peak in GFLOP/s: independent FMA chains in registers on every thread.
-double measure_fma_peak(ThreadPool& pool, bool avx512) {
-  // Short bursts, best of many: a burst longer than a scheduler slice would also measure
-  // whoever else shares the machine.
-  const int64_t iters = 100000;
-  std::vector<float> sink(static_cast<std::size_t>(pool.num_threads()));
-  const double t = best_time(200, [&] {
-    pool.parallel_for(pool.num_threads(), [&](int64_t i) {
-      sink[static_cast<std::size_t>(i)] =
-          avx512 ? fma_loop_avx512<12>(iters) : fma_loop_avx2<12>(iters);
-    });
-  });
-  const double lanes = avx512 ? 16.0 : 8.0;
-  return 2.0 * lanes * 12.0 * static_cast<double>(iters) * pool.num_threads() / t / 1e9;
-}
 
 struct Weight {
   int64_t in, out;
@@ -246,7 +142,7 @@ void dpbf16_linear(const Weight& w, const float* x, float* y, int64_t tokens, Th
 }
 
 void run_ours(const Weight& w, const float* x, float* y, int64_t tokens, ThreadPool& pool) {
-  LinearOpParams p;
+  LinearParams p;
   p.x = x;
   p.weight = w.bf16.data();
   p.y = y;
@@ -277,7 +173,7 @@ int main(int argc, char** argv) {
   std::printf("bench_linear: %d threads, cpu features: %s, linear path: %s\n", threads,
               describe(cpu_features()).c_str(), linear_isa_name(LinearIsa::best));
 
-  const double peak = measure_fma_peak(pool, avx512);
+  const double peak = bench::fma_peak(pool) / 1e9;
 
   OpenBlas blas;
   const bool have_blas = blas.load();
@@ -308,7 +204,6 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < x.size(); ++i)
     x[i] = static_cast<float>((i * 37) % 101) * 0.01f - 0.5f;
   std::vector<float> y(static_cast<std::size_t>(1024 * vocab));
-  std::vector<float> sink(static_cast<std::size_t>(16 * threads));
 
   // One decode step touches every weight once, 270 MB for the full model: far beyond the LLC,
   // so each matrix comes from DRAM. Each matrix is timed on its own, over several sweeps, and
@@ -319,9 +214,9 @@ int main(int argc, char** argv) {
     std::vector<double> best(weights.size(), 1e30);
     for (int rep = 0; rep <= sweeps; ++rep) {
       for (std::size_t i = 0; i < weights.size(); ++i) {
-        const double t0 = now_s();
+        const double t0 = bench::now_s();
         fn(weights[i]);
-        if (rep > 0) best[i] = std::min(best[i], now_s() - t0);  // rep 0 warms up
+        if (rep > 0) best[i] = std::min(best[i], bench::now_s() - t0);  // rep 0 warms up
       }
     }
     double total = 0.0;
@@ -330,10 +225,10 @@ int main(int argc, char** argv) {
   };
 
   const double t_plain = sweep([&](const Weight& w) {
-    stream_read(pool, w.bf16.data(), static_cast<int64_t>(w.bf16.size() * 2), sink.data(), false);
+    bench::stream_read(pool, w.bf16.data(), static_cast<int64_t>(w.bf16.size() * 2), false);
   });
   const double t_prefetch = sweep([&](const Weight& w) {
-    stream_read(pool, w.bf16.data(), static_cast<int64_t>(w.bf16.size() * 2), sink.data(), true);
+    bench::stream_read(pool, w.bf16.data(), static_cast<int64_t>(w.bf16.size() * 2), true);
   });
   // The bound is the faster of the two reads: the bandwidth the memory can deliver to a loop.
   const double bandwidth = weight_bytes / std::min(t_plain, t_prefetch) / 1e9;
@@ -383,7 +278,7 @@ int main(int argc, char** argv) {
     double total = 0.0;
     for (int64_t t = 0; t < tokens; t += slice) {
       const int64_t n = std::min(slice, tokens - t);
-      total += best_time(quick ? 3 : 10, [&] { fn(t, n); });
+      total += bench::best_time(quick ? 3 : 10, [&] { fn(t, n); });
     }
     return total;
   };

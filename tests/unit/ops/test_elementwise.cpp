@@ -34,7 +34,7 @@ TEST_CASE("silu_mul matches g / (1 + exp(-g)) * u, fused gate_up layout", "[elem
       random_floats(static_cast<std::size_t>(num_tokens * 2 * dim), 12, 4.0f);
   std::vector<float> out(static_cast<std::size_t>(num_tokens * dim));
   ThreadPool pool(3);
-  SiluMulOpParams p;
+  SiluMulParams p;
   p.gate = gate_up.data();
   p.up = gate_up.data() + dim;
   p.out = out.data();
@@ -58,7 +58,7 @@ TEST_CASE("silu_mul matches g / (1 + exp(-g)) * u, fused gate_up layout", "[elem
   float g2[3] = {-200.0f, 200.0f, 0.0f};
   float u2[3] = {1.0f, 1.0f, 5.0f};
   float o2[3];
-  SiluMulOpParams q;
+  SiluMulParams q;
   q.gate = g2;
   q.up = u2;
   q.out = o2;
@@ -77,7 +77,7 @@ TEST_CASE("embedding copies bf16 rows exactly and rejects bad token ids", "[elem
   const std::vector<int32_t> ids = {5, 0, 99, 5, 42};
   std::vector<float> out(ids.size() * hidden);
   ThreadPool pool(2);
-  EmbeddingOpParams p;
+  EmbeddingParams p;
   p.table = table.data();
   p.token_ids = ids.data();
   p.out = out.data();
@@ -131,7 +131,7 @@ TEST_CASE("gather_rows picks sampling rows and rejects bad indices", "[elementwi
   const std::vector<float> x = random_floats(5 * 4, 41);
   const int32_t rows[3] = {4, 0, 4};
   std::vector<float> out(3 * 4);
-  GatherRowsOpParams p{
+  GatherRowsParams p{
       .x = x.data(), .rows = rows, .out = out.data(), .num_x_rows = 5, .num_rows = 3, .dim = 4};
   gather_rows_cpu(p);
   for (int i = 0; i < 3; ++i) {

@@ -58,7 +58,7 @@ Problem make_problem(const Shape& s, std::uint32_t seed, bool with_bias) {
 
 std::vector<float> run(const Problem& p, ThreadPool& pool, LinearIsa isa = LinearIsa::best) {
   std::vector<float> y(static_cast<std::size_t>(p.shape.tokens * p.shape.out), -7.0f);
-  LinearOpParams params;
+  LinearParams params;
   params.x = p.x.data();
   params.weight = p.w.data();
   params.bias = p.bias.empty() ? nullptr : p.bias.data();
@@ -173,7 +173,7 @@ TEST_CASE("linear honours row strides and writes only its columns", "[linear]") 
               x.begin() + t * x_stride);
   }
   std::vector<float> y(static_cast<std::size_t>(s.tokens * y_stride), -3.0f);
-  LinearOpParams params;
+  LinearParams params;
   params.x = x.data();
   params.weight = dense.w.data();
   params.bias = dense.bias.data();
@@ -201,7 +201,7 @@ TEST_CASE("linear rejects bad shapes and runs zero tokens as a no-op", "[linear]
   float x[4] = {1, 2, 3, 4};
   std::uint16_t w[4] = {0x3f80, 0x3f80, 0x3f80, 0x3f80};
   float y[4] = {5, 5, 5, 5};
-  LinearOpParams p;
+  LinearParams p;
   p.x = x;
   p.weight = w;
   p.y = y;

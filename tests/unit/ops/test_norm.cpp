@@ -35,7 +35,7 @@ TEST_CASE("rms_norm matches the double-precision reference", "[norm]") {
     const std::vector<std::uint16_t> w = random_bf16(static_cast<std::size_t>(dim), 4);
     std::vector<float> out(x.size());
     ThreadPool pool(2);
-    RmsNormOpParams p;
+    RmsNormParams p;
     p.x = x.data();
     p.weight = w.data();
     p.out = out.data();
@@ -57,7 +57,7 @@ TEST_CASE("rms_norm: eps matters for tiny rows, zero rows give zeros, in place w
   ThreadPool pool(1);
   const std::vector<std::uint16_t> w(8, float_to_bf16(1.0f));
   std::vector<float> x(8, 1e-4f);
-  RmsNormOpParams p;
+  RmsNormParams p;
   p.x = x.data();
   p.weight = w.data();
   p.out = x.data();  // in place
@@ -80,7 +80,7 @@ TEST_CASE("per-head rms_norm (Qwen3 q/k norm) on a slice of a fused qkv row", "[
   for (const int threads : {1, 2, 5}) {
     ThreadPool pool(threads);
     std::vector<float> y = x;
-    RmsNormOpParams p;
+    RmsNormParams p;
     p.x = y.data();
     p.weight = w.data();
     p.out = y.data();
@@ -115,7 +115,7 @@ TEST_CASE("rms_norm rows do not depend on the batch or the thread count", "[norm
   auto run = [&](int threads, int64_t first, int64_t count) {
     ThreadPool pool(threads);
     std::vector<float> out(static_cast<std::size_t>(count * dim));
-    RmsNormOpParams p;
+    RmsNormParams p;
     p.x = x.data() + first * dim;
     p.weight = w.data();
     p.out = out.data();
@@ -132,7 +132,7 @@ TEST_CASE("rms_norm rows do not depend on the batch or the thread count", "[norm
 
 TEST_CASE("rms_norm rejects bad shapes", "[norm]") {
   ThreadPool pool(1);
-  RmsNormOpParams p;
+  RmsNormParams p;
   p.num_tokens = 1;
   p.dim = 0;
   CHECK_THROWS_AS(rms_norm_cpu(p, pool), std::invalid_argument);

@@ -185,7 +185,7 @@ TEST_CASE("rope_cpu rotates q and k inside a fused qkv row and leaves v alone", 
   for (int threads : {1, 3}) {
     ThreadPool pool(threads);
     ours = input;
-    RopeOpParams p;
+    RopeParams p;
     p.q = ours.data();
     p.k = ours.data() + num_q_heads * head_dim;
     p.positions = positions.data();
@@ -227,7 +227,7 @@ TEST_CASE("rope_cpu: position 0 is the identity, partial rotary keeps the tail",
   const std::vector<float> input = random_floats(2 * 64, 3);
   std::vector<float> x = input;
   const int32_t positions[2] = {0, 5};
-  RopeOpParams p;
+  RopeParams p;
   p.q = x.data();
   p.positions = positions;
   p.num_tokens = 2;
@@ -249,7 +249,7 @@ TEST_CASE("rope_cpu rejects positions outside the table", "[rope]") {
   std::vector<float> x(8, 1.0f);
   for (int32_t bad : {-1, 10, 1 << 30}) {
     const int32_t positions[1] = {bad};
-    RopeOpParams p;
+    RopeParams p;
     p.q = x.data();
     p.positions = positions;
     p.num_tokens = 1;
@@ -257,7 +257,7 @@ TEST_CASE("rope_cpu rejects positions outside the table", "[rope]") {
     p.head_dim = 8;
     CHECK_THROWS_AS(rope_cpu(p, table, pool), std::out_of_range);
   }
-  RopeOpParams wide;  // rotary dim 8 does not fit a head of 4
+  RopeParams wide;  // rotary dim 8 does not fit a head of 4
   wide.q = x.data();
   wide.num_tokens = 0;
   wide.num_q_heads = 1;
