@@ -1,6 +1,6 @@
 #pragma once
 // The CPU backend's small ops of the forward pass: RMSNorm (whole rows and per head), RoPE,
-// SiLU·mul, embedding lookup, bias and residual adds, row gather and argmax.
+// SiLU·mul, embedding lookup, residual add, row gather and argmax.
 //
 // Activations are fp32, weights bf16 (std::uint16_t holding the upper half of an fp32), and the
 // arithmetic follows what transformers does in fp32 on the same bf16-rounded weights, step for
@@ -105,10 +105,6 @@ void silu_mul_cpu(const SiluMulParams& params, ThreadPool& pool);
 // Embedding lookup: out[t] = float(table[token_ids[t]]). Throws std::out_of_range for a token
 // id outside [0, vocab_size), before writing anything.
 void embedding_cpu(const EmbeddingParams& params, ThreadPool& pool);
-
-// x[t, i] += float(bias[i]) for a [num_tokens, dim] block (token stride 0 = dim).
-void add_bias_cpu(float* x, const std::uint16_t* bias, int64_t num_tokens, int64_t dim,
-                  int64_t token_stride = 0);
 
 // residual += x (the residual stream accumulates each block's output).
 void residual_add_cpu(const ResidualAddParams& params, ThreadPool& pool);

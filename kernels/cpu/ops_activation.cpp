@@ -26,16 +26,6 @@ void silu_mul_cpu(const SiluMulParams& p, ThreadPool& pool) {
   });
 }
 
-void add_bias_cpu(float* x, const std::uint16_t* bias, int64_t num_tokens, int64_t dim,
-                  int64_t token_stride) {
-  if (num_tokens < 0 || dim < 0) throw std::invalid_argument("add_bias_cpu: bad shape");
-  const int64_t stride = token_stride ? token_stride : dim;
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    float* row = x + t * stride;
-    for (int64_t i = 0; i < dim; ++i) row[i] += bf16_to_float(bias[i]);
-  }
-}
-
 void residual_add_cpu(const ResidualAddParams& p, ThreadPool& pool) {
   if (p.num_elements < 0) throw std::invalid_argument("residual_add_cpu: negative size");
   float* residual = f32(p.residual);
