@@ -173,6 +173,20 @@ void attend_rows(const AttentionItem& it, int row0) {
   // What load_kv under-reports by (a power of two: folding it in changes no rounding).
   constexpr float unit = std::is_same_v<T, uint8_t> ? V::kFp8Unit : 1.0f;
   const float q_mul = it.qk_scale * unit * kLog2e;
+  const T* k_base = static_cast<const T*>(it.k);
+  const T* v_base = static_cast<const T*>(it.v);
+  // The last row sees the most keys (rows are in position order).
+  const int key_end = std::min(it.key_end, it.first_pos + (row0 + NR - 1) / it.group + 1);
+  int64_t offset[2][kKeyChunk];  // this chunk's key rows, then the next chunk's
+  int cur = 0;
+  if (it.key_begin < key_end) {
+    // The first chunk's rows are asked for before the rows of q are set up.
+    const Prefetch<T> first{k_base, v_base, offset[cur], std::min(kKeyChunk, key_end - it.key_begin),
+                            head_dim * static_cast<int64_t>(sizeof(T))};
+    key_offsets(it, it.key_begin, first.n, offset[cur]);
+    first.k_rows(0, kKeyChunk);
+    first.v_rows(0, kKeyChunk);
+  }
   for (int r = 0; r < NR; ++r) {
     const int token = (row0 + r) / it.group;
     const int head = (row0 + r) % it.group;
@@ -186,13 +200,6 @@ void attend_rows(const AttentionItem& it, int row0) {
     pos[r] = it.first_pos + token;
   }
 
-  const T* k_base = static_cast<const T*>(it.k);
-  const T* v_base = static_cast<const T*>(it.v);
-  const int key_end = std::min(it.key_end, pos[NR - 1] + 1);  // rows are in position order
-  int64_t offset[2][kKeyChunk];  // this chunk's key rows, then the next chunk's
-  int cur = 0;
-  if (it.key_begin < key_end)
-    key_offsets(it, it.key_begin, std::min(kKeyChunk, key_end - it.key_begin), offset[cur]);
   for (int key = it.key_begin; key < key_end; key += kKeyChunk, cur ^= 1) {
     const int nj = std::min(kKeyChunk, key_end - key);
     const int nj_padded = (nj + V::W - 1) / V::W * V::W;
