@@ -7,7 +7,8 @@
 // attention_item.hpp.
 //
 // V provides: Reg, W (lanes), zero, set1, load, store, mul, fma(a, b, c) = a * b + c,
-// reduce_add, reduce_max, max, exp2 (exp2(-inf) = 0), and load_kv for W elements of uint8_t
+// reduce_add, reduce_max, reduce_add_transposed (W vectors -> one vector of their W sums),
+// max, exp2 (exp2(-inf) = 0), and load_kv for W elements of uint8_t
 // (FP8 E4M3 -> fp32 in registers, times 1 / kFp8Unit, a power of two folded into the scales)
 // and of uint16_t (bf16 -> fp32).
 //
@@ -20,45 +21,25 @@ namespace fp8serve::cpu {
 namespace tile {
 
 constexpr int kMaxRows = 8;    // query rows against one K/V load: 8 accumulators fit AVX2's regs
-constexpr int kKeyChunk = 32;  // keys per online-softmax update (a multiple of every V::W)
+constexpr int kKeyChunk = 32;  // keys scored per online-softmax update
 constexpr float kLog2e = 1.4426950408889634f;
 
-// The next chunk's K rows are asked for while this chunk is scored and its V rows while this
-// chunk's values are summed, one key at a time: blocks sit anywhere in the pool, so the
-// hardware prefetcher sees a new short stream at every block; a whole chunk asked for at once
-// would fill the miss queues in one burst.
-template <class T>
-struct Prefetch {
-  const T* k = nullptr;
-  const T* v = nullptr;
-  const int64_t* offset = nullptr;  // [n] the next chunk's key rows
-  int n = 0;
-  int64_t row_bytes = 0;
-
-  void k_rows(int first, int count) const { rows(k, first, count); }
-  void v_rows(int first, int count) const { rows(v, first, count); }
-  void rows(const T* base, int first, int count) const {
-    for (int j = first; j < std::min(n, first + count); ++j) {
-      const char* row = reinterpret_cast<const char*>(base + offset[j]);
-      for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(row + b);
-    }
-  }
-};
-
-// s[r][j] = q[r] . k[j] for the chunk's keys j in [0, nj_padded), key j's row at k + key_offset[j].
-// KU keys at once keep KU * NR independent FMA chains in flight. Each key's head_dim partial
-// sums stay in one vector until W keys of a row are done; reduce_add_transposed then sums the W
-// vectors across lanes together and leaves the W scores in one vector: a few shuffles per score
-// instead of a whole horizontal sum each.
+// s[r][j] = q[r] . k[j] for the chunk's keys j in [0, nj_padded) (keys past nj repeat key
+// nj - 1: finite scores, masked by the caller). KU keys at once keep KU * NR independent FMA
+// chains in flight. Each key's head_dim partial sums stay in one vector until W keys of a row
+// are done; V::reduce_add_transposed then sums the W vectors across lanes together and leaves
+// the W scores in one vector: a few shuffles per score instead of a horizontal sum each.
 template <class V, class T, int NR, int KU>
-void score_keys(const float (*q)[kMaxHeadDim], const T* k, const int64_t* key_offset, int head_dim,
-                int nj_padded, float (*s)[kKeyChunk], const Prefetch<T>& prefetch) {
+void score_keys(const float (*q)[kMaxHeadDim], const T* k, int64_t token_stride, int head_dim,
+                int nj, int nj_padded, float (*s)[kKeyChunk]) {
   using Reg = typename V::Reg;
   static_assert(V::W % KU == 0);
   Reg partial[NR][V::W];  // [rows, keys of the group]
   for (int j0 = 0; j0 < nj_padded; j0 += V::W) {
     for (int j = j0; j < j0 + V::W; j += KU) {
-      prefetch.k_rows(j, KU);
+      const T* rows[KU];
+#pragma GCC unroll 16
+      for (int u = 0; u < KU; ++u) rows[u] = k + std::min(j + u, nj - 1) * token_stride;
       Reg acc[KU][NR];
 #pragma GCC unroll 16
       for (int u = 0; u < KU; ++u)
@@ -67,7 +48,7 @@ void score_keys(const float (*q)[kMaxHeadDim], const T* k, const int64_t* key_of
       for (int c = 0; c < head_dim; c += V::W) {
         Reg kv[KU];
 #pragma GCC unroll 16
-        for (int u = 0; u < KU; ++u) kv[u] = V::load_kv(k + key_offset[j + u] + c);
+        for (int u = 0; u < KU; ++u) kv[u] = V::load_kv(rows[u] + c);
 #pragma GCC unroll 8
         for (int r = 0; r < NR; ++r) {
           const Reg qv = V::load(q[r] + c);
@@ -85,12 +66,11 @@ void score_keys(const float (*q)[kMaxHeadDim], const T* k, const int64_t* key_of
   }
 }
 
-// o[r] = o[r] * alpha[r] + sum_j p[r][j] v[j] over the chunk's nj keys. CU column vectors at
-// once, for the same reason as KU above; a narrower head_dim falls through to CU / 2.
+// o[r] = o[r] * alpha[r] + sum_j p[r][j] v[j]. CU column vectors at once, for the same reason
+// as KU above.
 template <class V, class T, int NR, int CU>
 void accumulate_values(const float (*p)[kKeyChunk], const float* alpha, const T* v,
-                       const int64_t* key_offset, int head_dim, int nj, float (*o)[kMaxHeadDim],
-                       const Prefetch<T>& prefetch) {
+                       int64_t token_stride, int head_dim, int nj, float (*o)[kMaxHeadDim]) {
   using Reg = typename V::Reg;
   int c = 0;
   for (; c + CU * V::W <= head_dim; c += CU * V::W) {
@@ -102,10 +82,9 @@ void accumulate_values(const float (*p)[kKeyChunk], const float* alpha, const T*
       for (int u = 0; u < CU; ++u) acc[u][r] = V::mul(V::load(o[r] + c + u * V::W), a);
     }
     for (int j = 0; j < nj; ++j) {
-      if (c == 0) prefetch.v_rows(j, 1);
       Reg vv[CU];
 #pragma GCC unroll 8
-      for (int u = 0; u < CU; ++u) vv[u] = V::load_kv(v + key_offset[j] + c + u * V::W);
+      for (int u = 0; u < CU; ++u) vv[u] = V::load_kv(v + j * token_stride + c + u * V::W);
 #pragma GCC unroll 8
       for (int r = 0; r < NR; ++r) {
         const Reg pr = V::set1(p[r][j]);
@@ -120,49 +99,35 @@ void accumulate_values(const float (*p)[kKeyChunk], const float* alpha, const T*
   }
   if constexpr (CU > 1) {
     if (c < head_dim) {
-      // The leftover columns: shift every row pointer by c and run the narrower variant.
+      // The leftover columns: shift every row pointer by c and run the one-vector variant.
       float (*o_tail)[kMaxHeadDim] = reinterpret_cast<float (*)[kMaxHeadDim]>(&o[0][c]);
-      accumulate_values<V, T, NR, CU / 2>(p, alpha, v + c, key_offset, head_dim - c, nj, o_tail,
-                                          Prefetch<T>{});
+      accumulate_values<V, T, NR, 1>(p, alpha, v + c, token_stride, head_dim - c, nj, o_tail);
     }
   }
 }
 
-// Element offsets of keys [key, key + n) of the item's head: blocks sit anywhere in the pool.
-inline void key_offsets(const AttentionItem& it, int key, int n, int64_t* offset) {
-  int block = key / it.block_size;
-  int in_block = key - block * it.block_size;
-  int64_t block_offset = it.block_table[block] * it.block_stride;
-  for (int j = 0; j < n; ++j, ++in_block) {
-    if (in_block == it.block_size) {
-      in_block = 0;
-      block_offset = it.block_table[++block] * it.block_stride;
+// Prefetches one block's rows of one head: block_size rows of head_dim elements each, for K and V.
+template <class T>
+inline void prefetch_block(const T* k_base, const T* v_base, int64_t block_offset, int block_size,
+                           int64_t token_stride, int head_dim) {
+  const int64_t row_bytes = static_cast<int64_t>(head_dim) * static_cast<int64_t>(sizeof(T));
+  for (int t = 0; t < block_size; ++t) {
+    const char* k_row = reinterpret_cast<const char*>(k_base + block_offset + t * token_stride);
+    const char* v_row = reinterpret_cast<const char*>(v_base + block_offset + t * token_stride);
+    for (int64_t b = 0; b < row_bytes; b += 64) {
+      __builtin_prefetch(k_row + b);
+      __builtin_prefetch(v_row + b);
     }
-    offset[j] = block_offset + in_block * it.token_stride;
   }
-}
-
-// Registers V offers for accumulators (half its register file; the rest holds loads).
-template <class V>
-constexpr int accumulator_budget() {
-  return V::kNumRegs / 2;
-}
-
-// The largest power of two n <= limit with n * rows <= budget (at least 1).
-constexpr int unroll_for(int rows, int budget, int limit) {
-  int n = 1;
-  while (n * 2 <= limit && n * 2 * rows <= budget) n *= 2;
-  return n;
 }
 
 // Rows [row0, row0 + NR) of the item, processed to the end of its key partition.
 template <class V, class T, int NR>
 void attend_rows(const AttentionItem& it, int row0) {
   using Reg = typename V::Reg;
-  constexpr int KU = unroll_for(NR, accumulator_budget<V>(), std::min(V::W, 8));
-  constexpr int CU = unroll_for(NR, accumulator_budget<V>(), 8);
+  constexpr int KU = std::min(V::W, NR <= 2 ? 4 : (NR <= 4 ? 2 : 1));
+  constexpr int CU = NR <= 2 ? 4 : (NR <= 4 ? 2 : 1);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  static_assert(kKeyChunk % V::W == 0);
   const int head_dim = it.head_dim;
 
   alignas(64) float q[NR][kMaxHeadDim];
@@ -173,20 +138,6 @@ void attend_rows(const AttentionItem& it, int row0) {
   // What load_kv under-reports by (a power of two: folding it in changes no rounding).
   constexpr float unit = std::is_same_v<T, uint8_t> ? V::kFp8Unit : 1.0f;
   const float q_mul = it.qk_scale * unit * kLog2e;
-  const T* k_base = static_cast<const T*>(it.k);
-  const T* v_base = static_cast<const T*>(it.v);
-  // The last row sees the most keys (rows are in position order).
-  const int key_end = std::min(it.key_end, it.first_pos + (row0 + NR - 1) / it.group + 1);
-  int64_t offset[2][kKeyChunk];  // this chunk's key rows, then the next chunk's
-  int cur = 0;
-  if (it.key_begin < key_end) {
-    // The first chunk's rows are asked for before the rows of q are set up.
-    const Prefetch<T> first{k_base, v_base, offset[cur], std::min(kKeyChunk, key_end - it.key_begin),
-                            head_dim * static_cast<int64_t>(sizeof(T))};
-    key_offsets(it, it.key_begin, first.n, offset[cur]);
-    first.k_rows(0, kKeyChunk);
-    first.v_rows(0, kKeyChunk);
-  }
   for (int r = 0; r < NR; ++r) {
     const int token = (row0 + r) / it.group;
     const int head = (row0 + r) % it.group;
@@ -200,17 +151,22 @@ void attend_rows(const AttentionItem& it, int row0) {
     pos[r] = it.first_pos + token;
   }
 
-  for (int key = it.key_begin; key < key_end; key += kKeyChunk, cur ^= 1) {
-    const int nj = std::min(kKeyChunk, key_end - key);
+  const T* k_base = static_cast<const T*>(it.k);
+  const T* v_base = static_cast<const T*>(it.v);
+  const int key_end = std::min(it.key_end, pos[NR - 1] + 1);  // rows are in position order
+  for (int key = it.key_begin; key < key_end;) {
+    const int block = key / it.block_size;
+    const int in_block = key - block * it.block_size;
+    const int nj = std::min({kKeyChunk, it.block_size - in_block, key_end - key});
+    const int64_t offset = it.block_table[block] * it.block_stride + in_block * it.token_stride;
+    // Blocks sit anywhere in the pool, so the hardware prefetcher sees a new short stream at
+    // every block and the loads wait on memory latency. Ask for the next block's K and V rows
+    // of this head now: they arrive while this block is scored.
+    if (in_block + nj == it.block_size && key + nj < key_end)
+      prefetch_block(k_base, v_base, it.block_table[block + 1] * it.block_stride, it.block_size,
+                     it.token_stride, head_dim);
     const int nj_padded = (nj + V::W - 1) / V::W * V::W;
-    // Padding keys repeat the first key (finite scores, masked below).
-    for (int j = nj; j < nj_padded; ++j) offset[cur][j] = offset[cur][0];
-    const Prefetch<T> prefetch{k_base, v_base, offset[cur ^ 1],
-                               std::max(0, std::min(kKeyChunk, key_end - key - nj)),
-                               head_dim * static_cast<int64_t>(sizeof(T))};
-    if (prefetch.n > 0) key_offsets(it, key + nj, prefetch.n, offset[cur ^ 1]);
-    score_keys<V, T, NR, KU>(q, k_base, offset[cur], head_dim, nj_padded, s, prefetch);
-    prefetch.k_rows(nj_padded, kKeyChunk);  // what a short chunk left
+    score_keys<V, T, NR, KU>(q, k_base + offset, it.token_stride, head_dim, nj, nj_padded, s);
 
     // Online softmax update per row; keys past a row's position (causal) get probability 0.
     for (int r = 0; r < NR; ++r) {
@@ -234,8 +190,8 @@ void attend_rows(const AttentionItem& it, int row0) {
       l[r] = l[r] * alpha[r] + V::reduce_add(vsum);
       m[r] = m_new;
     }
-    accumulate_values<V, T, NR, CU>(s, alpha, v_base, offset[cur], head_dim, nj, o, prefetch);
-    prefetch.v_rows(nj, kKeyChunk);
+    accumulate_values<V, T, NR, CU>(s, alpha, v_base + offset, it.token_stride, head_dim, nj, o);
+    key += nj;
   }
 
   for (int r = 0; r < NR; ++r) {
