@@ -25,6 +25,7 @@ namespace {
 struct VecAvx2 {
   using Reg = __m256;
   static constexpr int W = 8;
+  static constexpr int kNumRegs = 16;
   static Reg zero() { return _mm256_setzero_ps(); }
   static Reg set1(float x) { return _mm256_set1_ps(x); }
   static Reg load(const float* p) { return _mm256_loadu_ps(p); }

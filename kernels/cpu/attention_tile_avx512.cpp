@@ -30,6 +30,7 @@ namespace {
 struct VecAvx512 {
   using Reg = __m512;
   static constexpr int W = 16;
+  static constexpr int kNumRegs = 32;
   static Reg zero() { return _mm512_setzero_ps(); }
   static Reg set1(float x) { return _mm512_set1_ps(x); }
   static Reg load(const float* p) { return _mm512_loadu_ps(p); }

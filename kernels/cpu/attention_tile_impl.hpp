@@ -6,9 +6,9 @@
 // including file provides <algorithm>, <cmath>, <cstdint>, <limits>, <type_traits> and
 // attention_item.hpp.
 //
-// V provides: Reg, W (lanes), zero, set1, load, store, mul, fma(a, b, c) = a * b + c,
-// reduce_add, reduce_max, reduce_add_transposed (W vectors -> one vector of their W sums),
-// max, exp2 (exp2(-inf) = 0), and load_kv for W elements of uint8_t
+// V provides: Reg, W (lanes), kNumRegs (vector registers), zero, set1, load, store, mul,
+// fma(a, b, c) = a * b + c, reduce_add, reduce_max, reduce_add_transposed (W vectors -> one
+// vector of their W sums), max, exp2 (exp2(-inf) = 0), and load_kv for W elements of uint8_t
 // (FP8 E4M3 -> fp32 in registers, times 1 / kFp8Unit, a power of two folded into the scales)
 // and of uint16_t (bf16 -> fp32).
 //
@@ -126,7 +126,8 @@ template <class V, class T, int NR>
 void attend_rows(const AttentionItem& it, int row0) {
   using Reg = typename V::Reg;
   constexpr int KU = std::min(V::W, NR <= 2 ? 4 : (NR <= 4 ? 2 : 1));
-  constexpr int CU = NR <= 2 ? 4 : (NR <= 4 ? 2 : 1);
+  // 4 x 4 value accumulators fit AVX-512's 32 registers, not AVX2's 16.
+  constexpr int CU = NR <= 2 || (NR <= 4 && V::kNumRegs >= 32) ? 4 : (NR <= 4 ? 2 : 1);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int head_dim = it.head_dim;
 

@@ -16,6 +16,7 @@ namespace {
 struct VecScalar {
   using Reg = float;
   static constexpr int W = 1;
+  static constexpr int kNumRegs = 16;
   static Reg zero() { return 0.0f; }
   static Reg set1(float x) { return x; }
   static Reg load(const float* p) { return *p; }
