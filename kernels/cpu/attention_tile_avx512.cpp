@@ -3,9 +3,11 @@
 // cpu_features() reports avx512f, avx512bw, avx2, fma and f16c.
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's own AVX-512 intrinsics start from _mm512_undefined_*() (`__m512i __Y = __Y;`) and
-// -Wmaybe-uninitialized reports that inside avx512fintrin.h wherever they are inlined (GCC bug
-// 105593): not our code, so silenced for this file only.
+// -Wmaybe-uninitialized (or -Wuninitialized, depending on the inlining) reports that inside
+// avx512fintrin.h wherever they are inlined (GCC bug 105593): not our code, so silenced for
+// this file only.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 

@@ -134,7 +134,8 @@ void attend_rows(const AttentionItem& it, int row0) {
   alignas(64) float q[NR][kMaxHeadDim];
   alignas(64) float o[NR][kMaxHeadDim];
   alignas(64) float s[NR][kKeyChunk];  // scores, then probabilities
-  float m[NR], l[NR], alpha[NR];
+  float m[NR], alpha[NR];
+  Reg l[NR];  // per-lane partial sums of the row's probabilities, added across at the end
   int pos[NR];
   // What load_kv under-reports by (a power of two: folding it in changes no rounding).
   constexpr float unit = std::is_same_v<T, uint8_t> ? V::kFp8Unit : 1.0f;
@@ -148,7 +149,7 @@ void attend_rows(const AttentionItem& it, int row0) {
       o[r][d] = 0.0f;
     }
     m[r] = kNegInf;
-    l[r] = 0.0f;
+    l[r] = V::zero();
     pos[r] = it.first_pos + token;
   }
 
@@ -181,14 +182,16 @@ void attend_rows(const AttentionItem& it, int row0) {
       Reg vmax = V::set1(kNegInf);
       for (int j = 0; j < nj_padded; j += V::W) vmax = V::max(vmax, V::load(s[r] + j));
       const float m_new = std::max(m[r], V::reduce_max(vmax));
-      alpha[r] = std::exp2(m[r] - m_new);  // exp2(-inf) = 0 on the row's first keys
+      // exp2(-inf) = 0 on the row's first keys; an unchanged max (the common case once the
+      // largest scores are behind) needs no exp2.
+      alpha[r] = m_new == m[r] ? 1.0f : std::exp2(m[r] - m_new);
       Reg vsum = V::zero();
       for (int j = 0; j < nj_padded; j += V::W) {
         const Reg p = V::exp2(V::add(V::load(s[r] + j), V::set1(-m_new)));
         V::store(s[r] + j, p);
         vsum = V::add(vsum, p);
       }
-      l[r] = l[r] * alpha[r] + V::reduce_add(vsum);
+      l[r] = V::fma(l[r], V::set1(alpha[r]), vsum);
       m[r] = m_new;
     }
     accumulate_values<V, T, NR, CU>(s, alpha, v_base + offset, it.token_stride, head_dim, nj, o);
@@ -197,17 +200,18 @@ void attend_rows(const AttentionItem& it, int row0) {
 
   for (int r = 0; r < NR; ++r) {
     const int row = row0 + r;
+    const float l_row = V::reduce_add(l[r]);
     if (it.m == nullptr) {
       const int token = row / it.group;
       const int head = row % it.group;
       float* dst = it.out + token * it.out_token_stride + static_cast<int64_t>(head) * head_dim;
-      const float mul = it.v_scale * unit / l[r];  // l >= 1: the max key contributes exp2(0)
+      const float mul = it.v_scale * unit / l_row;  // >= 1: the max key contributes exp2(0)
       for (int d = 0; d < head_dim; ++d) dst[d] = o[r][d] * mul;
     } else {
       float* dst = it.out + static_cast<int64_t>(row) * head_dim;
       for (int d = 0; d < head_dim; ++d) dst[d] = o[r][d] * unit;
       it.m[row] = m[r];
-      it.l[row] = l[r];
+      it.l[row] = l_row;
     }
   }
 }
