@@ -25,6 +25,7 @@ namespace {
 struct VecAvx2 {
   using Reg = __m256;
   static constexpr int W = 8;
+  static constexpr int kNumRegs = 16;
   static Reg zero() { return _mm256_setzero_ps(); }
   static Reg set1(float x) { return _mm256_set1_ps(x); }
   static Reg load(const float* p) { return _mm256_loadu_ps(p); }
@@ -44,6 +45,14 @@ struct VecAvx2 {
     v = _mm_max_ps(v, _mm_movehl_ps(v, v));
     v = _mm_max_ss(v, _mm_movehdup_ps(v));
     return _mm_cvtss_f32(v);
+  }
+  // Lane i of the result = the sum of x[i]'s lanes: W dot products finished together, a few
+  // shuffles each instead of a horizontal sum apiece. hadd twice leaves x[4i..4i+3]'s sums
+  // over each 128-bit half in u[i]; the halves are then added across.
+  static Reg reduce_add_transposed(const Reg* x) {
+    const Reg u0 = _mm256_hadd_ps(_mm256_hadd_ps(x[0], x[1]), _mm256_hadd_ps(x[2], x[3]));
+    const Reg u1 = _mm256_hadd_ps(_mm256_hadd_ps(x[4], x[5]), _mm256_hadd_ps(x[6], x[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
   }
   // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, 2^f by its degree-7 Taylor polynomial (error
   // < 1e-8 relative, below float rounding). x < -126 gives 0: -inf is a masked key.

@@ -3,9 +3,11 @@
 // cpu_features() reports avx512f, avx512bw, avx2, fma and f16c.
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's own AVX-512 intrinsics start from _mm512_undefined_*() (`__m512i __Y = __Y;`) and
-// -Wmaybe-uninitialized reports that inside avx512fintrin.h wherever they are inlined (GCC bug
-// 105593): not our code, so silenced for this file only.
+// -Wmaybe-uninitialized (or -Wuninitialized, depending on the inlining) reports that inside
+// avx512fintrin.h wherever they are inlined (GCC bug 105593): not our code, so silenced for
+// this file only.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 
@@ -30,6 +32,7 @@ namespace {
 struct VecAvx512 {
   using Reg = __m512;
   static constexpr int W = 16;
+  static constexpr int kNumRegs = 32;
   static Reg zero() { return _mm512_setzero_ps(); }
   static Reg set1(float x) { return _mm512_set1_ps(x); }
   static Reg load(const float* p) { return _mm512_loadu_ps(p); }
@@ -40,6 +43,23 @@ struct VecAvx512 {
   static Reg max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
   static float reduce_add(Reg x) { return _mm512_reduce_add_ps(x); }
   static float reduce_max(Reg x) { return _mm512_reduce_max_ps(x); }
+  // Lane i of the result = the sum of x[i]'s lanes (see avx2). Pairwise: per 128-bit lane
+  // [a0+a1, a2+a3, b0+b1, b2+b3] twice, which leaves x[4i..4i+3]'s sums over each 128-bit
+  // lane in u[i]; then two rounds of 128-bit lane shuffles add the four lanes together.
+  static Reg hadd(Reg a, Reg b) {
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  static Reg add_lanes(Reg a, Reg b) {  // [a0+a1, a2+a3, b0+b1, b2+b3] over 128-bit lanes
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  static Reg reduce_add_transposed(const Reg* x) {
+    Reg t[8], u[4];
+    for (int i = 0; i < 8; ++i) t[i] = hadd(x[2 * i], x[2 * i + 1]);
+    for (int i = 0; i < 4; ++i) u[i] = hadd(t[2 * i], t[2 * i + 1]);
+    return add_lanes(add_lanes(u[0], u[1]), add_lanes(u[2], u[3]));
+  }
   static Reg exp2(Reg x) {
     const Reg xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
     const Reg n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

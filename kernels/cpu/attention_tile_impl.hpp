@@ -6,8 +6,9 @@
 // including file provides <algorithm>, <cmath>, <cstdint>, <limits>, <type_traits> and
 // attention_item.hpp.
 //
-// V provides: Reg, W (lanes), zero, set1, load, store, mul, fma(a, b, c) = a * b + c,
-// reduce_add, reduce_max, max, exp2 (exp2(-inf) = 0), and load_kv for W elements of uint8_t
+// V provides: Reg, W (lanes), kNumRegs (vector registers), zero, set1, load, store, mul,
+// fma(a, b, c) = a * b + c, reduce_add, reduce_max, reduce_add_transposed (W vectors -> one
+// vector of their W sums), max, exp2 (exp2(-inf) = 0), and load_kv for W elements of uint8_t
 // (FP8 E4M3 -> fp32 in registers, times 1 / kFp8Unit, a power of two folded into the scales)
 // and of uint16_t (bf16 -> fp32).
 //
@@ -23,37 +24,45 @@ constexpr int kMaxRows = 8;    // query rows against one K/V load: 8 accumulator
 constexpr int kKeyChunk = 32;  // keys scored per online-softmax update
 constexpr float kLog2e = 1.4426950408889634f;
 
-// s[r][j] = q[r] . k[j] for the chunk's nj keys. KU keys at once keep KU * NR independent FMA
-// chains in flight (one chain per row would wait on the FMA latency for small GQA groups).
+// s[r][j] = q[r] . k[j] for the chunk's keys j in [0, nj_padded) (keys past nj repeat key
+// nj - 1: finite scores, masked by the caller). KU keys at once keep KU * NR independent FMA
+// chains in flight. Each key's head_dim partial sums stay in one vector until W keys of a row
+// are done; V::reduce_add_transposed then sums the W vectors across lanes together and leaves
+// the W scores in one vector: a few shuffles per score instead of a horizontal sum each.
 template <class V, class T, int NR, int KU>
 void score_keys(const float (*q)[kMaxHeadDim], const T* k, int64_t token_stride, int head_dim,
-                int j_begin, int nj, float (*s)[kKeyChunk]) {
+                int nj, int nj_padded, float (*s)[kKeyChunk]) {
   using Reg = typename V::Reg;
-  int j = j_begin;
-  for (; j + KU <= nj; j += KU) {
-    Reg acc[KU][NR];
+  static_assert(V::W % KU == 0);
+  Reg partial[NR][V::W];  // [rows, keys of the group]
+  for (int j0 = 0; j0 < nj_padded; j0 += V::W) {
+    for (int j = j0; j < j0 + V::W; j += KU) {
+      const T* rows[KU];
+#pragma GCC unroll 16
+      for (int u = 0; u < KU; ++u) rows[u] = k + std::min(j + u, nj - 1) * token_stride;
+      Reg acc[KU][NR];
+#pragma GCC unroll 16
+      for (int u = 0; u < KU; ++u)
 #pragma GCC unroll 8
-    for (int u = 0; u < KU; ++u)
+        for (int r = 0; r < NR; ++r) acc[u][r] = V::zero();
+      for (int c = 0; c < head_dim; c += V::W) {
+        Reg kv[KU];
+#pragma GCC unroll 16
+        for (int u = 0; u < KU; ++u) kv[u] = V::load_kv(rows[u] + c);
 #pragma GCC unroll 8
-      for (int r = 0; r < NR; ++r) acc[u][r] = V::zero();
-    for (int c = 0; c < head_dim; c += V::W) {
-      Reg kv[KU];
-#pragma GCC unroll 8
-      for (int u = 0; u < KU; ++u) kv[u] = V::load_kv(k + (j + u) * token_stride + c);
-#pragma GCC unroll 8
-      for (int r = 0; r < NR; ++r) {
-        const Reg qv = V::load(q[r] + c);
-#pragma GCC unroll 8
-        for (int u = 0; u < KU; ++u) acc[u][r] = V::fma(qv, kv[u], acc[u][r]);
+        for (int r = 0; r < NR; ++r) {
+          const Reg qv = V::load(q[r] + c);
+#pragma GCC unroll 16
+          for (int u = 0; u < KU; ++u) acc[u][r] = V::fma(qv, kv[u], acc[u][r]);
+        }
       }
+#pragma GCC unroll 16
+      for (int u = 0; u < KU; ++u)
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; ++r) partial[r][j - j0 + u] = acc[u][r];
     }
 #pragma GCC unroll 8
-    for (int u = 0; u < KU; ++u)
-#pragma GCC unroll 8
-      for (int r = 0; r < NR; ++r) s[r][j + u] = V::reduce_add(acc[u][r]);
-  }
-  if constexpr (KU > 1) {
-    if (j < nj) score_keys<V, T, NR, 1>(q, k, token_stride, head_dim, j, nj, s);
+    for (int r = 0; r < NR; ++r) V::store(s[r] + j0, V::reduce_add_transposed(partial[r]));
   }
 }
 
@@ -116,15 +125,17 @@ inline void prefetch_block(const T* k_base, const T* v_base, int64_t block_offse
 template <class V, class T, int NR>
 void attend_rows(const AttentionItem& it, int row0) {
   using Reg = typename V::Reg;
-  constexpr int KU = NR <= 2 ? 4 : (NR <= 4 ? 2 : 1);
-  constexpr int CU = NR <= 2 ? 4 : (NR <= 4 ? 2 : 1);
+  constexpr int KU = std::min(V::W, NR <= 2 ? 4 : (NR <= 4 ? 2 : 1));
+  // 4 x 4 value accumulators fit AVX-512's 32 registers, not AVX2's 16.
+  constexpr int CU = NR <= 2 || (NR <= 4 && V::kNumRegs >= 32) ? 4 : (NR <= 4 ? 2 : 1);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int head_dim = it.head_dim;
 
   alignas(64) float q[NR][kMaxHeadDim];
   alignas(64) float o[NR][kMaxHeadDim];
   alignas(64) float s[NR][kKeyChunk];  // scores, then probabilities
-  float m[NR], l[NR], alpha[NR];
+  float m[NR], alpha[NR];
+  Reg l[NR];  // per-lane partial sums of the row's probabilities, added across at the end
   int pos[NR];
   // What load_kv under-reports by (a power of two: folding it in changes no rounding).
   constexpr float unit = std::is_same_v<T, uint8_t> ? V::kFp8Unit : 1.0f;
@@ -138,7 +149,7 @@ void attend_rows(const AttentionItem& it, int row0) {
       o[r][d] = 0.0f;
     }
     m[r] = kNegInf;
-    l[r] = 0.0f;
+    l[r] = V::zero();
     pos[r] = it.first_pos + token;
   }
 
@@ -156,10 +167,10 @@ void attend_rows(const AttentionItem& it, int row0) {
     if (in_block + nj == it.block_size && key + nj < key_end)
       prefetch_block(k_base, v_base, it.block_table[block + 1] * it.block_stride, it.block_size,
                      it.token_stride, head_dim);
-    score_keys<V, T, NR, KU>(q, k_base + offset, it.token_stride, head_dim, 0, nj, s);
+    const int nj_padded = (nj + V::W - 1) / V::W * V::W;
+    score_keys<V, T, NR, KU>(q, k_base + offset, it.token_stride, head_dim, nj, nj_padded, s);
 
     // Online softmax update per row; keys past a row's position (causal) get probability 0.
-    const int nj_padded = (nj + V::W - 1) / V::W * V::W;
     for (int r = 0; r < NR; ++r) {
       const int visible = std::max(0, std::min(nj, pos[r] - key + 1));
       for (int j = visible; j < nj_padded; ++j) s[r][j] = kNegInf;
@@ -171,14 +182,16 @@ void attend_rows(const AttentionItem& it, int row0) {
       Reg vmax = V::set1(kNegInf);
       for (int j = 0; j < nj_padded; j += V::W) vmax = V::max(vmax, V::load(s[r] + j));
       const float m_new = std::max(m[r], V::reduce_max(vmax));
-      alpha[r] = std::exp2(m[r] - m_new);  // exp2(-inf) = 0 on the row's first keys
+      // exp2(-inf) = 0 on the row's first keys; an unchanged max (the common case once the
+      // largest scores are behind) needs no exp2.
+      alpha[r] = m_new == m[r] ? 1.0f : std::exp2(m[r] - m_new);
       Reg vsum = V::zero();
       for (int j = 0; j < nj_padded; j += V::W) {
         const Reg p = V::exp2(V::add(V::load(s[r] + j), V::set1(-m_new)));
         V::store(s[r] + j, p);
         vsum = V::add(vsum, p);
       }
-      l[r] = l[r] * alpha[r] + V::reduce_add(vsum);
+      l[r] = V::fma(l[r], V::set1(alpha[r]), vsum);
       m[r] = m_new;
     }
     accumulate_values<V, T, NR, CU>(s, alpha, v_base + offset, it.token_stride, head_dim, nj, o);
@@ -187,17 +200,18 @@ void attend_rows(const AttentionItem& it, int row0) {
 
   for (int r = 0; r < NR; ++r) {
     const int row = row0 + r;
+    const float l_row = V::reduce_add(l[r]);
     if (it.m == nullptr) {
       const int token = row / it.group;
       const int head = row % it.group;
       float* dst = it.out + token * it.out_token_stride + static_cast<int64_t>(head) * head_dim;
-      const float mul = it.v_scale * unit / l[r];  // l >= 1: the max key contributes exp2(0)
+      const float mul = it.v_scale * unit / l_row;  // >= 1: the max key contributes exp2(0)
       for (int d = 0; d < head_dim; ++d) dst[d] = o[r][d] * mul;
     } else {
       float* dst = it.out + static_cast<int64_t>(row) * head_dim;
       for (int d = 0; d < head_dim; ++d) dst[d] = o[r][d] * unit;
       it.m[row] = m[r];
-      it.l[row] = l[r];
+      it.l[row] = l_row;
     }
   }
 }

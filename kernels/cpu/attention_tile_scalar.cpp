@@ -16,6 +16,7 @@ namespace {
 struct VecScalar {
   using Reg = float;
   static constexpr int W = 1;
+  static constexpr int kNumRegs = 16;
   static Reg zero() { return 0.0f; }
   static Reg set1(float x) { return x; }
   static Reg load(const float* p) { return *p; }
@@ -26,6 +27,7 @@ struct VecScalar {
   static Reg max(Reg a, Reg b) { return std::max(a, b); }
   static float reduce_add(Reg x) { return x; }
   static float reduce_max(Reg x) { return x; }
+  static Reg reduce_add_transposed(const Reg* x) { return x[0]; }
   static Reg exp2(Reg x) { return std::exp2(x); }
   static constexpr float kFp8Unit = 1.0f;  // exact decode
   static Reg load_kv(const uint8_t* p) { return fp8_e4m3_decode(*p); }

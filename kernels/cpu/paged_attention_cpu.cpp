@@ -62,7 +62,10 @@ void merge_partials(const PagedAttentionParams& params, const AttentionWorkspace
   }
 }
 
-// Cuts the batch into work items (see the header) and lays out the partial buffers.
+// Cuts the batch into work items (see the header) and lays out the partial buffers. Items are
+// listed with the KV head innermost: a block holds every head's rows side by side, so the
+// threads working at one time read neighbouring parts of the same blocks and what the hardware
+// prefetcher fetches past one head's rows is the next item's. The order changes no result.
 void plan_work(const PagedAttentionParams& params, AttentionWorkspace& ws) {
   const PagedKvView& cache = params.cache;
   const PagedBatch& batch = params.batch;
@@ -83,56 +86,67 @@ void plan_work(const PagedAttentionParams& params, AttentionWorkspace& ws) {
     const bool split = num_new <= kQueryTile;
     const int32_t num_tiles = split ? 1 : (num_new + kQueryTile - 1) / kQueryTile;
     const int32_t num_parts = split ? (context_len + part_tokens - 1) / part_tokens : 1;
-    for (int32_t h = 0; h < cache.num_kv_heads; ++h) {
-      AttentionItem base;
-      base.dtype = cache.dtype;
-      base.q_token_stride = params.q_token_stride;
-      base.group = group;
-      base.block_table = batch.block_table(s);
+    auto head_item = [&](int32_t h) {
+      AttentionItem item;
+      item.dtype = cache.dtype;
+      item.q_token_stride = params.q_token_stride;
+      item.group = group;
+      item.block_table = batch.block_table(s);
       const int64_t head_bytes = h * cache.head_stride * static_cast<int64_t>(kv_dtype_size(cache.dtype));
-      base.k = static_cast<const char*>(cache.k) + head_bytes;
-      base.v = static_cast<const char*>(cache.v) + head_bytes;
-      base.block_stride = cache.block_stride;
-      base.token_stride = cache.token_stride;
-      base.block_size = cache.block_size;
-      base.head_dim = cache.head_dim;
-      base.qk_scale = params.softmax_scale * (fp8 ? batch.k_scales[s] : 1.0f);
-      base.v_scale = fp8 ? batch.v_scales[s] : 1.0f;
-      const int64_t head_offset = static_cast<int64_t>(h) * group * cache.head_dim;
-      if (num_parts == 1) {
-        for (int32_t t = 0; t < num_tiles; ++t) {
-          AttentionItem item = base;
+      item.k = static_cast<const char*>(cache.k) + head_bytes;
+      item.v = static_cast<const char*>(cache.v) + head_bytes;
+      item.block_stride = cache.block_stride;
+      item.token_stride = cache.token_stride;
+      item.block_size = cache.block_size;
+      item.head_dim = cache.head_dim;
+      item.qk_scale = params.softmax_scale * (fp8 ? batch.k_scales[s] : 1.0f);
+      item.v_scale = fp8 ? batch.v_scales[s] : 1.0f;
+      return item;
+    };
+    auto head_offset = [&](int32_t h) { return static_cast<int64_t>(h) * group * cache.head_dim; };
+    if (num_parts == 1) {
+      for (int32_t t = 0; t < num_tiles; ++t) {
+        for (int32_t h = 0; h < cache.num_kv_heads; ++h) {
+          AttentionItem item = head_item(h);
           const int32_t tile_first = t * kQueryTile;
           item.num_q_tokens = std::min(kQueryTile, num_new - tile_first);
-          item.q = q + (first_token + tile_first) * params.q_token_stride + head_offset;
+          item.q = q + (first_token + tile_first) * params.q_token_stride + head_offset(h);
           item.first_pos = first_pos + tile_first;
           item.key_begin = 0;
           item.key_end = context_len;
-          item.out = out + (first_token + tile_first) * params.out_token_stride + head_offset;
+          item.out = out + (first_token + tile_first) * params.out_token_stride + head_offset(h);
           item.out_token_stride = params.out_token_stride;
           ws.work.push_back({item, s, h});
         }
-        continue;
       }
-      const int32_t rows = num_new * group;
-      const int64_t o_size = static_cast<int64_t>(num_parts) * rows * cache.head_dim;
-      ws.merges.push_back({scratch, num_parts, rows, s, h});
-      for (int32_t p = 0; p < num_parts; ++p) {
-        AttentionItem item = base;
+      continue;
+    }
+    // Per head: o [parts, rows, head_dim], then m and l [parts, rows], from first_scratch.
+    const int32_t rows = num_new * group;
+    const int64_t o_size = static_cast<int64_t>(num_parts) * rows * cache.head_dim;
+    const int64_t head_scratch = o_size + 2 * static_cast<int64_t>(num_parts) * rows;
+    const int64_t first_scratch = scratch;
+    for (int32_t h = 0; h < cache.num_kv_heads; ++h) {
+      ws.merges.push_back({first_scratch + h * head_scratch, num_parts, rows, s, h});
+    }
+    for (int32_t p = 0; p < num_parts; ++p) {
+      for (int32_t h = 0; h < cache.num_kv_heads; ++h) {
+        AttentionItem item = head_item(h);
         item.num_q_tokens = num_new;
-        item.q = q + first_token * params.q_token_stride + head_offset;
+        item.q = q + first_token * params.q_token_stride + head_offset(h);
         item.first_pos = first_pos;
         item.key_begin = p * part_tokens;
         item.key_end = std::min(context_len, (p + 1) * part_tokens);
         // Offsets into `partials`; pointers are set once its final size is known.
+        const int64_t at = first_scratch + h * head_scratch;
         AttentionWorkspace::Work w{item, s, h};
-        w.out_offset = scratch + static_cast<int64_t>(p) * rows * cache.head_dim;
-        w.m_offset = scratch + o_size + static_cast<int64_t>(p) * rows;
-        w.l_offset = scratch + o_size + static_cast<int64_t>(num_parts + p) * rows;
+        w.out_offset = at + static_cast<int64_t>(p) * rows * cache.head_dim;
+        w.m_offset = at + o_size + static_cast<int64_t>(p) * rows;
+        w.l_offset = at + o_size + static_cast<int64_t>(num_parts + p) * rows;
         ws.work.push_back(w);
       }
-      scratch += o_size + 2 * static_cast<int64_t>(num_parts) * rows;
     }
+    scratch += cache.num_kv_heads * head_scratch;
   }
   ws.partials.resize(static_cast<std::size_t>(scratch));
   float* base = ws.partials.data();
