@@ -133,6 +133,7 @@ SCHEMES = [
     ("K:bf16/V:fp8-tensor-m2", "diagnostic: only V in FP8 (per-tensor m 2)"),
     ("int8-token-m1", "INT8 per-token per-head (nothing frozen)"),
     ("int8-head-m1.25", "INT8 per-head, frozen, margin 1.25"),
+    ("K:int8-token-m1/V:fp8-tensor-m2", "K INT8 per-token, V FP8 per-tensor m 2"),
     ("fp8-head-smooth-m2", "per-head, K and V smoothed, m 2"),
     ("K:fp8-channel-m2/V:fp8-head-m2", "K per-channel (frozen) m 2, V per-head m 2"),
     ("fp8-tensor-e5m2-m1", "E5M2 per-tensor, margin 1"),
