@@ -12,12 +12,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "machine_limits.hpp"
 #include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/host_memory.hpp"
 #include "kernels/cpu/paged_attention_cpu.hpp"
@@ -47,31 +47,6 @@ void fill_random(PoolBytes& bytes, uint64_t seed, bool fp8) {
   }
 }
 
-// Streaming read of a buffer far larger than the last-level cache, split over the pool: the
-// bandwidth this machine can give these threads. Best of several passes.
-double measure_read_bandwidth(cpu::ThreadPool& pool, std::size_t bytes) {
-  const std::size_t n = bytes / sizeof(uint64_t);
-  std::vector<uint64_t> buffer(n);
-  for (std::size_t i = 0; i < n; ++i) buffer[i] = i * 0x9e3779b97f4a7c15ull;
-  const int64_t chunks = 256;
-  std::vector<uint64_t> sums(static_cast<std::size_t>(chunks));
-  double best = 0.0;
-  for (int pass = 0; pass < 5; ++pass) {
-    const Clock::time_point t0 = Clock::now();
-    pool.parallel_for(chunks, [&](int64_t c) {
-      const std::size_t first = n / chunks * static_cast<std::size_t>(c);
-      const std::size_t last = c + 1 == chunks ? n : first + n / chunks;
-      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      for (std::size_t i = first; i + 4 <= last; i += 4) {
-        s0 += buffer[i], s1 += buffer[i + 1], s2 += buffer[i + 2], s3 += buffer[i + 3];
-      }
-      sums[static_cast<std::size_t>(c)] = s0 ^ s1 ^ s2 ^ s3;
-    });
-    best = std::max(best, static_cast<double>(bytes) / seconds_since(t0));
-  }
-  if (std::accumulate(sums.begin(), sums.end(), uint64_t{0}) == 42) std::printf(" ");  // keep the reads
-  return best;
-}
 
 struct Setup {
   PoolBytes k, v;
@@ -130,7 +105,7 @@ int main(int argc, char** argv) {
               cpu::describe(cpu::cpu_features()).c_str(),
               cpu::resolve_cpu_isa(cpu::CpuIsa::best, kHeadDim) == cpu::CpuIsa::avx512 ? "avx512"
               : cpu::resolve_cpu_isa(cpu::CpuIsa::best, kHeadDim) == cpu::CpuIsa::avx2 ? "avx2" : "scalar");
-  const double bandwidth = measure_read_bandwidth(pool, std::size_t{1} << 30);
+  const double bandwidth = bench::read_bandwidth(pool, std::size_t{1} << 30);
   std::printf("measured read bandwidth (1 GiB stream, %d threads): %.1f GB/s\n", threads, bandwidth / 1e9);
   std::printf("layer: %d heads, %d kv heads, head_dim %d, block %d; KV bytes/token/layer: fp8 %d, bf16 %d\n\n",
               kNumHeads, kNumKvHeads, kHeadDim, kBlockSize, 2 * kNumKvHeads * kHeadDim, 4 * kNumKvHeads * kHeadDim);
