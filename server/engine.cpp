@@ -267,11 +267,6 @@ void Engine::step() {
 
 void Engine::run_step(const StepPlan& plan) {
   const auto step_start = std::chrono::steady_clock::now();
-  for (const ScheduledSeq& s : plan.seqs) {
-    RequestState& request = requests_.at(seqs_.at(s.id).request_id);
-    if (request.queue_s < 0)
-      request.queue_s = std::chrono::duration<double>(step_start - request.request.arrival).count();
-  }
   const auto num_seqs = static_cast<int32_t>(plan.seqs.size());
   const int num_layers = model_config().num_layers;
   token_ids_.clear();
@@ -290,6 +285,12 @@ void Engine::run_step(const StepPlan& plan) {
 
   for (int32_t i = 0; i < num_seqs; ++i) {
     const ScheduledSeq& s = plan.seqs[static_cast<std::size_t>(i)];
+    if (SeqState& seq = seqs_.at(s.id); !seq.scheduled) {
+      seq.scheduled = true;
+      RequestState& request = requests_.at(seq.request_id);
+      if (request.queue_s < 0)
+        request.queue_s = std::chrono::duration<double>(step_start - request.request.arrival).count();
+    }
     const std::span<const int32_t> tokens = blocks_->tokens(s.id);
     for (int p = s.start; p < s.start + s.num_tokens; ++p) {
       token_ids_.push_back(tokens[static_cast<std::size_t>(p)]);

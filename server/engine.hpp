@@ -96,6 +96,7 @@ class Engine {
     IncrementalDetokenizer detokenizer;
     StopChecker stop_checker;
     int num_generated = 0;
+    bool scheduled = false;  // has run in a step (its request's queue time is then known)
   };
 
   void reject(const GenerationRequest& request, const OutputSink& sink, const std::string& message);
