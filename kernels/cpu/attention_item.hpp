@@ -11,6 +11,14 @@ namespace fp8serve::cpu {
 
 constexpr int kMaxHeadDim = 256;  // per-row stack buffers; every supported model is <= 128
 
+// 2^f for |f| <= 1/2 as the degree-7 Taylor polynomial of e^(f ln 2), highest degree first
+// (error < 1e-8 relative, below float rounding): what each ISA's vector exp2 evaluates.
+constexpr int kExp2PolyTerms = 8;
+constexpr float kExp2Poly[kExp2PolyTerms] = {1.525273380405984e-05f, 1.5403530393381606e-04f,
+                                             1.3333558146428443e-03f, 9.618129107628477e-03f,
+                                             5.550410866482158e-02f, 0.2402265069591007f,
+                                             0.6931471805599453f, 1.0f};
+
 struct AttentionItem {
   KvDtype dtype = KvDtype::fp8_e4m3;
   // Queries: row r is token r / group, head r % group of the item. q points at the tile's first

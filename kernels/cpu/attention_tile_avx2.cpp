@@ -54,20 +54,15 @@ struct VecAvx2 {
     const Reg u1 = _mm256_hadd_ps(_mm256_hadd_ps(x[4], x[5]), _mm256_hadd_ps(x[6], x[7]));
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
   }
-  // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, 2^f by its degree-7 Taylor polynomial (error
+  // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, 2^f by the polynomial kExp2Poly (error
   // < 1e-8 relative, below float rounding). x < -126 gives 0: -inf is a masked key.
   static Reg exp2(Reg x) {
     const Reg xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-126.0f)), _mm256_set1_ps(127.0f));
     const Reg n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const Reg f = _mm256_sub_ps(xc, n);
-    Reg p = _mm256_set1_ps(1.525273380405984e-05f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.5403530393381606e-04f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-03f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618129107628477e-03f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550410866482158e-02f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.2402265069591007f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931471805599453f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    Reg p = _mm256_set1_ps(kExp2Poly[0]);
+#pragma GCC unroll 8
+    for (int i = 1; i < kExp2PolyTerms; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
     const __m256i e = _mm256_slli_epi32(
         _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     const Reg result = _mm256_mul_ps(p, _mm256_castsi256_ps(e));

@@ -17,11 +17,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "bench_inputs.hpp"
 #include "machine_limits.hpp"
 #include "model/loader.hpp"
 #include "server/engine.hpp"
@@ -76,12 +76,6 @@ std::vector<int32_t> take(const std::vector<int32_t>& text, std::size_t offset, 
   return out;
 }
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path.string());
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 struct Shape {
   double linear_params_per_token = 0;  // every projection, LM head excluded
   double lm_head_params = 0;
@@ -112,9 +106,7 @@ double prefill_flops(const ModelConfig& c, const Shape& s, double tokens) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::filesystem::path root =
-      std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
-  std::string model_path = (root / ".models/SmolLM2-135M-Instruct.Q4_1.gguf").string();
+  std::string model_path = bench::default_model_path();
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
@@ -149,8 +141,8 @@ int main(int argc, char** argv) {
   LoadedModel probe = load_model(model_path);
   const ModelConfig config = probe.config;
   const Shape shape = shape_of(config);
-  std::string text = read_file(root / "README.md") + "\n" + read_file(root / "docker/README.md");
-  const std::vector<int32_t> corpus = probe.tokenizer->encode(text, /*add_special_tokens=*/false);
+  const std::vector<int32_t> corpus =
+      probe.tokenizer->encode(bench::read_texts(bench::default_text_files()), /*add_special_tokens=*/false);
   probe = LoadedModel{};
   std::printf("weights read per decode token: %.1f MB (bf16)\n\n",
               shape.weight_bytes_per_decode_token / 1e6);

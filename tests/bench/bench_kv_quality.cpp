@@ -26,8 +26,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <numeric>
 #include <sstream>
@@ -35,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_inputs.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "model/loader.hpp"
 #include "model/transformer.hpp"
@@ -343,18 +342,11 @@ void print_table(const LoadedModel& model, int threads, const std::vector<KvConf
   }
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::filesystem::path root = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
-  std::string model_path = (root / ".models/SmolLM2-135M-Instruct.Q4_1.gguf").string();
-  std::vector<std::string> texts = {(root / "README.md").string(), (root / "tests/fixtures/README.md").string()};
+  std::string model_path = bench::default_model_path();
+  std::vector<std::string> texts = bench::default_text_files();
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool quick = false;
   std::vector<float> margins = {1.0f, 2.0f, 4.0f};
@@ -378,9 +370,7 @@ int main(int argc, char** argv) {
     }
   }
   const LoadedModel model = load_model(model_path);
-  std::string text;
-  for (const std::string& t : texts) text += read_file(t) + "\n";
-  const std::vector<int32_t> ids = model.tokenizer->encode(text, false);
+  const std::vector<int32_t> ids = model.tokenizer->encode(bench::read_texts(texts), false);
 
   const int long_len = quick ? 300 : 1000, long_gen = quick ? 64 : 256;
   const int num_short = quick ? 12 : 50, short_gen = quick ? 32 : 128;
