@@ -10,6 +10,7 @@
 namespace fp8serve::cpu {
 
 constexpr int kMaxHeadDim = 256;  // per-row stack buffers; every supported model is <= 128
+constexpr int kKeyChunk = 32;     // keys scored per online-softmax update
 
 // 2^f for |f| <= 1/2 as the degree-7 Taylor polynomial of e^(f ln 2), highest degree first
 // (error < 1e-8 relative, below float rounding): what each ISA's vector exp2 evaluates.
@@ -50,10 +51,11 @@ struct AttentionItem {
   float* l = nullptr;  // [rows]
 };
 
-// The three compilations of the same template; the avx ones require the CPU features and
+// The compilations of the same template; the avx ones require the CPU features and
 // head_dim % 8 (AVX2) or % 16 (AVX-512) == 0.
 void attend_item_scalar(const AttentionItem& item);
 void attend_item_avx2(const AttentionItem& item);
 void attend_item_avx512(const AttentionItem& item);
+void attend_item_avx512bf16(const AttentionItem& item);  // + avx512vbmi, avx512bf16; head_dim % 64 == 0
 
 }  // namespace fp8serve::cpu

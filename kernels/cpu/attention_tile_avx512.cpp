@@ -29,62 +29,7 @@
 namespace fp8serve::cpu {
 namespace {
 
-struct VecAvx512 {
-  using Reg = __m512;
-  static constexpr int W = 16;
-  static constexpr int kNumRegs = 32;
-  static Reg zero() { return _mm512_setzero_ps(); }
-  static Reg set1(float x) { return _mm512_set1_ps(x); }
-  static Reg load(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, Reg x) { _mm512_storeu_ps(p, x); }
-  static Reg add(Reg a, Reg b) { return _mm512_add_ps(a, b); }
-  static Reg mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
-  static Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
-  static Reg max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
-  static float reduce_add(Reg x) { return _mm512_reduce_add_ps(x); }
-  static float reduce_max(Reg x) { return _mm512_reduce_max_ps(x); }
-  // Lane i of the result = the sum of x[i]'s lanes (see avx2). Pairwise: per 128-bit lane
-  // [a0+a1, a2+a3, b0+b1, b2+b3] twice, which leaves x[4i..4i+3]'s sums over each 128-bit
-  // lane in u[i]; then two rounds of 128-bit lane shuffles add the four lanes together.
-  static Reg hadd(Reg a, Reg b) {
-    return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
-  }
-  static Reg add_lanes(Reg a, Reg b) {  // [a0+a1, a2+a3, b0+b1, b2+b3] over 128-bit lanes
-    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
-  }
-  static Reg reduce_add_transposed(const Reg* x) {
-    Reg t[8], u[4];
-    for (int i = 0; i < 8; ++i) t[i] = hadd(x[2 * i], x[2 * i + 1]);
-    for (int i = 0; i < 4; ++i) u[i] = hadd(t[2 * i], t[2 * i + 1]);
-    return add_lanes(add_lanes(u[0], u[1]), add_lanes(u[2], u[3]));
-  }
-  static Reg exp2(Reg x) {
-    const Reg xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
-    const Reg n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const Reg f = _mm512_sub_ps(xc, n);
-    Reg p = _mm512_set1_ps(kExp2Poly[0]);
-#pragma GCC unroll 8
-    for (int i = 1; i < kExp2PolyTerms; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[i]));
-    const __m512i e = _mm512_slli_epi32(
-        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    const Reg result = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
-    return _mm512_maskz_mov_ps(keep, result);
-  }
-  static constexpr float kFp8Unit = 256.0f;  // load_kv(FP8) returns value * 2^-8 (see avx2)
-  static Reg load_kv(const uint8_t* p) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    __m256i halves = _mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7);
-    halves = _mm256_and_si256(halves, _mm256_set1_epi16(static_cast<short>(0xbf80)));
-    return _mm512_cvtph_ps(halves);
-  }
-  static Reg load_kv(const uint16_t* p) {
-    const __m256i halves = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
-  }
-};
+#include "kernels/cpu/attention_vec_avx512.hpp"
 
 }  // namespace
 }  // namespace fp8serve::cpu

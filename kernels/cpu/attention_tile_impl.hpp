@@ -12,6 +12,11 @@
 // (FP8 E4M3 -> fp32 in registers, times 1 / kFp8Unit, a power of two folded into the scales)
 // and of uint16_t (bf16 -> fp32).
 //
+// Optionally V also provides its own bf16 dot-product kernels (kDotBf16 = true; see
+// attention_tile_avx512bf16.cpp): then K, V, q and the probabilities enter the dot products as
+// bf16 (exact for K and V, rounded for q and p), the output columns sit in o in V::o_slot<T>'s
+// order, and V::kMaxRows caps the query rows per pass.
+//
 // Algorithm: flash attention on the CPU. Up to kMaxRows query rows (tokens x heads of one GQA
 // group) share every K and V row loaded from the pool, so each block's bytes are converted in
 // registers once per row set and never stored dequantized. Scores are kept in the log2 domain
@@ -21,8 +26,16 @@ namespace fp8serve::cpu {
 namespace tile {
 
 constexpr int kMaxRows = 8;    // query rows against one K/V load: 8 accumulators fit AVX2's regs
-constexpr int kKeyChunk = 32;  // keys scored per online-softmax update
 constexpr float kLog2e = 1.4426950408889634f;
+
+template <class V>
+constexpr bool kDotBf16 = requires { requires V::kDotBf16; };
+
+template <class V>
+constexpr int rows_per_pass() {
+  if constexpr (requires { V::kMaxRows; }) return V::kMaxRows;
+  else return kMaxRows;
+}
 
 // s[r][j] = q[r] . k[j] for the chunk's keys j in [0, nj_padded) (keys past nj repeat key
 // nj - 1: finite scores, masked by the caller). KU keys at once keep KU * NR independent FMA
@@ -152,6 +165,10 @@ void attend_rows(const AttentionItem& it, int row0) {
     l[r] = V::zero();
     pos[r] = it.first_pos + token;
   }
+  [[maybe_unused]] alignas(64) uint16_t q_bf16[kDotBf16<V> ? NR : 1][kMaxHeadDim];
+  if constexpr (kDotBf16<V>) {
+    for (int r = 0; r < NR; ++r) V::template prepare_q<T>(q[r], head_dim, q_bf16[r]);
+  }
 
   const T* k_base = static_cast<const T*>(it.k);
   const T* v_base = static_cast<const T*>(it.v);
@@ -168,7 +185,11 @@ void attend_rows(const AttentionItem& it, int row0) {
       prefetch_block(k_base, v_base, it.block_table[block + 1] * it.block_stride, it.block_size,
                      it.token_stride, head_dim);
     const int nj_padded = (nj + V::W - 1) / V::W * V::W;
-    score_keys<V, T, NR, KU>(q, k_base + offset, it.token_stride, head_dim, nj, nj_padded, s);
+    if constexpr (kDotBf16<V>) {
+      V::template score_keys<T, NR>(q_bf16, k_base + offset, it.token_stride, head_dim, nj, nj_padded, s);
+    } else {
+      score_keys<V, T, NR, KU>(q, k_base + offset, it.token_stride, head_dim, nj, nj_padded, s);
+    }
 
     // Online softmax update per row; keys past a row's position (causal) get probability 0.
     for (int r = 0; r < NR; ++r) {
@@ -194,10 +215,18 @@ void attend_rows(const AttentionItem& it, int row0) {
       l[r] = V::fma(l[r], V::set1(alpha[r]), vsum);
       m[r] = m_new;
     }
-    accumulate_values<V, T, NR, CU>(s, alpha, v_base + offset, it.token_stride, head_dim, nj, o);
+    if constexpr (kDotBf16<V>) {
+      V::template accumulate_values<T, NR>(s, alpha, v_base + offset, it.token_stride, head_dim, nj, o);
+    } else {
+      accumulate_values<V, T, NR, CU>(s, alpha, v_base + offset, it.token_stride, head_dim, nj, o);
+    }
     key += nj;
   }
 
+  auto slot = [](int d) {  // where column d of the output sits in o
+    if constexpr (kDotBf16<V>) return V::template o_slot<T>(d);
+    else return d;
+  };
   for (int r = 0; r < NR; ++r) {
     const int row = row0 + r;
     const float l_row = V::reduce_add(l[r]);
@@ -206,30 +235,31 @@ void attend_rows(const AttentionItem& it, int row0) {
       const int head = row % it.group;
       float* dst = it.out + token * it.out_token_stride + static_cast<int64_t>(head) * head_dim;
       const float mul = it.v_scale * unit / l_row;  // >= 1: the max key contributes exp2(0)
-      for (int d = 0; d < head_dim; ++d) dst[d] = o[r][d] * mul;
+      for (int d = 0; d < head_dim; ++d) dst[d] = o[r][slot(d)] * mul;
     } else {
       float* dst = it.out + static_cast<int64_t>(row) * head_dim;
-      for (int d = 0; d < head_dim; ++d) dst[d] = o[r][d] * unit;
+      for (int d = 0; d < head_dim; ++d) dst[d] = o[r][slot(d)] * unit;
       it.m[row] = m[r];
       it.l[row] = l_row;
     }
   }
 }
 
+// Rows [row0, row0 + n) for n <= NR, with the row count as a template argument.
+template <class V, class T, int NR>
+void attend_rows_upto(const AttentionItem& it, int row0, int n) {
+  if constexpr (NR > 1) {
+    if (n < NR) return attend_rows_upto<V, T, NR - 1>(it, row0, n);
+  }
+  attend_rows<V, T, NR>(it, row0);
+}
+
 template <class V, class T>
 void attend_item(const AttentionItem& it) {
+  constexpr int kRows = rows_per_pass<V>();
   const int rows = it.num_q_tokens * it.group;
-  for (int row0 = 0; row0 < rows; row0 += kMaxRows) {
-    switch (std::min(kMaxRows, rows - row0)) {
-      case 1: attend_rows<V, T, 1>(it, row0); break;
-      case 2: attend_rows<V, T, 2>(it, row0); break;
-      case 3: attend_rows<V, T, 3>(it, row0); break;
-      case 4: attend_rows<V, T, 4>(it, row0); break;
-      case 5: attend_rows<V, T, 5>(it, row0); break;
-      case 6: attend_rows<V, T, 6>(it, row0); break;
-      case 7: attend_rows<V, T, 7>(it, row0); break;
-      default: attend_rows<V, T, 8>(it, row0); break;
-    }
+  for (int row0 = 0; row0 < rows; row0 += kRows) {
+    attend_rows_upto<V, T, kRows>(it, row0, std::min(kRows, rows - row0));
   }
 }
 

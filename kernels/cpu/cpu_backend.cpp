@@ -69,7 +69,7 @@ void CpuBackend::rope(const RopeParams& p, Stream /*stream*/) {
 void CpuBackend::kv_write(const KvWriteParams& p, Stream /*stream*/) { kv_write_cpu(p, pool_); }
 
 void CpuBackend::paged_attention(const PagedAttentionParams& p, Stream /*stream*/) {
-  paged_attention_cpu(p, pool_, attention_workspace_);
+  paged_attention_cpu(p, pool_, attention_workspace_, attention_isa_);
 }
 
 void CpuBackend::silu_mul(const SiluMulParams& p, Stream /*stream*/) { silu_mul_cpu(p, pool_); }

@@ -16,7 +16,10 @@ namespace fp8serve::cpu {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(ThreadPool& pool) : pool_(pool) {}
+  // attention_isa: which paged-attention build to run (best = avx512bf16 where the CPU has it;
+  // benchmarks pass avx512 to compare with the fp32 one).
+  explicit CpuBackend(ThreadPool& pool, CpuIsa attention_isa = CpuIsa::best)
+      : pool_(pool), attention_isa_(attention_isa) {}
 
   std::string_view name() const override { return "cpu"; }
   ActDtype activation_dtype() const override { return ActDtype::f32; }
@@ -44,6 +47,7 @@ class CpuBackend final : public Backend {
 
  private:
   ThreadPool& pool_;
+  CpuIsa attention_isa_;
   AttentionWorkspace attention_workspace_;  // reused by every layer of every step
   RopeTable rope_table_;
 };

@@ -31,6 +31,7 @@ CpuFeatures detect() {
     f.avx2 = ymm && (ebx & (1u << 5));
     f.avx512f = zmm && (ebx & (1u << 16));
     f.avx512bw = zmm && (ebx & (1u << 30));
+    f.avx512vbmi = zmm && (ecx & (1u << 1));
     if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) f.avx512bf16 = zmm && (eax & (1u << 5));
   }
   return f;
@@ -58,6 +59,7 @@ std::string describe(const CpuFeatures& f) {
   add(f.f16c, "f16c");
   add(f.avx512f, "avx512f");
   add(f.avx512bw, "avx512bw");
+  add(f.avx512vbmi, "avx512vbmi");
   add(f.avx512bf16, "avx512bf16");
   return out.empty() ? std::string("scalar") : out;
 }

@@ -12,6 +12,7 @@ struct CpuFeatures {
   bool f16c = false;
   bool avx512f = false;
   bool avx512bw = false;
+  bool avx512vbmi = false;
   bool avx512bf16 = false;
 };
 

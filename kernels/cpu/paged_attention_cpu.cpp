@@ -16,6 +16,7 @@ using ItemFn = void (*)(const AttentionItem&);
 
 ItemFn item_function(CpuIsa isa) {
   switch (isa) {
+    case CpuIsa::avx512bf16: return attend_item_avx512bf16;
     case CpuIsa::avx512: return attend_item_avx512;
     case CpuIsa::avx2: return attend_item_avx2;
     default: return attend_item_scalar;
@@ -164,9 +165,29 @@ CpuIsa resolve_cpu_isa(CpuIsa isa, int32_t head_dim) {
   const CpuFeatures& f = cpu_features();
   const bool avx2 = f.avx2 && f.fma && f.f16c && head_dim % 8 == 0;
   const bool avx512 = avx2 && f.avx512f && f.avx512bw && head_dim % 16 == 0;
-  if ((isa == CpuIsa::best || isa == CpuIsa::avx512) && avx512) return CpuIsa::avx512;
+  const bool avx512bf16 = avx512 && f.avx512vbmi && f.avx512bf16 && head_dim % 64 == 0;
+  if ((isa == CpuIsa::best || isa == CpuIsa::avx512bf16) && avx512bf16) return CpuIsa::avx512bf16;
+  if ((isa == CpuIsa::best || isa == CpuIsa::avx512 || isa == CpuIsa::avx512bf16) && avx512) return CpuIsa::avx512;
   if (isa != CpuIsa::scalar && avx2) return CpuIsa::avx2;
   return CpuIsa::scalar;
+}
+
+const char* cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::best: return "best";
+    case CpuIsa::avx512bf16: return "avx512bf16";
+    case CpuIsa::avx512: return "avx512";
+    case CpuIsa::avx2: return "avx2";
+    case CpuIsa::scalar: return "scalar";
+  }
+  return "?";
+}
+
+CpuIsa parse_cpu_isa(const std::string& name) {
+  for (CpuIsa isa : {CpuIsa::best, CpuIsa::avx512bf16, CpuIsa::avx512, CpuIsa::avx2, CpuIsa::scalar}) {
+    if (name == cpu_isa_name(isa)) return isa;
+  }
+  throw std::invalid_argument("unknown attention ISA '" + name + "' (best, avx512bf16, avx512, avx2, scalar)");
 }
 
 void validate_paged_attention(const PagedAttentionParams& params) {

@@ -11,6 +11,7 @@
 // batch or the thread count, and the merge order is fixed: every output is bit-identical
 // whatever else shares the batch and however many threads run it.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/attention_item.hpp"
@@ -24,7 +25,9 @@ constexpr int32_t kPartitionTokens = 256;  // keys per partition (rounded up to 
 
 // Which compiled item body to run. best = the widest the CPU supports and head_dim allows;
 // asking for one the CPU or head_dim cannot run falls back to the next narrower one.
-enum class CpuIsa { best, avx512, avx2, scalar };
+// avx512bf16 does the two matrix products on bf16 dot products (q and the probabilities
+// rounded to bf16, K/V exact; attention_tile_avx512bf16.cpp), the others in fp32.
+enum class CpuIsa { best, avx512bf16, avx512, avx2, scalar };
 
 // Scratch reused across calls (the CPU backend owns one), so a step allocates nothing.
 struct AttentionWorkspace {
@@ -59,5 +62,7 @@ void paged_attention_cpu(const PagedAttentionParams& params, ThreadPool& pool,
 
 // The instruction set `isa` resolves to on this CPU for this head_dim.
 CpuIsa resolve_cpu_isa(CpuIsa isa, int32_t head_dim);
+const char* cpu_isa_name(CpuIsa isa);  // "avx512bf16", ...
+CpuIsa parse_cpu_isa(const std::string& name);  // the inverse; std::invalid_argument if unknown
 
 }  // namespace fp8serve::cpu

@@ -4,7 +4,8 @@
 //
 // Layer shape: Llama-3-8B (32 query heads, 8 KV heads, head_dim 128), block 16, blocks of each
 // sequence scattered over the pool as in a long-running server. Contexts 512..16384, batch
-// 1..32. Usage: bench_attention [--threads N] [--max-gib G]
+// 1..32. Usage: bench_attention [--threads N] [--max-gib G] [--context C --batch B (one cell)]
+// [--isa best|avx512bf16|avx512|avx2|scalar]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -56,7 +57,7 @@ struct Setup {
 };
 
 // Median-of-runs seconds per decode step of `batch` sequences of `context` tokens.
-double time_decode(cpu::ThreadPool& pool, cpu::AttentionWorkspace& workspace, Setup& s,
+double time_decode(cpu::ThreadPool& pool, cpu::AttentionWorkspace& workspace, cpu::CpuIsa isa, Setup& s,
                    KvDtype dtype, int32_t batch, int32_t context) {
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   s.query_start_loc.resize(static_cast<std::size_t>(batch) + 1);
@@ -77,12 +78,63 @@ double time_decode(cpu::ThreadPool& pool, cpu::AttentionWorkspace& workspace, Se
   p.batch.max_blocks_per_seq = blocks_per_seq;
   p.batch.k_scales = s.k_scales.data();
   p.batch.v_scales = s.v_scales.data();
-  cpu::paged_attention_cpu(p, pool, workspace);  // warm-up
+  cpu::paged_attention_cpu(p, pool, workspace, isa);  // warm-up
   std::vector<double> times;
   const Clock::time_point start = Clock::now();
   while (times.size() < 3 || (seconds_since(start) < 0.3 && times.size() < 50)) {
     const Clock::time_point t0 = Clock::now();
-    cpu::paged_attention_cpu(p, pool, workspace);
+    cpu::paged_attention_cpu(p, pool, workspace, isa);
+    times.push_back(seconds_since(t0));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// The ceiling of this access pattern: the very bytes a decode step reads, in the kernel's
+// order and on its threads, with nothing else to do. One 8-byte load per 64-byte line of each
+// block's K and V rows of one KV head, the next block's lines prefetched as the kernel does,
+// one (sequence, KV head) per work item.
+double time_gather_read(cpu::ThreadPool& pool, const Setup& s, KvDtype dtype, int32_t batch, int32_t context) {
+  const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
+  const int64_t elem = dtype == KvDtype::fp8_e4m3 ? 1 : 2;
+  const PagedKvView view = make_paged_kv_view(nullptr, nullptr, dtype, s.num_blocks, kBlockSize, kNumKvHeads, kHeadDim);
+  const int64_t row_bytes = kHeadDim * elem, token_stride = view.token_stride * elem;
+  const int64_t head_stride = view.head_stride * elem, block_stride = view.block_stride * elem;
+  const uint8_t* k = s.k.data();
+  const uint8_t* v = s.v.data();
+  std::vector<uint64_t> sinks(static_cast<std::size_t>(batch) * kNumKvHeads);
+  auto step = [&] {
+    pool.parallel_for(static_cast<int64_t>(sinks.size()), [&](int64_t item) {
+      const int32_t seq = static_cast<int32_t>(item / kNumKvHeads), head = static_cast<int32_t>(item % kNumKvHeads);
+      const int32_t* table = s.block_tables.data() + static_cast<std::ptrdiff_t>(seq) * blocks_per_seq;
+      uint64_t acc = 0;
+      for (int32_t b = 0; b < blocks_per_seq; ++b) {
+        const int64_t base = table[b] * block_stride + head * head_stride;
+        if (b + 1 < blocks_per_seq) {
+          const int64_t next = table[b + 1] * block_stride + head * head_stride;
+          for (int32_t t = 0; t < kBlockSize; ++t)
+            for (int64_t x = 0; x < row_bytes; x += 64) {
+              __builtin_prefetch(k + next + t * token_stride + x);
+              __builtin_prefetch(v + next + t * token_stride + x);
+            }
+        }
+        for (int32_t t = 0; t < kBlockSize; ++t)
+          for (int64_t x = 0; x < row_bytes; x += 64) {
+            uint64_t a, c;
+            std::memcpy(&a, k + base + t * token_stride + x, 8);
+            std::memcpy(&c, v + base + t * token_stride + x, 8);
+            acc ^= a + c;
+          }
+      }
+      sinks[static_cast<std::size_t>(item)] = acc;
+    });
+  };
+  step();  // warm-up
+  std::vector<double> times;
+  const Clock::time_point start = Clock::now();
+  while (times.size() < 3 || (seconds_since(start) < 0.3 && times.size() < 50)) {
+    const Clock::time_point t0 = Clock::now();
+    step();
     times.push_back(seconds_since(t0));
   }
   std::sort(times.begin(), times.end());
@@ -94,17 +146,21 @@ double time_decode(cpu::ThreadPool& pool, cpu::AttentionWorkspace& workspace, Se
 int main(int argc, char** argv) {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double max_gib = 2.0;  // largest bf16 pool to allocate
+  int32_t only_context = 0, only_batch = 0;  // one cell of the table, for experiments
+  cpu::CpuIsa isa = cpu::CpuIsa::best;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--threads") threads = std::atoi(argv[i + 1]);
     else if (flag == "--max-gib") max_gib = std::atof(argv[i + 1]);
+    else if (flag == "--context") only_context = std::atoi(argv[i + 1]);
+    else if (flag == "--batch") only_batch = std::atoi(argv[i + 1]);
+    else if (flag == "--isa") isa = cpu::parse_cpu_isa(argv[i + 1]);
   }
   cpu::ThreadPool pool(threads);
   cpu::AttentionWorkspace workspace;
   std::printf("bench_attention: %d threads, cpu: %s, kernel isa: %s\n", threads,
               cpu::describe(cpu::cpu_features()).c_str(),
-              cpu::resolve_cpu_isa(cpu::CpuIsa::best, kHeadDim) == cpu::CpuIsa::avx512 ? "avx512"
-              : cpu::resolve_cpu_isa(cpu::CpuIsa::best, kHeadDim) == cpu::CpuIsa::avx2 ? "avx2" : "scalar");
+              cpu::cpu_isa_name(cpu::resolve_cpu_isa(isa, kHeadDim)));
   const double bandwidth = bench::read_bandwidth(pool, std::size_t{1} << 30);
   std::printf("measured read bandwidth (1 GiB stream, %d threads): %.1f GB/s\n", threads, bandwidth / 1e9);
   std::printf("layer: %d heads, %d kv heads, head_dim %d, block %d; KV bytes/token/layer: fp8 %d, bf16 %d\n\n",
@@ -133,23 +189,28 @@ int main(int argc, char** argv) {
   s.k_scales.assign(32, 0.01f);
   s.v_scales.assign(32, 0.01f);
 
-  std::printf("%7s %5s | %9s %7s %5s | %9s %7s %5s | %9s\n", "context", "batch", "fp8 ms", "GB/s", "%bw",
-              "bf16 ms", "GB/s", "%bw", "bf16/fp8");
+  // %strm: of the stream read above; %gath: of a pure read of the same bytes in the same order
+  // (time_gather_read: the ceiling of this access pattern, measured next to each cell).
+  std::printf("%7s %5s | %8s %6s %5s %5s | %8s %6s %5s %5s | %8s\n", "context", "batch", "fp8 ms", "GB/s",
+              "%strm", "%gath", "bf16 ms", "GB/s", "%strm", "%gath", "bf16/fp8");
   for (int32_t context : contexts) {
     for (int32_t batch : batches) {
+      if ((only_context != 0 && context != only_context) || (only_batch != 0 && batch != only_batch)) continue;
       const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
       if (static_cast<int64_t>(blocks_per_seq) * batch > s.num_blocks) continue;
       s.block_tables.assign(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(blocks_per_seq) * batch);
       const double kv_bytes = static_cast<double>(bytes_per_token_fp8) * context * batch;
       s.k.swap(k8), s.v.swap(v8);
-      const double t8 = time_decode(pool, workspace, s, KvDtype::fp8_e4m3, batch, context);
+      const double t8 = time_decode(pool, workspace, isa, s, KvDtype::fp8_e4m3, batch, context);
+      const double g8 = time_gather_read(pool, s, KvDtype::fp8_e4m3, batch, context);
       s.k.swap(k8), s.v.swap(v8);
       s.k.swap(k16), s.v.swap(v16);
-      const double t16 = time_decode(pool, workspace, s, KvDtype::bf16, batch, context);
+      const double t16 = time_decode(pool, workspace, isa, s, KvDtype::bf16, batch, context);
+      const double g16 = time_gather_read(pool, s, KvDtype::bf16, batch, context);
       s.k.swap(k16), s.v.swap(v16);
-      std::printf("%7d %5d | %9.3f %7.1f %5.0f | %9.3f %7.1f %5.0f | %8.2fx\n", context, batch, t8 * 1e3,
-                  kv_bytes / t8 / 1e9, 100.0 * kv_bytes / t8 / bandwidth, t16 * 1e3, 2 * kv_bytes / t16 / 1e9,
-                  100.0 * 2 * kv_bytes / t16 / bandwidth, t16 / t8);
+      std::printf("%7d %5d | %8.3f %6.1f %5.0f %5.0f | %8.3f %6.1f %5.0f %5.0f | %7.2fx\n", context, batch,
+                  t8 * 1e3, kv_bytes / t8 / 1e9, 100.0 * kv_bytes / t8 / bandwidth, 100.0 * g8 / t8, t16 * 1e3,
+                  2 * kv_bytes / t16 / 1e9, 100.0 * 2 * kv_bytes / t16 / bandwidth, 100.0 * g16 / t16, t16 / t8);
       std::fflush(stdout);
     }
   }

@@ -1,5 +1,6 @@
 // bench_kv_quality: the seed's FP8-vs-bf16 table (issue 4), reproduced on this machine with the
-// default model: bf16 KV against FP8 KV at several --kv-scale-margin values.
+// default model: bf16 KV against FP8 KV at several --kv-scale-margin values (and, where the CPU
+// attention runs on bf16 dot products, bf16 KV through the fp32 attention build).
 //
 //   bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] [--text FILE]
 //
@@ -46,11 +47,14 @@ namespace {
 struct KvConfig {
   KvDtype dtype = KvDtype::bf16;
   float margin = 1.0f;
+  cpu::CpuIsa attention_isa = cpu::CpuIsa::best;
   std::string name() const {
-    if (dtype == KvDtype::bf16) return "bf16";
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "fp8 m=%.1f", margin);
-    return buf;
+    char buf[64];
+    if (dtype == KvDtype::bf16) std::snprintf(buf, sizeof buf, "bf16");
+    else std::snprintf(buf, sizeof buf, "fp8 m=%.1f", margin);
+    std::string out = buf;
+    if (attention_isa != cpu::CpuIsa::best) out += std::string(" ") + cpu::cpu_isa_name(attention_isa);
+    return out;
   }
 };
 
@@ -60,7 +64,7 @@ class Stepper {
  public:
   Stepper(const LoadedModel& model, cpu::ThreadPool& pool, const KvConfig& kv,
           const std::vector<std::vector<int32_t>>& prompts, int num_generate)
-      : config_(model.config), backend_(pool), prompts_(prompts) {
+      : config_(model.config), backend_(pool, kv.attention_isa), prompts_(prompts) {
     const auto num_seqs = static_cast<int>(prompts.size());
     int max_prompt = 0, total_prompt = 0;
     for (const auto& p : prompts) {
@@ -259,7 +263,7 @@ struct Divergence {
   double mean_kl = 0, max_kl = 0;
 };
 
-// Every FP8 config in lockstep with bf16, all fed the bf16 greedy tokens.
+// Every other config in lockstep with the first (bf16), all fed its greedy tokens.
 std::vector<Divergence> teacher_forced(const LoadedModel& model, cpu::ThreadPool& pool,
                                        const std::vector<KvConfig>& fp8, const std::vector<std::vector<int32_t>>& prompts,
                                        const std::vector<std::vector<int32_t>>& bf16_tokens, int num_generate) {
@@ -379,6 +383,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<KvConfig> configs{{KvDtype::bf16, 1.0f}};
+  // Where the default attention is the bf16 dot-product build, the fp32 one on the same bf16
+  // KV as well: what the kernel's own rounding of q and p costs, next to what FP8 costs.
+  if (cpu::resolve_cpu_isa(cpu::CpuIsa::best, model.config.head_dim) == cpu::CpuIsa::avx512bf16) {
+    configs.push_back({KvDtype::bf16, 1.0f, cpu::CpuIsa::avx512});
+  }
   for (const float m : margins) configs.push_back({KvDtype::fp8_e4m3, m});
 
   std::printf("# bench_kv_quality: %s, %d threads, %zu text tokens\n", model.name.c_str(), threads, ids.size());
