@@ -120,6 +120,9 @@ void accumulate_values(const float (*p)[kKeyChunk], const float* alpha, const T*
 }
 
 // Prefetches one block's rows of one head: block_size rows of head_dim elements each, for K and V.
+// Into L2 (prefetcht1), not L1: measured on Zen 4, 16384 x 8, two threads, FP8 22.6 -> 18.9 ms and
+// bf16 35.1 -> 31.5 ms (medians of 3-4 interleaved runs); into L1 the next block's lines compete
+// with the current block's for L1's miss buffers and sets, and arrive no sooner.
 template <class T>
 inline void prefetch_block(const T* k_base, const T* v_base, int64_t block_offset, int block_size,
                            int64_t token_stride, int head_dim) {
@@ -128,8 +131,8 @@ inline void prefetch_block(const T* k_base, const T* v_base, int64_t block_offse
     const char* k_row = reinterpret_cast<const char*>(k_base + block_offset + t * token_stride);
     const char* v_row = reinterpret_cast<const char*>(v_base + block_offset + t * token_stride);
     for (int64_t b = 0; b < row_bytes; b += 64) {
-      __builtin_prefetch(k_row + b);
-      __builtin_prefetch(v_row + b);
+      __builtin_prefetch(k_row + b, 0, 2);
+      __builtin_prefetch(v_row + b, 0, 2);
     }
   }
 }

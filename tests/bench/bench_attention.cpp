@@ -92,8 +92,9 @@ double time_decode(cpu::ThreadPool& pool, cpu::AttentionWorkspace& workspace, cp
 
 // The ceiling of this access pattern: the very bytes a decode step reads, in the kernel's
 // order and on its threads, with nothing else to do. One 8-byte load per 64-byte line of each
-// block's K and V rows of one KV head, the next block's lines prefetched as the kernel does,
-// one (sequence, KV head) per work item.
+// block's K and V rows of one KV head, one (sequence, KV head) per work item. (Prefetching the
+// next block as the kernel does changes nothing here: the hardware prefetcher follows a
+// block's contiguous 2-4 KiB.)
 double time_gather_read(cpu::ThreadPool& pool, const Setup& s, KvDtype dtype, int32_t batch, int32_t context) {
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   const int64_t elem = dtype == KvDtype::fp8_e4m3 ? 1 : 2;
@@ -110,14 +111,6 @@ double time_gather_read(cpu::ThreadPool& pool, const Setup& s, KvDtype dtype, in
       uint64_t acc = 0;
       for (int32_t b = 0; b < blocks_per_seq; ++b) {
         const int64_t base = table[b] * block_stride + head * head_stride;
-        if (b + 1 < blocks_per_seq) {
-          const int64_t next = table[b + 1] * block_stride + head * head_stride;
-          for (int32_t t = 0; t < kBlockSize; ++t)
-            for (int64_t x = 0; x < row_bytes; x += 64) {
-              __builtin_prefetch(k + next + t * token_stride + x);
-              __builtin_prefetch(v + next + t * token_stride + x);
-            }
-        }
         for (int32_t t = 0; t < kBlockSize; ++t)
           for (int64_t x = 0; x < row_bytes; x += 64) {
             uint64_t a, c;
