@@ -51,10 +51,35 @@ void fill_random(PoolBytes& bytes, uint64_t seed, bool fp8) {
 
 struct Setup {
   PoolBytes k, v;
-  std::vector<int32_t> block_tables, query_start_loc, context_lens;
+  std::vector<int32_t> query_start_loc, context_lens;
   std::vector<float> q, out, k_scales, v_scales;
   int32_t num_blocks = 0;
+  std::vector<int32_t> ids;  // every block id, shuffled: blocks sit anywhere, as in a long-running server
+
+  // Every timed call reads its K and V cold, as one layer's attention does in a decode step (the
+  // other layers' KV and the weights pass through the caches in between): call i of a cell
+  // uses the i-th of up to 64 disjoint sets of n blocks (block tables [batch, n / batch]).
+  const int32_t* tables(int64_t call, int64_t n) const {
+    const int64_t sets = std::max<int64_t>(1, std::min<int64_t>(num_blocks / n, 64));
+    return ids.data() + (call % sets) * n;
+  }
 };
+
+// Median seconds of step(call) over calls 1, 2, ... (at least 3, up to 0.3 s or 50 calls),
+// after step(0) as a warm-up.
+template <class Step>
+double median_seconds(Step&& step) {
+  step(0);
+  std::vector<double> times;
+  const Clock::time_point start = Clock::now();
+  for (int64_t call = 1; times.size() < 3 || (seconds_since(start) < 0.3 && times.size() < 50); ++call) {
+    const Clock::time_point t0 = Clock::now();
+    step(call);
+    times.push_back(seconds_since(t0));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
 
 // Median-of-runs seconds per decode step of `batch` sequences of `context` tokens.
 double time_decode(cpu::ThreadPool& pool, cpu::AttentionWorkspace& workspace, cpu::CpuIsa isa, Setup& s,
@@ -74,20 +99,13 @@ double time_decode(cpu::ThreadPool& pool, cpu::AttentionWorkspace& workspace, cp
   p.batch.num_tokens = batch;
   p.batch.query_start_loc = s.query_start_loc.data();
   p.batch.context_lens = s.context_lens.data();
-  p.batch.block_tables = s.block_tables.data();
   p.batch.max_blocks_per_seq = blocks_per_seq;
   p.batch.k_scales = s.k_scales.data();
   p.batch.v_scales = s.v_scales.data();
-  cpu::paged_attention_cpu(p, pool, workspace, isa);  // warm-up
-  std::vector<double> times;
-  const Clock::time_point start = Clock::now();
-  while (times.size() < 3 || (seconds_since(start) < 0.3 && times.size() < 50)) {
-    const Clock::time_point t0 = Clock::now();
+  return median_seconds([&](int64_t call) {
+    p.batch.block_tables = s.tables(call, int64_t{blocks_per_seq} * batch);
     cpu::paged_attention_cpu(p, pool, workspace, isa);
-    times.push_back(seconds_since(t0));
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  });
 }
 
 // The ceiling of this access pattern: the very bytes a decode step reads, in the kernel's
@@ -104,10 +122,11 @@ double time_gather_read(cpu::ThreadPool& pool, const Setup& s, KvDtype dtype, in
   const uint8_t* k = s.k.data();
   const uint8_t* v = s.v.data();
   std::vector<uint64_t> sinks(static_cast<std::size_t>(batch) * kNumKvHeads);
-  auto step = [&] {
+  return median_seconds([&](int64_t call) {
+    const int32_t* tables = s.tables(call, int64_t{blocks_per_seq} * batch);
     pool.parallel_for(static_cast<int64_t>(sinks.size()), [&](int64_t item) {
       const int32_t seq = static_cast<int32_t>(item / kNumKvHeads), head = static_cast<int32_t>(item % kNumKvHeads);
-      const int32_t* table = s.block_tables.data() + static_cast<std::ptrdiff_t>(seq) * blocks_per_seq;
+      const int32_t* table = tables + static_cast<std::ptrdiff_t>(seq) * blocks_per_seq;
       uint64_t acc = 0;
       for (int32_t b = 0; b < blocks_per_seq; ++b) {
         const int64_t base = table[b] * block_stride + head * head_stride;
@@ -121,17 +140,7 @@ double time_gather_read(cpu::ThreadPool& pool, const Setup& s, KvDtype dtype, in
       }
       sinks[static_cast<std::size_t>(item)] = acc;
     });
-  };
-  step();  // warm-up
-  std::vector<double> times;
-  const Clock::time_point start = Clock::now();
-  while (times.size() < 3 || (seconds_since(start) < 0.3 && times.size() < 50)) {
-    const Clock::time_point t0 = Clock::now();
-    step();
-    times.push_back(seconds_since(t0));
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  });
 }
 
 }  // namespace
@@ -172,9 +181,9 @@ int main(int argc, char** argv) {
   fill_random(k16, 3, false);
   fill_random(v16, 4, false);
   std::mt19937 rng(7);
-  std::vector<int32_t> ids(static_cast<std::size_t>(s.num_blocks));
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
+  s.ids.resize(static_cast<std::size_t>(s.num_blocks));
+  std::iota(s.ids.begin(), s.ids.end(), 0);
+  std::shuffle(s.ids.begin(), s.ids.end(), rng);
   std::normal_distribution<float> normal;
   s.q.resize(32 * kNumHeads * kHeadDim);
   for (float& x : s.q) x = normal(rng);
@@ -191,7 +200,6 @@ int main(int argc, char** argv) {
       if ((only_context != 0 && context != only_context) || (only_batch != 0 && batch != only_batch)) continue;
       const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
       if (static_cast<int64_t>(blocks_per_seq) * batch > s.num_blocks) continue;
-      s.block_tables.assign(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(blocks_per_seq) * batch);
       const double kv_bytes = static_cast<double>(bytes_per_token_fp8) * context * batch;
       s.k.swap(k8), s.v.swap(v8);
       const double t8 = time_decode(pool, workspace, isa, s, KvDtype::fp8_e4m3, batch, context);
