@@ -121,18 +121,23 @@ struct VecAvx512Bf16 : VecAvx512 {
     return base + 16 * u + 4 * lane + w % 4;
   }
 
-  // As tile::score_keys: s[r][j] = q[r] . k[j] for j < nj_padded (keys past nj repeat key nj - 1).
-  template <class T, int NR>
+  // As tile::score_keys: s[r][j] = q[r] . k[j] for j < nj_padded (keys past nj repeat key nj - 1),
+  // prefetching the next block as it goes.
+  // Four keys at a time (16 accumulators; q is loaded once per four keys, which keeps the loads
+  // below the dot products), each group of four folded at once into one vector of per-128-bit-
+  // lane sums: the same additions as reduce_add_transposed, without spilling 16 vectors a row.
+  template <class T, int NR, class NextBlock>
   static void score_keys(const uint16_t (*q)[kMaxHeadDim], const T* k, int64_t token_stride, int head_dim,
-                         int nj, int nj_padded, float (*s)[kKeyChunk]) {
-    constexpr int KU = NR <= 2 ? 4 : 2;
+                         int nj, int nj_padded, float (*s)[kKeyChunk], NextBlock& next) {
+    constexpr int KU = 4;
     [[maybe_unused]] const Lut t = lut();
-    Reg partial[NR][W];
     for (int j0 = 0; j0 < nj_padded; j0 += W) {
-      for (int j = j0; j < j0 + W; j += KU) {
+      Reg groups[NR][W / KU];
+      for (int g = 0; g < W / KU; ++g) {
+        next.advance(std::min(j0 + (g + 1) * KU, nj), nj);
         const T* rows[KU];
 #pragma GCC unroll 4
-        for (int u = 0; u < KU; ++u) rows[u] = k + std::min(j + u, nj - 1) * token_stride;
+        for (int u = 0; u < KU; ++u) rows[u] = k + std::min(j0 + g * KU + u, nj - 1) * token_stride;
         Reg acc[KU][NR];
 #pragma GCC unroll 4
         for (int u = 0; u < KU; ++u)
@@ -160,12 +165,12 @@ struct VecAvx512Bf16 : VecAvx512 {
           }
         }
 #pragma GCC unroll 4
-        for (int u = 0; u < KU; ++u)
-#pragma GCC unroll 4
-          for (int r = 0; r < NR; ++r) partial[r][j - j0 + u] = acc[u][r];
+        for (int r = 0; r < NR; ++r) groups[r][g] = hadd(hadd(acc[0][r], acc[1][r]), hadd(acc[2][r], acc[3][r]));
       }
 #pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) store(s[r] + j0, reduce_add_transposed(partial[r]));
+      for (int r = 0; r < NR; ++r) {
+        store(s[r] + j0, add_lanes(add_lanes(groups[r][0], groups[r][1]), add_lanes(groups[r][2], groups[r][3])));
+      }
     }
   }
 
