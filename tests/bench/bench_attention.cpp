@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -50,7 +52,9 @@ void fill_random(PoolBytes& bytes, uint64_t seed, bool fp8) {
 
 
 struct Setup {
-  PoolBytes k, v;
+  PoolBytes k8, v8, k16, v16;  // the FP8 and the bf16 pool
+  const uint8_t* k(KvDtype dtype) const { return dtype == KvDtype::fp8_e4m3 ? k8.data() : k16.data(); }
+  const uint8_t* v(KvDtype dtype) const { return dtype == KvDtype::fp8_e4m3 ? v8.data() : v16.data(); }
   std::vector<int32_t> query_start_loc, context_lens;
   std::vector<float> q, out, k_scales, v_scales;
   int32_t num_blocks = 0;
@@ -65,25 +69,35 @@ struct Setup {
   }
 };
 
-// Median seconds of step(call) over calls 1, 2, ... (at least 3, up to 0.3 s or 50 calls),
-// after step(0) as a warm-up.
-template <class Step>
-double median_seconds(Step&& step) {
-  step(0);
-  std::vector<double> times;
+using Step = std::function<void(int64_t call)>;
+
+// The median seconds of each step, run side by side: round r calls every step once, in turn
+// (step i with call 2r for the kernels and 2r + 1 for the pure reads, see Setup::tables), for
+// at least 3 rounds and up to 1.5 s or 50 rounds, after one warm-up round. This VM's memory
+// speed drifts by tens of percent over seconds; interleaving puts FP8, bf16 and their pure
+// reads in the same conditions, so their ratios hold even when the absolute times move.
+std::vector<double> median_seconds(const std::vector<Step>& steps, const std::vector<int>& parity) {
+  for (std::size_t i = 0; i < steps.size(); ++i) steps[i](parity[i]);
+  std::vector<std::vector<double>> times(steps.size());
   const Clock::time_point start = Clock::now();
-  for (int64_t call = 1; times.size() < 3 || (seconds_since(start) < 0.3 && times.size() < 50); ++call) {
-    const Clock::time_point t0 = Clock::now();
-    step(call);
-    times.push_back(seconds_since(t0));
+  for (int64_t round = 1; round <= 3 || (seconds_since(start) < 1.5 && round <= 50); ++round) {
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const Clock::time_point t0 = Clock::now();
+      steps[i](2 * round + parity[i]);
+      times[i].push_back(seconds_since(t0));
+    }
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  std::vector<double> medians;
+  for (std::vector<double>& t : times) {
+    std::sort(t.begin(), t.end());
+    medians.push_back(t[t.size() / 2]);
+  }
+  return medians;
 }
 
-// Median-of-runs seconds per decode step of `batch` sequences of `context` tokens.
-double time_decode(cpu::ThreadPool& pool, cpu::AttentionWorkspace& workspace, cpu::CpuIsa isa, Setup& s,
-                   KvDtype dtype, int32_t batch, int32_t context) {
+// One decode step of `batch` sequences of `context` tokens.
+Step decode_step(cpu::ThreadPool& pool, cpu::AttentionWorkspace& workspace, cpu::CpuIsa isa, Setup& s,
+                 KvDtype dtype, int32_t batch, int32_t context) {
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   s.query_start_loc.resize(static_cast<std::size_t>(batch) + 1);
   std::iota(s.query_start_loc.begin(), s.query_start_loc.end(), 0);
@@ -94,7 +108,8 @@ double time_decode(cpu::ThreadPool& pool, cpu::AttentionWorkspace& workspace, cp
   p.q_token_stride = p.out_token_stride = kNumHeads * kHeadDim;
   p.num_heads = kNumHeads;
   p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
-  p.cache = make_paged_kv_view(s.k.data(), s.v.data(), dtype, s.num_blocks, kBlockSize, kNumKvHeads, kHeadDim);
+  p.cache = make_paged_kv_view(const_cast<uint8_t*>(s.k(dtype)), const_cast<uint8_t*>(s.v(dtype)), dtype, s.num_blocks,
+                               kBlockSize, kNumKvHeads, kHeadDim);
   p.batch.num_seqs = batch;
   p.batch.num_tokens = batch;
   p.batch.query_start_loc = s.query_start_loc.data();
@@ -102,34 +117,42 @@ double time_decode(cpu::ThreadPool& pool, cpu::AttentionWorkspace& workspace, cp
   p.batch.max_blocks_per_seq = blocks_per_seq;
   p.batch.k_scales = s.k_scales.data();
   p.batch.v_scales = s.v_scales.data();
-  return median_seconds([&](int64_t call) {
-    p.batch.block_tables = s.tables(call, int64_t{blocks_per_seq} * batch);
+  return [&pool, &workspace, &s, isa, p, n = int64_t{blocks_per_seq} * batch](int64_t call) mutable {
+    p.batch.block_tables = s.tables(call, n);
     cpu::paged_attention_cpu(p, pool, workspace, isa);
-  });
+  };
 }
 
 // The ceiling of this access pattern: the very bytes a decode step reads, in the kernel's
 // order and on its threads, with nothing else to do. One 8-byte load per 64-byte line of each
-// block's K and V rows of one KV head, one (sequence, KV head) per work item. (Prefetching the
-// next block as the kernel does changes nothing here: the hardware prefetcher follows a
-// block's contiguous 2-4 KiB.)
-double time_gather_read(cpu::ThreadPool& pool, const Setup& s, KvDtype dtype, int32_t batch, int32_t context) {
+// block's K and V rows of one KV head, one (sequence, KV head) per work item, the next block
+// prefetched into L2 as the kernel does. (Without that prefetch the short runs cost FP8 the
+// most: its 2 KiB per block and head read at ~17 GB/s where bf16's 4 KiB read at ~25; with it
+// both read at ~25-28 GB/s on this VM.)
+Step gather_read_step(cpu::ThreadPool& pool, const Setup& s, KvDtype dtype, int32_t batch, int32_t context) {
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   const int64_t elem = dtype == KvDtype::fp8_e4m3 ? 1 : 2;
   const PagedKvView view = make_paged_kv_view(nullptr, nullptr, dtype, s.num_blocks, kBlockSize, kNumKvHeads, kHeadDim);
   const int64_t row_bytes = kHeadDim * elem, token_stride = view.token_stride * elem;
   const int64_t head_stride = view.head_stride * elem, block_stride = view.block_stride * elem;
-  const uint8_t* k = s.k.data();
-  const uint8_t* v = s.v.data();
-  std::vector<uint64_t> sinks(static_cast<std::size_t>(batch) * kNumKvHeads);
-  return median_seconds([&](int64_t call) {
+  const uint8_t* k = s.k(dtype);
+  const uint8_t* v = s.v(dtype);
+  auto sinks = std::make_shared<std::vector<uint64_t>>(static_cast<std::size_t>(batch) * kNumKvHeads);
+  return [=, &pool, &s](int64_t call) {
     const int32_t* tables = s.tables(call, int64_t{blocks_per_seq} * batch);
-    pool.parallel_for(static_cast<int64_t>(sinks.size()), [&](int64_t item) {
+    pool.parallel_for(static_cast<int64_t>(sinks->size()), [&](int64_t item) {
       const int32_t seq = static_cast<int32_t>(item / kNumKvHeads), head = static_cast<int32_t>(item % kNumKvHeads);
       const int32_t* table = tables + static_cast<std::ptrdiff_t>(seq) * blocks_per_seq;
       uint64_t acc = 0;
       for (int32_t b = 0; b < blocks_per_seq; ++b) {
         const int64_t base = table[b] * block_stride + head * head_stride;
+        if (b + 1 < blocks_per_seq) {  // the next block, into L2, as the kernel asks for it
+          const int64_t next = table[b + 1] * block_stride + head * head_stride;
+          for (int64_t x = 0; x < kBlockSize * row_bytes; x += 64) {
+            __builtin_prefetch(k + next + x, 0, 2);
+            __builtin_prefetch(v + next + x, 0, 2);
+          }
+        }
         for (int32_t t = 0; t < kBlockSize; ++t)
           for (int64_t x = 0; x < row_bytes; x += 64) {
             uint64_t a, c;
@@ -138,9 +161,9 @@ double time_gather_read(cpu::ThreadPool& pool, const Setup& s, KvDtype dtype, in
             acc ^= a + c;
           }
       }
-      sinks[static_cast<std::size_t>(item)] = acc;
+      (*sinks)[static_cast<std::size_t>(item)] = acc;
     });
-  });
+  };
 }
 
 }  // namespace
@@ -175,11 +198,11 @@ int main(int argc, char** argv) {
   Setup s;
   s.num_blocks = static_cast<int32_t>(std::min<int64_t>(max_tokens, 32LL * 16384) / kBlockSize);
   const std::size_t pool_elems = static_cast<std::size_t>(s.num_blocks) * kBlockSize * kNumKvHeads * kHeadDim;
-  PoolBytes k8(pool_elems), v8(pool_elems), k16(2 * pool_elems), v16(2 * pool_elems);
-  fill_random(k8, 1, true);
-  fill_random(v8, 2, true);
-  fill_random(k16, 3, false);
-  fill_random(v16, 4, false);
+  s.k8.resize(pool_elems), s.v8.resize(pool_elems), s.k16.resize(2 * pool_elems), s.v16.resize(2 * pool_elems);
+  fill_random(s.k8, 1, true);
+  fill_random(s.v8, 2, true);
+  fill_random(s.k16, 3, false);
+  fill_random(s.v16, 4, false);
   std::mt19937 rng(7);
   s.ids.resize(static_cast<std::size_t>(s.num_blocks));
   std::iota(s.ids.begin(), s.ids.end(), 0);
@@ -201,14 +224,13 @@ int main(int argc, char** argv) {
       const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
       if (static_cast<int64_t>(blocks_per_seq) * batch > s.num_blocks) continue;
       const double kv_bytes = static_cast<double>(bytes_per_token_fp8) * context * batch;
-      s.k.swap(k8), s.v.swap(v8);
-      const double t8 = time_decode(pool, workspace, isa, s, KvDtype::fp8_e4m3, batch, context);
-      const double g8 = time_gather_read(pool, s, KvDtype::fp8_e4m3, batch, context);
-      s.k.swap(k8), s.v.swap(v8);
-      s.k.swap(k16), s.v.swap(v16);
-      const double t16 = time_decode(pool, workspace, isa, s, KvDtype::bf16, batch, context);
-      const double g16 = time_gather_read(pool, s, KvDtype::bf16, batch, context);
-      s.k.swap(k16), s.v.swap(v16);
+      const std::vector<double> t = median_seconds(
+          {decode_step(pool, workspace, isa, s, KvDtype::fp8_e4m3, batch, context),
+           decode_step(pool, workspace, isa, s, KvDtype::bf16, batch, context),
+           gather_read_step(pool, s, KvDtype::fp8_e4m3, batch, context),
+           gather_read_step(pool, s, KvDtype::bf16, batch, context)},
+          {0, 0, 1, 1});
+      const double t8 = t[0], t16 = t[1], g8 = t[2], g16 = t[3];
       std::printf("%7d %5d | %8.3f %6.1f %5.0f %5.0f | %8.3f %6.1f %5.0f %5.0f | %7.2fx\n", context, batch,
                   t8 * 1e3, kv_bytes / t8 / 1e9, 100.0 * kv_bytes / t8 / bandwidth, 100.0 * g8 / t8, t16 * 1e3,
                   2 * kv_bytes / t16 / 1e9, 100.0 * 2 * kv_bytes / t16 / bandwidth, 100.0 * g16 / t16, t16 / t8);
