@@ -96,6 +96,8 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   step_counts_.resize(static_cast<std::size_t>(c.num_layers));
 
   spdlog::info("device: {}", backend_->describe());
+  spdlog::info("attention: {} kernels for head_dim {}", cpu::cpu_isa_name(cpu::resolve_cpu_isa(cpu::CpuIsa::best, c.head_dim)),
+               c.head_dim);
   spdlog::info("model: {} ({}, {}, {} layers), weights {} bf16", model_.name, model_.format,
                family_name(c.family), c.num_layers, mib(transformer_->weight_bytes()));
   spdlog::info("KV cache: {}, {} bytes/token, margin {}{}, max model len {}", spec.describe(num_blocks),
