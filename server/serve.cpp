@@ -128,6 +128,9 @@ int run_serve(const Config& config) {
                                   : (path.filename().empty() ? path.parent_path() : path).filename().string();
   }
 
+  // Declared after `server`, so destroyed before it: the engine holds each request's output
+  // sink until the request ends, and a sink can hold the last reference to a connection's
+  // Channel (job_runner.cpp), whose timer must be destroyed while the io_context exists.
   AsyncEngine engine(std::make_unique<Engine>(std::move(model), eopts));
   engine.start();
   const Engine& core = engine.engine();
