@@ -212,7 +212,6 @@ void attend_rows(const AttentionItem& it, int row0) {
     } else {
       score_keys<V, T, NR, KU>(q, k_base + offset, it.token_stride, head_dim, nj, nj_padded, s, next);
     }
-    next.advance(nj, nj);
 
     // Online softmax update per row; keys past a row's position (causal) get probability 0.
     for (int r = 0; r < NR; ++r) {
