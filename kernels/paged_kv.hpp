@@ -11,14 +11,20 @@
 // fields. Kernel-specific inputs (queries, new K/V, outputs) live in each kernel's params struct
 // (kernels/kv_write.hpp, kernels/paged_attention.hpp).
 //
-// Layout of one layer's K (and V) pool, in elements:
-//   [num_blocks, num_kv_heads, block_size, head_dim]
-// Head-major inside a block, so the keys of one KV head in one block - what decode attention
-// reads for one (sequence, kv head) work item - are block_size * head_dim contiguous elements
-// (2 KiB for FP8 with block 16 x head_dim 128): one sequential stream per block that the
-// hardware prefetcher (CPU) or a warp's coalesced loads (GPU) read at full bandwidth, with no
-// stride over the other heads. kv_write scatters num_kv_heads short rows per new token instead,
-// which is cheap: it touches only the new tokens.
+// Layout of one layer's pool, in elements, with P = 4 bytes / element size (4 for FP8, 2 for
+// bf16) and head_dim a multiple of P:
+//   K: [num_blocks, num_kv_heads, head_dim / P, block_size, P]
+//   V: [num_blocks, num_kv_heads, block_size, head_dim]
+// Head-major inside a block, so what decode attention reads for one (sequence, kv head) work
+// item - one head's keys and values in one block - is block_size * head_dim contiguous elements
+// of each (2 KiB for FP8 with block 16 x head_dim 128): one sequential stream per block that the
+// hardware prefetcher (CPU) or a warp's coalesced loads (GPU) read at full bandwidth. K is stored
+// token-interleaved in 4-byte groups (in the spirit of vLLM's [.., head_size / x, block_size, x]):
+// one 64-byte line holds the same 4 bytes of 16 consecutive keys, so the score product q . k
+// runs with keys in vector lanes and needs no reduction across lanes per key. V keeps whole
+// rows: its product sums over keys, with head_dim in lanes. kv_write scatters num_kv_heads
+// short rows (V) and 4-byte groups (K) per new token instead, which is cheap: it touches only
+// the new tokens.
 #include <cstdint>
 
 #include "cache/kv_dtype.hpp"
@@ -31,25 +37,38 @@
 
 namespace fp8serve {
 
+// Elements per 4-byte group of K (P above).
+PAGED_KV_HD constexpr int32_t kv_k_pack(KvDtype dtype) { return dtype == KvDtype::fp8_e4m3 ? 4 : 2; }
+
 struct PagedKvView {
-  void* k = nullptr;  // [num_blocks, num_kv_heads, block_size, head_dim] elements of dtype
-  void* v = nullptr;  // same layout as k
+  void* k = nullptr;  // [num_blocks, num_kv_heads, head_dim / P, block_size, P] elements of dtype
+  void* v = nullptr;  // [num_blocks, num_kv_heads, block_size, head_dim]
   KvDtype dtype = KvDtype::fp8_e4m3;
   int32_t num_blocks = 0;
   int32_t block_size = 0;  // tokens per block
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
-  // Strides in elements. The kernels need head_dim contiguous (stride 1); the other strides
-  // let a caller hand a view of a differently packed pool without copying.
-  int64_t block_stride = 0;  // between blocks
-  int64_t head_stride = 0;   // between KV heads inside a block
-  int64_t token_stride = 0;  // between tokens of one head inside a block
+  // Strides in elements, shared by K and V. One head's K in one block is always the packed
+  // [head_dim / P, block_size, P] tile (block_size * head_dim elements); a V row has head_dim
+  // contiguous elements. The strides let a caller hand a view of a differently packed pool
+  // without copying.
+  int64_t block_stride = 0;    // between blocks
+  int64_t head_stride = 0;     // between KV heads inside a block, >= block_size * head_dim
+  int64_t v_token_stride = 0;  // between V rows of one head inside a block, >= head_dim
 
-  // Element offset of (slot, kv_head) where slot = block_id * block_size + offset_in_block.
-  PAGED_KV_HD int64_t offset(int64_t slot, int32_t kv_head) const {
+  // Element offsets of element d of (slot, kv_head) in K and of the V row of (slot, kv_head),
+  // where slot = block_id * block_size + offset_in_block.
+  PAGED_KV_HD int64_t k_offset(int64_t slot, int32_t kv_head, int32_t d) const {
     const int64_t block = slot / block_size;
     const int64_t in_block = slot - block * block_size;
-    return block * block_stride + kv_head * head_stride + in_block * token_stride;
+    const int32_t pack = kv_k_pack(dtype);
+    return block * block_stride + kv_head * head_stride + (d / pack) * int64_t{block_size} * pack +
+           in_block * pack + d % pack;
+  }
+  PAGED_KV_HD int64_t v_offset(int64_t slot, int32_t kv_head) const {
+    const int64_t block = slot / block_size;
+    const int64_t in_block = slot - block * block_size;
+    return block * block_stride + kv_head * head_stride + in_block * v_token_stride;
   }
 };
 
@@ -65,7 +84,7 @@ PAGED_KV_HD PagedKvView make_paged_kv_view(void* k, void* v, KvDtype dtype, int3
   view.block_size = block_size;
   view.num_kv_heads = num_kv_heads;
   view.head_dim = head_dim;
-  view.token_stride = head_dim;
+  view.v_token_stride = head_dim;
   view.head_stride = static_cast<int64_t>(block_size) * head_dim;
   view.block_stride = view.head_stride * num_kv_heads;
   return view;

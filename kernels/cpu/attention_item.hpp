@@ -31,13 +31,14 @@ struct AttentionItem {
   int32_t first_pos = 0;  // position of the tile's first token; token i sees keys <= first_pos + i
   int32_t key_begin = 0;  // this item's key partition [key_begin, key_end)
   int32_t key_end = 0;
-  // Keys and values of this KV head: element (block b, offset j) at
-  // base + block_table[b] * block_stride + j * token_stride.
+  // Keys and values of this KV head, in the layout of kernels/paged_kv.hpp: block b's keys are
+  // the tile [head_dim / P, block_size, P] at k + block_table[b] * block_stride, its value row j
+  // at v + block_table[b] * block_stride + j * v_token_stride.
   const int32_t* block_table = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
   int64_t block_stride = 0;
-  int64_t token_stride = 0;
+  int64_t v_token_stride = 0;
   int32_t block_size = 0;
   int32_t head_dim = 0;
   float qk_scale = 0.0f;  // softmax_scale * k_scale (1 * softmax_scale for bf16)

@@ -46,14 +46,6 @@ struct VecAvx2 {
     v = _mm_max_ss(v, _mm_movehdup_ps(v));
     return _mm_cvtss_f32(v);
   }
-  // Lane i of the result = the sum of x[i]'s lanes: W dot products finished together, a few
-  // shuffles each instead of a horizontal sum apiece. hadd twice leaves x[4i..4i+3]'s sums
-  // over each 128-bit half in u[i]; the halves are then added across.
-  static Reg reduce_add_transposed(const Reg* x) {
-    const Reg u0 = _mm256_hadd_ps(_mm256_hadd_ps(x[0], x[1]), _mm256_hadd_ps(x[2], x[3]));
-    const Reg u1 = _mm256_hadd_ps(_mm256_hadd_ps(x[4], x[5]), _mm256_hadd_ps(x[6], x[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-  }
   // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, 2^f by the polynomial kExp2Poly (error
   // < 1e-8 relative, below float rounding). x < -126 gives 0: -inf is a masked key.
   static Reg exp2(Reg x) {
@@ -86,6 +78,38 @@ struct VecAvx2 {
   static Reg load_kv(const uint16_t* p) {
     const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+  }
+
+  // 8 keys' 4-byte K groups (one per 32-bit lane; lanes >= `lanes` read as 0).
+  static __m256i load_groups(const void* p, int lanes) {
+    if (lanes >= W) return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_maskload_epi32(static_cast<const int*>(p), mask);
+  }
+  // FP8: the fp16 trick of load_kv on each byte of a 16-bit word: an arithmetic shift right by
+  // one puts the high byte's sign in bits 15 and 14 and its magnitude in bits 13..7 (the mask
+  // clears bit 14 and the low byte's bits); the low byte is moved up first. Then one byte
+  // shuffle and one 64-bit permute gather each element's 8 halves for the conversion.
+  static void load_k_group(const uint8_t* p, int lanes, Reg (&out)[4]) {
+    const __m256i x = load_groups(p, lanes);
+    const __m256i mask = _mm256_set1_epi16(static_cast<short>(0xbf80));
+    const __m256i even = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(x, 8), 1), mask);  // bytes 0, 2
+    const __m256i odd = _mm256_and_si256(_mm256_srai_epi16(x, 1), mask);                         // bytes 1, 3
+    // Per 128-bit lane: the low halves of the 4 dwords, then the high halves.
+    const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                           0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    const __m256i e = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(even, split), 0xd8);
+    const __m256i o = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(odd, split), 0xd8);
+    out[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(e));
+    out[1] = _mm256_cvtph_ps(_mm256_castsi256_si128(o));
+    out[2] = _mm256_cvtph_ps(_mm256_extracti128_si256(e, 1));
+    out[3] = _mm256_cvtph_ps(_mm256_extracti128_si256(o, 1));
+  }
+  // bf16: each lane holds two elements; the low one moves up, the high one is masked.
+  static void load_k_group(const uint16_t* p, int lanes, Reg (&out)[2]) {
+    const __m256i x = load_groups(p, lanes);
+    out[0] = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    out[1] = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
   }
 };
 

@@ -12,9 +12,10 @@
 //
 // FP8 -> bf16: a 128-entry table lookup on the 7 magnitude bits (vpermt2b, two tables for the
 // high and the low byte of the bf16 bits) plus the sign bit; the bytes are then interleaved
-// into words within each 128-bit lane, which permutes elements within 64-element units. The
-// dot products do not care as long as q is permuted the same way (prepare_q); the value
-// accumulators hold their columns permuted (o_slot says where). Called only when cpu_features()
+// into words within each 128-bit lane. For K, whose 4-byte groups hold 4 elements of one key,
+// that pairs each key's elements as the scores need (score_keys); for V it permutes columns
+// within 64-element units, so the value accumulators hold their columns permuted (o_slot says
+// where). Called only when cpu_features()
 // reports avx512f, avx512bw, avx512vbmi, avx512bf16, avx2, fma and f16c, for head_dim % 64 == 0.
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC bug 105593, as in attention_tile_avx512.cpp.
@@ -94,16 +95,11 @@ struct VecAvx512Bf16 : VecAvx512 {
     return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
   }
 
-  // q as bf16, in the element order the K row takes after conversion: for FP8, word k of
-  // vector h of a unit is element 16 * (k / 8) + 8 * h + k % 8 (fp8_to_bf16's order).
+  // q as bf16, in its own order: the K layout puts each key's elements in the order the score
+  // products take them (score_keys).
   template <class T>
   static void prepare_q(const float* q, int head_dim, uint16_t* out) {
-    for (int c = 0; c < head_dim; c += kUnit) {
-      for (int i = 0; i < kUnit; ++i) {
-        const int element = std::is_same_v<T, uint8_t> ? 16 * ((i % 32) / 8) + 8 * (i / 32) + i % 8 : i;
-        out[c + i] = bf16_encode(q[c + element]);
-      }
-    }
+    for (int d = 0; d < head_dim; ++d) out[d] = bf16_encode(q[d]);
   }
 
   // Value columns: the accumulator u of a 64-column unit holds, in lane 4 L + i, column
@@ -121,55 +117,56 @@ struct VecAvx512Bf16 : VecAvx512 {
     return base + 16 * u + 4 * lane + w % 4;
   }
 
-  // As tile::score_keys: s[r][j] = q[r] . k[j] for j < nj_padded (keys past nj repeat key nj - 1),
-  // prefetching the next block as it goes.
-  // Four keys at a time (16 accumulators; q is loaded once per four keys, which keeps the loads
-  // below the dot products), each group of four folded at once into one vector of per-128-bit-
-  // lane sums: the same additions as reduce_add_transposed, without spilling 16 vectors a row.
+  // As tile::score_keys, 16 keys in lanes per pass, prefetching the next block as it goes.
+  // FP8: one 64-byte line holds element group g (4 elements) of 16 keys; converted, w0 holds
+  // keys 4L and 4L + 1 of each 128-bit lane L as (elements 0-1, elements 2-3) pairs and w1 keys
+  // 4L + 2 and 4L + 3, so q's 4 elements broadcast as one 64-bit pattern multiply both, and one
+  // pairwise add per row at the end (hadd) leaves the 16 scores in key order. bf16: a line holds
+  // element pair g of 16 keys, one key per 32-bit lane: q's pair broadcast, no reduction at all;
+  // two accumulators per row (even and odd g) keep 8 dot-product chains in flight.
   template <class T, int NR, class NextBlock>
-  static void score_keys(const uint16_t (*q)[kMaxHeadDim], const T* k, int64_t token_stride, int head_dim,
-                         int nj, int nj_padded, float (*s)[kKeyChunk], NextBlock& next) {
-    constexpr int KU = 4;
+  static void score_keys(const uint16_t (*q)[kMaxHeadDim], const T* k, int64_t group_stride, int lanes_left,
+                         int head_dim, int nj_padded, float (*s)[kKeyChunk], NextBlock& next) {
+    constexpr int P = 4 / static_cast<int>(sizeof(T));
     [[maybe_unused]] const Lut t = lut();
-    for (int j0 = 0; j0 < nj_padded; j0 += W) {
-      Reg groups[NR][W / KU];
-      for (int g = 0; g < W / KU; ++g) {
-        next.advance(std::min(j0 + (g + 1) * KU, nj), nj);
-        const T* rows[KU];
+    const int groups = head_dim / P;
+    const int passes = nj_padded / W;
+    for (int pass = 0; pass < passes; ++pass) {
+      const int j0 = pass * W;
+      const int lanes = std::min(W, lanes_left - j0);
+      Reg a0[NR], a1[NR];
 #pragma GCC unroll 4
-        for (int u = 0; u < KU; ++u) rows[u] = k + std::min(j0 + g * KU + u, nj - 1) * token_stride;
-        Reg acc[KU][NR];
-#pragma GCC unroll 4
-        for (int u = 0; u < KU; ++u)
-#pragma GCC unroll 4
-          for (int r = 0; r < NR; ++r) acc[u][r] = zero();
-        for (int c = 0; c < head_dim; c += kUnit) {
-          __m512i kv[KU][2];
-#pragma GCC unroll 4
-          for (int u = 0; u < KU; ++u) {
-            if constexpr (std::is_same_v<T, uint8_t>) {
-              fp8_to_bf16(_mm512_loadu_si512(rows[u] + c), t, kv[u][0], kv[u][1]);
-            } else {
-              kv[u][0] = _mm512_loadu_si512(rows[u] + c);
-              kv[u][1] = _mm512_loadu_si512(rows[u] + c + 32);
-            }
-          }
-#pragma GCC unroll 4
-          for (int r = 0; r < NR; ++r) {
+      for (int r = 0; r < NR; ++r) a0[r] = a1[r] = zero();
+      for (int g = 0; g < groups; g += 2) {
+        next.advance(pass * groups + g + 2, passes * groups);
 #pragma GCC unroll 2
-            for (int h = 0; h < 2; ++h) {
-              const __m512i qv = _mm512_load_si512(q[r] + c + 32 * h);
+        for (int h = 0; h < 2; ++h) {
+          const __m512i line = load_groups(k + (g + h) * group_stride + j0 * P, lanes);
+          if constexpr (std::is_same_v<T, uint8_t>) {
+            __m512i w0, w1;
+            fp8_to_bf16(line, t, w0, w1);
 #pragma GCC unroll 4
-              for (int u = 0; u < KU; ++u) acc[u][r] = dot(acc[u][r], qv, kv[u][h]);
+            for (int r = 0; r < NR; ++r) {
+              int64_t quad;
+              std::memcpy(&quad, q[r] + (g + h) * 4, sizeof quad);
+              const __m512i qq = _mm512_set1_epi64(quad);
+              a0[r] = dot(a0[r], qq, w0);
+              a1[r] = dot(a1[r], qq, w1);
+            }
+          } else {
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; ++r) {
+              int32_t pair;
+              std::memcpy(&pair, q[r] + (g + h) * 2, sizeof pair);
+              Reg& acc = h == 0 ? a0[r] : a1[r];
+              acc = dot(acc, _mm512_set1_epi32(pair), line);
             }
           }
         }
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; ++r) groups[r][g] = hadd(hadd(acc[0][r], acc[1][r]), hadd(acc[2][r], acc[3][r]));
       }
 #pragma GCC unroll 4
       for (int r = 0; r < NR; ++r) {
-        store(s[r] + j0, add_lanes(add_lanes(groups[r][0], groups[r][1]), add_lanes(groups[r][2], groups[r][3])));
+        store(s[r] + j0, std::is_same_v<T, uint8_t> ? hadd(a0[r], a1[r]) : add(a0[r], a1[r]));
       }
     }
   }
@@ -196,7 +193,7 @@ struct VecAvx512Bf16 : VecAvx512 {
   // key pairs with itself at weight 0.
   template <class T, int NR>
   static void accumulate_values(const float (*p)[kKeyChunk], const float* alpha, const T* v,
-                                int64_t token_stride, int head_dim, int nj, float (*o)[kMaxHeadDim]) {
+                                int64_t v_token_stride, int head_dim, int nj, float (*o)[kMaxHeadDim]) {
     alignas(64) uint16_t pb[NR][kKeyChunk];
     for (int r = 0; r < NR; ++r) {
       for (int j = 0; j < nj; j += W) {
@@ -215,8 +212,8 @@ struct VecAvx512Bf16 : VecAvx512 {
         for (int u = 0; u < 4; ++u) acc[u][r] = mul(load(o[r] + c + u * W), a);
       }
       for (int jp = 0; jp < pairs; ++jp) {
-        const T* a = v + 2 * jp * token_stride + c;
-        const T* b = v + std::min(2 * jp + 1, nj - 1) * token_stride + c;
+        const T* a = v + 2 * jp * v_token_stride + c;
+        const T* b = v + std::min(2 * jp + 1, nj - 1) * v_token_stride + c;
         __m512i vv[4];
         value_pairs<T>(a, b, t, vv);
 #pragma GCC unroll 4

@@ -7,10 +7,11 @@
 // attention_item.hpp.
 //
 // V provides: Reg, W (lanes), kNumRegs (vector registers), zero, set1, load, store, mul,
-// fma(a, b, c) = a * b + c, reduce_add, reduce_max, reduce_add_transposed (W vectors -> one
-// vector of their W sums), max, exp2 (exp2(-inf) = 0), and load_kv for W elements of uint8_t
-// (FP8 E4M3 -> fp32 in registers, times 1 / kFp8Unit, a power of two folded into the scales)
-// and of uint16_t (bf16 -> fp32).
+// fma(a, b, c) = a * b + c, reduce_add, reduce_max, max, exp2 (exp2(-inf) = 0); load_kv for W
+// elements of a V row, uint8_t (FP8 E4M3 -> fp32 in registers, times 1 / kFp8Unit, a power of
+// two folded into the scales) or uint16_t (bf16 -> fp32); and load_k_group for W keys' 4-byte
+// group of K (kKPack<T> elements each, see kernels/paged_kv.hpp) as kKPack<T> vectors of W
+// lanes, one per element, converted the same way; lanes >= `lanes` are never read.
 //
 // Optionally V also provides its own bf16 dot-product kernels (kDotBf16 = true; see
 // attention_tile_avx512bf16.cpp): then K, V, q and the probabilities enter the dot products as
@@ -31,15 +32,19 @@ constexpr float kLog2e = 1.4426950408889634f;
 template <class V>
 constexpr bool kDotBf16 = requires { requires V::kDotBf16; };
 
+// Elements per 4-byte group of K (kv_k_pack in kernels/paged_kv.hpp).
+template <class T>
+constexpr int kKPack = 4 / static_cast<int>(sizeof(T));
+
 template <class V>
 constexpr int rows_per_pass() {
   if constexpr (requires { V::kMaxRows; }) return V::kMaxRows;
   else return kMaxRows;
 }
 
-// The next block's K and V rows of one head, prefetched a few rows at a time while the current
-// chunk's keys are scored: advance(done, nj) tops the prefetched rows up to the fraction done / nj
-// of the block. Blocks sit anywhere in the pool, so the hardware prefetcher sees a new short
+// The next block's K tile and V rows of one head, prefetched a few rows' worth (head_dim
+// elements of each) at a time while the current chunk's keys are scored: advance(done, total)
+// tops the prefetched rows up to the fraction done / total of the block. Blocks sit anywhere in the pool, so the hardware prefetcher sees a new short
 // stream at every block; asking for the next one early hides it. Measured on Zen 4 (16384 x 8,
 // two threads, medians of interleaved runs): into L2 (prefetcht1) rather than L1, FP8 22.6 ->
 // 18.9 ms and bf16 35.1 -> 31.5 ms; spread over the chunk rather than all 64 lines at its start
@@ -49,14 +54,14 @@ template <class T>
 class NextBlockPrefetch {
  public:
   NextBlockPrefetch() = default;
-  NextBlockPrefetch(const T* k, const T* v, int rows, int64_t token_stride, int head_dim)
-      : k_(k), v_(v), rows_(rows), token_stride_(token_stride),
+  NextBlockPrefetch(const T* k, const T* v, int rows, int64_t v_token_stride, int head_dim)
+      : k_(k), v_(v), rows_(rows), head_dim_(head_dim), v_token_stride_(v_token_stride),
         row_bytes_(head_dim * static_cast<int>(sizeof(T))) {}
-  void advance(int done, int nj) {
-    const int target = (rows_ * done + nj - 1) / nj;
+  void advance(int done, int total) {
+    const int target = (rows_ * done + total - 1) / total;
     for (; next_ < target; ++next_) {
-      const char* k_row = reinterpret_cast<const char*>(k_ + next_ * token_stride_);
-      const char* v_row = reinterpret_cast<const char*>(v_ + next_ * token_stride_);
+      const char* k_row = reinterpret_cast<const char*>(k_ + next_ * head_dim_);  // the tile is contiguous
+      const char* v_row = reinterpret_cast<const char*>(v_ + next_ * v_token_stride_);
       for (int b = 0; b < row_bytes_; b += 64) {
         __builtin_prefetch(k_row + b, 0, 2);
         __builtin_prefetch(v_row + b, 0, 2);
@@ -69,50 +74,49 @@ class NextBlockPrefetch {
   const T* v_ = nullptr;
   int rows_ = 0;  // 0: no next block
   int next_ = 0;
-  int64_t token_stride_ = 0;
+  int head_dim_ = 0;
+  int64_t v_token_stride_ = 0;
   int row_bytes_ = 0;
 };
 
-// s[r][j] = q[r] . k[j] for the chunk's keys j in [0, nj_padded) (keys past nj repeat key
-// nj - 1: finite scores, masked by the caller). KU keys at once keep KU * NR independent FMA
-// chains in flight. Each key's head_dim partial sums stay in one vector until W keys of a row
-// are done; V::reduce_add_transposed then sums the W vectors across lanes together and leaves
-// the W scores in one vector: a few shuffles per score instead of a horizontal sum each.
-template <class V, class T, int NR, int KU>
-void score_keys(const float (*q)[kMaxHeadDim], const T* k, int64_t token_stride, int head_dim,
-                int nj, int nj_padded, float (*s)[kKeyChunk], NextBlockPrefetch<T>& next) {
+// s[r][j] = q[r] . k[j] for the chunk's keys j in [0, nj_padded), with keys in vector lanes:
+// k points at the chunk's first key in its block's K tile, where element g * P + i of key j sits
+// at k + g * group_stride + j * P + i (P = kKPack<T>). lanes_left keys remain in the block from
+// there: lanes past them are not read (0); keys in [nj, lanes_left) hold whatever the block
+// holds, finite or not, and are masked by the caller. Each row's score vector needs no
+// reduction across lanes; A accumulators per row keep up to 8 FMA chains in flight (two FMA
+// pipes times four cycles of latency).
+template <class V, class T, int NR>
+void score_keys(const float (*q)[kMaxHeadDim], const T* k, int64_t group_stride, int lanes_left,
+                int head_dim, int nj_padded, float (*s)[kKeyChunk], NextBlockPrefetch<T>& next) {
   using Reg = typename V::Reg;
-  static_assert(V::W % KU == 0);
-  Reg partial[NR][V::W];  // [rows, keys of the group]
-  for (int j0 = 0; j0 < nj_padded; j0 += V::W) {
-    for (int j = j0; j < j0 + V::W; j += KU) {
-      next.advance(std::min(j + KU, nj), nj);
-      const T* rows[KU];
-#pragma GCC unroll 16
-      for (int u = 0; u < KU; ++u) rows[u] = k + std::min(j + u, nj - 1) * token_stride;
-      Reg acc[KU][NR];
-#pragma GCC unroll 16
-      for (int u = 0; u < KU; ++u)
+  constexpr int P = kKPack<T>;
+  constexpr int A = std::min(P, std::max(1, 8 / NR));
+  const int groups = head_dim / P;
+  const int passes = nj_padded / V::W;
+  for (int pass = 0; pass < passes; ++pass) {
+    const int j0 = pass * V::W;
+    const int lanes = std::min(V::W, lanes_left - j0);
+    Reg acc[A][NR];
+#pragma GCC unroll 4
+    for (int a = 0; a < A; ++a)
 #pragma GCC unroll 8
-        for (int r = 0; r < NR; ++r) acc[u][r] = V::zero();
-      for (int c = 0; c < head_dim; c += V::W) {
-        Reg kv[KU];
-#pragma GCC unroll 16
-        for (int u = 0; u < KU; ++u) kv[u] = V::load_kv(rows[u] + c);
+      for (int r = 0; r < NR; ++r) acc[a][r] = V::zero();
+    for (int g = 0; g < groups; ++g) {
+      next.advance(pass * groups + g + 1, passes * groups);
+      Reg kk[P];
+      V::load_k_group(k + g * group_stride + j0 * P, lanes, kk);
+#pragma GCC unroll 4
+      for (int i = 0; i < P; ++i)
 #pragma GCC unroll 8
-        for (int r = 0; r < NR; ++r) {
-          const Reg qv = V::load(q[r] + c);
-#pragma GCC unroll 16
-          for (int u = 0; u < KU; ++u) acc[u][r] = V::fma(qv, kv[u], acc[u][r]);
-        }
-      }
-#pragma GCC unroll 16
-      for (int u = 0; u < KU; ++u)
-#pragma GCC unroll 8
-        for (int r = 0; r < NR; ++r) partial[r][j - j0 + u] = acc[u][r];
+        for (int r = 0; r < NR; ++r) acc[i % A][r] = V::fma(V::set1(q[r][g * P + i]), kk[i], acc[i % A][r]);
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) V::store(s[r] + j0, V::reduce_add_transposed(partial[r]));
+    for (int r = 0; r < NR; ++r) {
+#pragma GCC unroll 4
+      for (int a = 1; a < A; ++a) acc[0][r] = V::add(acc[0][r], acc[a][r]);
+      V::store(s[r] + j0, acc[0][r]);
+    }
   }
 }
 
@@ -120,7 +124,7 @@ void score_keys(const float (*q)[kMaxHeadDim], const T* k, int64_t token_stride,
 // as KU above.
 template <class V, class T, int NR, int CU>
 void accumulate_values(const float (*p)[kKeyChunk], const float* alpha, const T* v,
-                       int64_t token_stride, int head_dim, int nj, float (*o)[kMaxHeadDim]) {
+                       int64_t v_token_stride, int head_dim, int nj, float (*o)[kMaxHeadDim]) {
   using Reg = typename V::Reg;
   int c = 0;
   for (; c + CU * V::W <= head_dim; c += CU * V::W) {
@@ -134,7 +138,7 @@ void accumulate_values(const float (*p)[kKeyChunk], const float* alpha, const T*
     for (int j = 0; j < nj; ++j) {
       Reg vv[CU];
 #pragma GCC unroll 8
-      for (int u = 0; u < CU; ++u) vv[u] = V::load_kv(v + j * token_stride + c + u * V::W);
+      for (int u = 0; u < CU; ++u) vv[u] = V::load_kv(v + j * v_token_stride + c + u * V::W);
 #pragma GCC unroll 8
       for (int r = 0; r < NR; ++r) {
         const Reg pr = V::set1(p[r][j]);
@@ -151,7 +155,7 @@ void accumulate_values(const float (*p)[kKeyChunk], const float* alpha, const T*
     if (c < head_dim) {
       // The leftover columns: shift every row pointer by c and run the one-vector variant.
       float (*o_tail)[kMaxHeadDim] = reinterpret_cast<float (*)[kMaxHeadDim]>(&o[0][c]);
-      accumulate_values<V, T, NR, 1>(p, alpha, v + c, token_stride, head_dim - c, nj, o_tail);
+      accumulate_values<V, T, NR, 1>(p, alpha, v + c, v_token_stride, head_dim - c, nj, o_tail);
     }
   }
 }
@@ -160,7 +164,6 @@ void accumulate_values(const float (*p)[kKeyChunk], const float* alpha, const T*
 template <class V, class T, int NR>
 void attend_rows(const AttentionItem& it, int row0) {
   using Reg = typename V::Reg;
-  constexpr int KU = std::min(V::W, NR <= 2 ? 4 : (NR <= 4 ? 2 : 1));
   // 4 x 4 value accumulators fit AVX-512's 32 registers, not AVX2's 16.
   constexpr int CU = NR <= 2 || (NR <= 4 && V::kNumRegs >= 32) ? 4 : (NR <= 4 ? 2 : 1);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -199,18 +202,22 @@ void attend_rows(const AttentionItem& it, int row0) {
     const int block = key / it.block_size;
     const int in_block = key - block * it.block_size;
     const int nj = std::min({kKeyChunk, it.block_size - in_block, key_end - key});
-    const int64_t offset = it.block_table[block] * it.block_stride + in_block * it.token_stride;
+    const int64_t block_offset = it.block_table[block] * it.block_stride;
+    const T* k_chunk = k_base + block_offset + in_block * kKPack<T>;
+    const int64_t k_group_stride = int64_t{it.block_size} * kKPack<T>;
+    const T* v_chunk = v_base + block_offset + in_block * it.v_token_stride;
     NextBlockPrefetch<T> next;
     if (in_block + nj == it.block_size && key + nj < key_end) {
       const int64_t next_offset = it.block_table[block + 1] * it.block_stride;
-      next = NextBlockPrefetch<T>(k_base + next_offset, v_base + next_offset, it.block_size, it.token_stride,
+      next = NextBlockPrefetch<T>(k_base + next_offset, v_base + next_offset, it.block_size, it.v_token_stride,
                                   head_dim);
     }
     const int nj_padded = (nj + V::W - 1) / V::W * V::W;
+    const int lanes_left = it.block_size - in_block;
     if constexpr (kDotBf16<V>) {
-      V::template score_keys<T, NR>(q_bf16, k_base + offset, it.token_stride, head_dim, nj, nj_padded, s, next);
+      V::template score_keys<T, NR>(q_bf16, k_chunk, k_group_stride, lanes_left, head_dim, nj_padded, s, next);
     } else {
-      score_keys<V, T, NR, KU>(q, k_base + offset, it.token_stride, head_dim, nj, nj_padded, s, next);
+      score_keys<V, T, NR>(q, k_chunk, k_group_stride, lanes_left, head_dim, nj_padded, s, next);
     }
 
     // Online softmax update per row; keys past a row's position (causal) get probability 0.
@@ -238,9 +245,9 @@ void attend_rows(const AttentionItem& it, int row0) {
       m[r] = m_new;
     }
     if constexpr (kDotBf16<V>) {
-      V::template accumulate_values<T, NR>(s, alpha, v_base + offset, it.token_stride, head_dim, nj, o);
+      V::template accumulate_values<T, NR>(s, alpha, v_chunk, it.v_token_stride, head_dim, nj, o);
     } else {
-      accumulate_values<V, T, NR, CU>(s, alpha, v_base + offset, it.token_stride, head_dim, nj, o);
+      accumulate_values<V, T, NR, CU>(s, alpha, v_chunk, it.v_token_stride, head_dim, nj, o);
     }
     key += nj;
   }

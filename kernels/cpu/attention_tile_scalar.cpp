@@ -2,6 +2,7 @@
 // the vector builds are tested against, and the path for CPUs without AVX2 or odd head_dims.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -27,11 +28,14 @@ struct VecScalar {
   static Reg max(Reg a, Reg b) { return std::max(a, b); }
   static float reduce_add(Reg x) { return x; }
   static float reduce_max(Reg x) { return x; }
-  static Reg reduce_add_transposed(const Reg* x) { return x[0]; }
   static Reg exp2(Reg x) { return std::exp2(x); }
   static constexpr float kFp8Unit = 1.0f;  // exact decode
   static Reg load_kv(const uint8_t* p) { return fp8_e4m3_decode(*p); }
   static Reg load_kv(const uint16_t* p) { return bf16_decode(*p); }
+  template <class T>
+  static void load_k_group(const T* p, int /*lanes*/, Reg (&out)[4 / sizeof(T)]) {
+    for (std::size_t i = 0; i < 4 / sizeof(T); ++i) out[i] = load_kv(p + i);
+  }
 };
 
 }  // namespace

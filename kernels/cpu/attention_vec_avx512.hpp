@@ -18,22 +18,10 @@ struct VecAvx512 {
   static Reg max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
   static float reduce_add(Reg x) { return _mm512_reduce_add_ps(x); }
   static float reduce_max(Reg x) { return _mm512_reduce_max_ps(x); }
-  // Lane i of the result = the sum of x[i]'s lanes (see avx2). Pairwise: per 128-bit lane
-  // [a0+a1, a2+a3, b0+b1, b2+b3] twice, which leaves x[4i..4i+3]'s sums over each 128-bit
-  // lane in u[i]; then two rounds of 128-bit lane shuffles add the four lanes together.
+  // Per 128-bit lane: [a0+a1, a2+a3, b0+b1, b2+b3].
   static Reg hadd(Reg a, Reg b) {
     return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
                          _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
-  }
-  static Reg add_lanes(Reg a, Reg b) {  // [a0+a1, a2+a3, b0+b1, b2+b3] over 128-bit lanes
-    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
-  }
-  static Reg reduce_add_transposed(const Reg* x) {
-    Reg t[8], u[4];
-    for (int i = 0; i < 8; ++i) t[i] = hadd(x[2 * i], x[2 * i + 1]);
-    for (int i = 0; i < 4; ++i) u[i] = hadd(t[2 * i], t[2 * i + 1]);
-    return add_lanes(add_lanes(u[0], u[1]), add_lanes(u[2], u[3]));
   }
   static Reg exp2(Reg x) {
     const Reg xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-126.0f)), _mm512_set1_ps(127.0f));
@@ -58,5 +46,29 @@ struct VecAvx512 {
   static Reg load_kv(const uint16_t* p) {
     const __m256i halves = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
+  }
+
+  // 16 keys' 4-byte K groups (one per 32-bit lane; lanes >= `lanes` read as 0).
+  static __m512i load_groups(const void* p, int lanes) {
+    if (lanes >= W) return _mm512_loadu_si512(p);
+    return _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << lanes) - 1), p);
+  }
+  // FP8: load_kv's fp16 trick on each byte of a 16-bit word (see attention_tile_avx2.cpp),
+  // then vpmovdw gathers each element's 16 halves.
+  static void load_k_group(const uint8_t* p, int lanes, Reg (&out)[4]) {
+    const __m512i x = load_groups(p, lanes);
+    const __m512i mask = _mm512_set1_epi16(static_cast<short>(0xbf80));
+    const __m512i even = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(x, 8), 1), mask);  // bytes 0, 2
+    const __m512i odd = _mm512_and_si512(_mm512_srai_epi16(x, 1), mask);                         // bytes 1, 3
+    out[0] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(even));
+    out[1] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(odd));
+    out[2] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(even, 16)));
+    out[3] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(odd, 16)));
+  }
+  // bf16: each lane holds two elements; the low one moves up, the high one is masked.
+  static void load_k_group(const uint16_t* p, int lanes, Reg (&out)[2]) {
+    const __m512i x = load_groups(p, lanes);
+    out[0] = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    out[1] = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }
 };

@@ -33,7 +33,7 @@ void CpuBackend::copy_blocks(const CopyBlocksParams& p, Stream /*stream*/) {
     const std::size_t elem = kv_dtype_size(view.dtype);
     // A packed view keeps a block contiguous: block_stride elements from its first one.
     if (view.block_stride != view.head_stride * view.num_kv_heads ||
-        view.head_stride != static_cast<int64_t>(view.block_size) * view.token_stride) {
+        view.head_stride != static_cast<int64_t>(view.block_size) * view.v_token_stride) {
       throw std::invalid_argument("copy_blocks: needs a densely packed KV view");
     }
     const std::size_t block_bytes = static_cast<std::size_t>(view.block_stride) * elem;

@@ -35,22 +35,34 @@ float chunk_amax(const float* x, int64_t token_stride, int32_t first, int32_t co
   return amax;
 }
 
-// Writes one head row of one token; returns the number of saturated elements.
-uint64_t store_row(const float* src, void* pool, int64_t offset, int32_t head_dim, KvDtype dtype,
-                   float scale) {
-  if (dtype == KvDtype::bf16) {
-    uint16_t* dst = static_cast<uint16_t*>(pool) + offset;
-    for (int32_t d = 0; d < head_dim; ++d) dst[d] = bf16_encode(src[d]);
-    return 0;
-  }
-  uint8_t* dst = static_cast<uint8_t*>(pool) + offset;
+// Writes one head row of one token, element d at dst + (d / pack) * group_stride + d % pack
+// (a V row: pack = head_dim; a K row: its 4-byte groups, block_size groups apart); returns the
+// number of saturated elements.
+template <class T, class Encode>
+uint64_t store_row(const float* src, T* dst, int32_t head_dim, int32_t pack, int64_t group_stride,
+                   Encode encode) {
   uint64_t saturated = 0;
-  for (int32_t d = 0; d < head_dim; ++d) {
-    const float y = src[d] / scale;  // a division, as the contract says: x * (1/scale) rounds differently
-    saturated += kv_value_saturates(y) ? 1u : 0u;
-    dst[d] = fp8_e4m3_encode(y);
+  for (int32_t g = 0; g < head_dim; g += pack, dst += group_stride) {
+    for (int32_t i = 0; i < pack; ++i) saturated += encode(src[g + i], dst[i]);
   }
   return saturated;
+}
+
+uint64_t store_row(const float* src, void* pool, int64_t offset, int32_t head_dim, int32_t pack,
+                   int64_t group_stride, KvDtype dtype, float scale) {
+  if (dtype == KvDtype::bf16) {
+    return store_row(src, static_cast<uint16_t*>(pool) + offset, head_dim, pack, group_stride,
+                     [](float x, uint16_t& out) {
+                       out = bf16_encode(x);
+                       return 0u;
+                     });
+  }
+  return store_row(src, static_cast<uint8_t*>(pool) + offset, head_dim, pack, group_stride,
+                   [scale](float x, uint8_t& out) {
+                     const float y = x / scale;  // a division, as the contract says: x * (1/scale) rounds differently
+                     out = fp8_e4m3_encode(y);
+                     return kv_value_saturates(y) ? 1u : 0u;
+                   });
 }
 
 }  // namespace
@@ -103,6 +115,8 @@ void kv_write_cpu(const KvWriteParams& params, ThreadPool& pool) {
   const float* v = static_cast<const float*>(params.v);
   const int32_t row = cache.num_kv_heads * cache.head_dim;
   const bool fp8 = cache.dtype == KvDtype::fp8_e4m3;
+  const int32_t k_pack = kv_k_pack(cache.dtype);
+  const int64_t k_group_stride = static_cast<int64_t>(cache.block_size) * k_pack;
 
   if (fp8 && batch.calibrate != nullptr) {
     // Calibrate before any token is quantized: every token of the chunk uses the new scale.
@@ -133,10 +147,11 @@ void kv_write_cpu(const KvWriteParams& params, ThreadPool& pool) {
       const float k_scale = fp8 ? batch.k_scales[seq] : 1.0f;
       const float v_scale = fp8 ? batch.v_scales[seq] : 1.0f;
       for (int32_t h = 0; h < cache.num_kv_heads; ++h) {
-        const int64_t offset = cache.offset(slot, h);
         const int64_t src = static_cast<int64_t>(h) * cache.head_dim;
-        counts.num_k_saturated += store_row(k + t * params.k_token_stride + src, cache.k, offset, cache.head_dim, cache.dtype, k_scale);
-        counts.num_v_saturated += store_row(v + t * params.v_token_stride + src, cache.v, offset, cache.head_dim, cache.dtype, v_scale);
+        counts.num_k_saturated += store_row(k + t * params.k_token_stride + src, cache.k, cache.k_offset(slot, h, 0),
+                                            cache.head_dim, k_pack, k_group_stride, cache.dtype, k_scale);
+        counts.num_v_saturated += store_row(v + t * params.v_token_stride + src, cache.v, cache.v_offset(slot, h),
+                                            cache.head_dim, cache.head_dim, 0, cache.dtype, v_scale);
       }
       counts.num_elements += static_cast<uint64_t>(row);
     }

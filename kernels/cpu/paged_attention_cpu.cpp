@@ -97,7 +97,7 @@ void plan_work(const PagedAttentionParams& params, AttentionWorkspace& ws) {
       item.k = static_cast<const char*>(cache.k) + head_bytes;
       item.v = static_cast<const char*>(cache.v) + head_bytes;
       item.block_stride = cache.block_stride;
-      item.token_stride = cache.token_stride;
+      item.v_token_stride = cache.v_token_stride;
       item.block_size = cache.block_size;
       item.head_dim = cache.head_dim;
       item.qk_scale = params.softmax_scale * (fp8 ? batch.k_scales[s] : 1.0f);

@@ -23,8 +23,14 @@ void validate_paged_kv_view(const PagedKvView& view) {
   if (view.head_dim <= 0 || view.head_dim > kMaxHeadDim) {
     fail("head_dim " + std::to_string(view.head_dim) + " outside [1, " + std::to_string(kMaxHeadDim) + "]");
   }
-  if (view.token_stride < view.head_dim || view.head_stride <= 0 || view.block_stride <= 0) {
-    fail("strides must be positive and token_stride >= head_dim");
+  const int32_t pack = kv_k_pack(view.dtype);
+  if (view.head_dim % pack != 0) {
+    fail("head_dim " + std::to_string(view.head_dim) + " is not a multiple of " + std::to_string(pack) +
+         " (K is stored in 4-byte groups)");
+  }
+  if (view.v_token_stride < view.head_dim || view.block_stride <= 0 ||
+      view.head_stride < static_cast<int64_t>(view.block_size) * view.head_dim) {
+    fail("strides must be positive, head_stride >= block_size * head_dim and v_token_stride >= head_dim");
   }
 }
 

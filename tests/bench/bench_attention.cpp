@@ -5,7 +5,8 @@
 // Layer shape: Llama-3-8B (32 query heads, 8 KV heads, head_dim 128), block 16, blocks of each
 // sequence scattered over the pool as in a long-running server. Contexts 512..16384, batch
 // 1..32. Usage: bench_attention [--threads N] [--max-gib G] [--context C --batch B (one cell)]
-// [--isa best|avx512bf16|avx512|avx2|scalar]
+// [--isa best|avx512bf16|avx512|avx2|scalar] [--warm 1 (every call re-reads the same blocks: with
+// a small cell, the kernels' compute alone)]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -63,8 +64,9 @@ struct Setup {
   // Every timed call reads its K and V cold, as one layer's attention does in a decode step (the
   // other layers' KV and the weights pass through the caches in between): call i of a cell
   // uses the i-th of up to 64 disjoint sets of n blocks (block tables [batch, n / batch]).
+  bool warm = false;  // --warm: every call uses the first set
   const int32_t* tables(int64_t call, int64_t n) const {
-    const int64_t sets = std::max<int64_t>(1, std::min<int64_t>(num_blocks / n, 64));
+    const int64_t sets = warm ? 1 : std::max<int64_t>(1, std::min<int64_t>(num_blocks / n, 64));
     return ids.data() + (call % sets) * n;
   }
 };
@@ -134,7 +136,7 @@ Step gather_read_step(cpu::ThreadPool& pool, const Setup& s, KvDtype dtype, int3
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   const int64_t elem = dtype == KvDtype::fp8_e4m3 ? 1 : 2;
   const PagedKvView view = make_paged_kv_view(nullptr, nullptr, dtype, s.num_blocks, kBlockSize, kNumKvHeads, kHeadDim);
-  const int64_t row_bytes = kHeadDim * elem, token_stride = view.token_stride * elem;
+  const int64_t row_bytes = kHeadDim * elem, token_stride = view.v_token_stride * elem;
   const int64_t head_stride = view.head_stride * elem, block_stride = view.block_stride * elem;
   const uint8_t* k = s.k(dtype);
   const uint8_t* v = s.v(dtype);
@@ -174,6 +176,7 @@ int main(int argc, char** argv) {
   double max_gib = 2.0;  // largest bf16 pool to allocate
   int32_t only_context = 0, only_batch = 0;  // one cell of the table, for experiments
   cpu::CpuIsa isa = cpu::CpuIsa::best;
+  bool warm = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--threads") threads = std::atoi(argv[i + 1]);
@@ -181,6 +184,7 @@ int main(int argc, char** argv) {
     else if (flag == "--context") only_context = std::atoi(argv[i + 1]);
     else if (flag == "--batch") only_batch = std::atoi(argv[i + 1]);
     else if (flag == "--isa") isa = cpu::parse_cpu_isa(argv[i + 1]);
+    else if (flag == "--warm") warm = std::atoi(argv[i + 1]) != 0;
   }
   cpu::ThreadPool pool(threads);
   cpu::AttentionWorkspace workspace;
@@ -197,6 +201,8 @@ int main(int argc, char** argv) {
   const int64_t bytes_per_token_fp8 = 2LL * kNumKvHeads * kHeadDim;
   const int64_t max_tokens = static_cast<int64_t>(max_gib * (1ull << 30)) / (2 * bytes_per_token_fp8);
   Setup s;
+  s.warm = warm;
+  if (warm) std::printf("warm: every call re-reads the same blocks (the figures are not memory bandwidth)\n\n");
   s.num_blocks = static_cast<int32_t>(std::min<int64_t>(max_tokens, 32LL * 16384) / kBlockSize);
   const std::size_t pool_elems = static_cast<std::size_t>(s.num_blocks) * kBlockSize * kNumKvHeads * kHeadDim;
   s.k8.resize(pool_elems), s.v8.resize(pool_elems), s.k16.resize(2 * pool_elems), s.v16.resize(2 * pool_elems);

@@ -75,9 +75,16 @@ struct PoolFixture {
   }
   int32_t num_seqs() const { return static_cast<int32_t>(seqs.size()); }
 
-  // Element index of (sequence, position, kv head, dim) in the documented layout
-  // [num_blocks, num_kv_heads, block_size, head_dim], through the sequence's block table.
-  int64_t index(int32_t seq, int32_t pos, int32_t kv_head, int32_t d) const {
+  // Element indices of (sequence, position, kv head, dim) in the documented layouts, through
+  // the sequence's block table: K [num_blocks, num_kv_heads, head_dim / P, block_size, P] with
+  // P = 4 bytes / element size, V [num_blocks, num_kv_heads, block_size, head_dim].
+  int64_t k_index(int32_t seq, int32_t pos, int32_t kv_head, int32_t d) const {
+    const int32_t p = dtype == KvDtype::fp8_e4m3 ? 4 : 2;
+    const int64_t block = block_tables[static_cast<std::size_t>(seq) * max_blocks_per_seq + pos / block_size];
+    return (block * num_kv_heads + kv_head) * block_size * head_dim + (d / p) * block_size * p +
+           (pos % block_size) * p + d % p;
+  }
+  int64_t v_index(int32_t seq, int32_t pos, int32_t kv_head, int32_t d) const {
     const int32_t block = block_tables[static_cast<std::size_t>(seq) * max_blocks_per_seq + pos / block_size];
     return ((static_cast<int64_t>(block) * num_kv_heads + kv_head) * block_size + pos % block_size) *
                head_dim + d;
@@ -106,8 +113,8 @@ struct PoolFixture {
     for (int32_t pos = 0; pos < len; ++pos) {
       for (int32_t h = 0; h < num_kv_heads; ++h) {
         for (int32_t d = 0; d < head_dim; ++d, ++i) {
-          kv.k[i] = stored(k_bytes, k_scales[seq], index(seq, pos, h, d));
-          kv.v[i] = stored(v_bytes, v_scales[seq], index(seq, pos, h, d));
+          kv.k[i] = stored(k_bytes, k_scales[seq], k_index(seq, pos, h, d));
+          kv.v[i] = stored(v_bytes, v_scales[seq], v_index(seq, pos, h, d));
         }
       }
     }

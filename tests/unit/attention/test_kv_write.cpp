@@ -106,8 +106,8 @@ TEST_CASE("kv_write calibrates on the first chunk, quantizes into the right slot
         for (int32_t d = 0; d < hd; ++d) {
           const std::size_t src = static_cast<std::size_t>(token) * row + h * hd + d;
           const float yk = k[src] / pool.k_scales[s], yv = v[src] / pool.v_scales[s];
-          k_expect[pool.index(s, pos, h, d)] = fp8_e4m3_encode(yk);
-          v_expect[pool.index(s, pos, h, d)] = fp8_e4m3_encode(yv);
+          k_expect[pool.k_index(s, pos, h, d)] = fp8_e4m3_encode(yk);
+          v_expect[pool.v_index(s, pos, h, d)] = fp8_e4m3_encode(yv);
           k_sat += std::fabs(yk) > 464.0f;  // beyond 448 + half an ulp: the clamp changed it
           v_sat += std::fabs(yv) > 464.0f;
         }
@@ -158,12 +158,12 @@ TEST_CASE("kv_write saturation counts on tokens beyond the frozen amax", "[kv_wr
   CHECK(pool.k_scales[0] == k_scale);  // frozen
   CHECK(decode.counts.num_k_saturated == 5);
   CHECK(decode.counts.num_v_saturated == 1);
-  CHECK(pool.k_bytes[pool.index(0, 4, 0, 0)] == 0x7e);  // +448
-  CHECK(pool.k_bytes[pool.index(0, 4, 0, 1)] == 0xfe);  // -448
-  CHECK(pool.k_bytes[pool.index(0, 4, 0, 4)] == 0x7f);  // NaN stays NaN
-  CHECK(pool.k_bytes[pool.index(0, 4, 0, 5)] == 0x7e);
-  CHECK(pool.k_bytes[pool.index(0, 4, 0, 6)] == 0x7e);
-  CHECK(pool.k_bytes[pool.index(0, 4, 0, 7)] == 0x7e);
+  CHECK(pool.k_bytes[pool.k_index(0, 4, 0, 0)] == 0x7e);  // +448
+  CHECK(pool.k_bytes[pool.k_index(0, 4, 0, 1)] == 0xfe);  // -448
+  CHECK(pool.k_bytes[pool.k_index(0, 4, 0, 4)] == 0x7f);  // NaN stays NaN
+  CHECK(pool.k_bytes[pool.k_index(0, 4, 0, 5)] == 0x7e);
+  CHECK(pool.k_bytes[pool.k_index(0, 4, 0, 6)] == 0x7e);
+  CHECK(pool.k_bytes[pool.k_index(0, 4, 0, 7)] == 0x7e);
   // A larger margin leaves headroom: the same decode token clips less.
   PoolFixture roomy(KvDtype::fp8_e4m3, 8, nkv, hd, {{4, 4}}, rng);
   {
@@ -205,9 +205,12 @@ TEST_CASE("kv_write into a bf16 pool rounds to nearest even and ignores scales",
         for (int32_t d = 0; d < hd; ++d) {
           const std::size_t src = static_cast<std::size_t>(token) * row + h * hd + d;
           uint16_t got;
-          std::memcpy(&got, pool.k_bytes.data() + 2 * pool.index(s, spec.context_len - spec.num_new + i, h, d), 2);
+          const int32_t pos = spec.context_len - spec.num_new + i;
+          std::memcpy(&got, pool.k_bytes.data() + 2 * pool.k_index(s, pos, h, d), 2);
           INFO("k = " << k[src]);
           CHECK(got == bf16_by_nearbyint(k[src]));
+          std::memcpy(&got, pool.v_bytes.data() + 2 * pool.v_index(s, pos, h, d), 2);
+          CHECK(got == bf16_by_nearbyint(v[src]));
         }
       }
     }
@@ -240,7 +243,7 @@ TEST_CASE("kv_write skips padding slots and is thread-count invariant", "[kv_wri
   CHECK(sa.counts == sb.counts);
   CHECK(sa.counts.num_elements == 120u * row);
   for (int32_t h = 0; h < nkv; ++h) {
-    for (int32_t d = 0; d < hd; ++d) CHECK(a.k_bytes[a.index(0, 50, h, d)] == before[a.index(0, 50, h, d)]);
+    for (int32_t d = 0; d < hd; ++d) CHECK(a.k_bytes[a.k_index(0, 50, h, d)] == before[a.k_index(0, 50, h, d)]);
   }
   // Counts accumulate across calls (one counter per layer for the whole server run).
   cpu::kv_write_cpu(sa.params, one);

@@ -266,8 +266,8 @@ TEST_CASE("chunked prefill then decode, kv_write then attention every step", "[a
   for (int32_t pos = 0; pos < 44; ++pos) {  // sequence 1's cached context, quantized by the test
     for (int32_t h = 0; h < num_kv_heads; ++h) {
       for (int32_t d = 0; d < hd; ++d) {
-        pool.k_bytes[pool.index(1, pos, h, d)] = fp8_e4m3_encode(static_cast<float>(rng() % 200) / 100.0f - 1.0f);
-        pool.v_bytes[pool.index(1, pos, h, d)] = fp8_e4m3_encode(static_cast<float>(rng() % 200) / 100.0f - 1.0f);
+        pool.k_bytes[pool.k_index(1, pos, h, d)] = fp8_e4m3_encode(static_cast<float>(rng() % 200) / 100.0f - 1.0f);
+        pool.v_bytes[pool.v_index(1, pos, h, d)] = fp8_e4m3_encode(static_cast<float>(rng() % 200) / 100.0f - 1.0f);
       }
     }
   }
@@ -339,7 +339,7 @@ TEST_CASE("paged attention rejects a batch that breaks the contract", "[attentio
   }
   SECTION("head_dim beyond the kernel's buffers") {
     run.params.cache.head_dim = 512;
-    run.params.cache.token_stride = 512;
+    run.params.cache.v_token_stride = 512;
     CHECK_THROWS_AS(cpu::paged_attention_cpu(run.params, threads, workspace), std::invalid_argument);
   }
 }
