@@ -58,8 +58,7 @@ class NextBlockPrefetch {
       : k_(k), v_(v), rows_(rows), head_dim_(head_dim), v_token_stride_(v_token_stride),
         row_bytes_(head_dim * static_cast<int>(sizeof(T))) {}
   void advance(int done, int total) {
-    const int target = (rows_ * done + total - 1) / total;
-    for (; next_ < target; ++next_) {
+    for (; next_ * total < rows_ * done; ++next_) {  // next_ < ceil(rows_ * done / total), no division
       const char* k_row = reinterpret_cast<const char*>(k_ + next_ * head_dim_);  // the tile is contiguous
       const char* v_row = reinterpret_cast<const char*>(v_ + next_ * v_token_stride_);
       for (int b = 0; b < row_bytes_; b += 64) {
