@@ -44,12 +44,13 @@ constexpr int rows_per_pass() {
 
 // The next block's K tile and V rows of one head, prefetched a few rows' worth (head_dim
 // elements of each) at a time while the current chunk's keys are scored: advance(done, total)
-// tops the prefetched rows up to the fraction done / total of the block. Blocks sit anywhere in the pool, so the hardware prefetcher sees a new short
-// stream at every block; asking for the next one early hides it. Measured on Zen 4 (16384 x 8,
-// two threads, medians of interleaved runs): into L2 (prefetcht1) rather than L1, FP8 22.6 ->
-// 18.9 ms and bf16 35.1 -> 31.5 ms; spread over the chunk rather than all 64 lines at its start
-// (where the burst stalled on the miss buffers: ~150 of ~1300 cycles per chunk), 20.3 -> 16.7 ms
-// and 36.7 -> 26.5 ms. Default-constructed: nothing to prefetch.
+// tops the prefetched rows up to the fraction done / total of the block. Blocks sit anywhere
+// in the pool, so the hardware prefetcher sees a new short stream at every block; asking for
+// the next one early hides it. Measured on Zen 4 (16384 x 8, two threads, medians of
+// interleaved runs): into L2 (prefetcht1) rather than L1, FP8 22.6 -> 18.9 ms and bf16 35.1 ->
+// 31.5 ms; spread over the chunk rather than all 64 lines at its start (where the burst stalled
+// on the miss buffers: ~150 of ~1300 cycles per chunk), 20.3 -> 16.7 ms and 36.7 -> 26.5 ms.
+// Default-constructed: nothing to prefetch.
 template <class T>
 class NextBlockPrefetch {
  public:
@@ -119,8 +120,8 @@ void score_keys(const float (*q)[kMaxHeadDim], const T* k, int64_t group_stride,
   }
 }
 
-// o[r] = o[r] * alpha[r] + sum_j p[r][j] v[j]. CU column vectors at once, for the same reason
-// as KU above.
+// o[r] = o[r] * alpha[r] + sum_j p[r][j] v[j]. CU column vectors at once keep CU * NR
+// independent FMA chains in flight.
 template <class V, class T, int NR, int CU>
 void accumulate_values(const float (*p)[kKeyChunk], const float* alpha, const T* v,
                        int64_t v_token_stride, int head_dim, int nj, float (*o)[kMaxHeadDim]) {

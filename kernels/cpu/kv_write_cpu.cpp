@@ -59,7 +59,8 @@ uint64_t store_row(const float* src, void* pool, int64_t offset, int32_t head_di
   }
   return store_row(src, static_cast<uint8_t*>(pool) + offset, head_dim, pack, group_stride,
                    [scale](float x, uint8_t& out) {
-                     const float y = x / scale;  // a division, as the contract says: x * (1/scale) rounds differently
+                     // A division, as the contract says: x * (1 / scale) rounds differently.
+                     const float y = x / scale;
                      out = fp8_e4m3_encode(y);
                      return kv_value_saturates(y) ? 1u : 0u;
                    });
