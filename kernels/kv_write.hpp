@@ -17,8 +17,8 @@ namespace fp8serve {
 struct KvWriteParams {
   const void* k = nullptr;   // [num_tokens, num_kv_heads, head_dim] activation dtype (fp32 on CPU)
   const void* v = nullptr;   // [num_tokens, num_kv_heads, head_dim]
-  int64_t k_token_stride = 0;  // elements between tokens (num_kv_heads * head_dim when packed)
-  int64_t v_token_stride = 0;
+  int64_t k_token_stride = 0;  // elements between tokens; 0 = num_kv_heads * head_dim (packed)
+  int64_t v_token_stride = 0;  // likewise
   PagedKvView cache;
   PagedBatch batch;                               // uses query_start_loc, slot_mapping, scales
   float scale_margin = kDefaultKvScaleMargin;     // PRECOND: validate_kv_scale_margin passed

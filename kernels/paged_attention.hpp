@@ -16,8 +16,8 @@ namespace fp8serve {
 struct PagedAttentionParams {
   const void* q = nullptr;  // [num_tokens, num_heads, head_dim] activation dtype (fp32 on CPU)
   void* out = nullptr;      // [num_tokens, num_heads, head_dim]
-  int64_t q_token_stride = 0;    // elements between tokens (num_heads * head_dim when packed)
-  int64_t out_token_stride = 0;
+  int64_t q_token_stride = 0;    // elements between tokens; 0 = num_heads * head_dim (packed)
+  int64_t out_token_stride = 0;  // likewise
   int32_t num_heads = 0;
   float softmax_scale = 0.0f;  // usually 1 / sqrt(head_dim)
   PagedKvView cache;

@@ -75,9 +75,10 @@ void validate_kv_write(const KvWriteParams& params) {
   validate_query_starts(batch);
   if (batch.num_tokens == 0) return;
   const int64_t row = static_cast<int64_t>(cache.num_kv_heads) * cache.head_dim;
-  if (params.k == nullptr || params.v == nullptr || params.k_token_stride < row ||
-      params.v_token_stride < row) {
-    throw std::invalid_argument("kv_write: null k/v or token stride < num_kv_heads * head_dim");
+  auto bad_stride = [row](int64_t stride) { return stride != 0 && stride < row; };
+  if (params.k == nullptr || params.v == nullptr || bad_stride(params.k_token_stride) ||
+      bad_stride(params.v_token_stride)) {
+    throw std::invalid_argument("kv_write: null k/v or token stride (not 0) < num_kv_heads * head_dim");
   }
   if (batch.slot_mapping == nullptr) throw std::invalid_argument("kv_write: null slot_mapping");
   const int64_t num_slots = static_cast<int64_t>(cache.num_blocks) * cache.block_size;
@@ -108,8 +109,12 @@ void validate_kv_write(const KvWriteParams& params) {
   if (any_calibrates) validate_kv_scale_margin(params.scale_margin);
 }
 
-void kv_write_cpu(const KvWriteParams& params, ThreadPool& pool) {
-  validate_kv_write(params);
+void kv_write_cpu(const KvWriteParams& given, ThreadPool& pool) {
+  validate_kv_write(given);
+  KvWriteParams params = given;
+  const int64_t packed = static_cast<int64_t>(params.cache.num_kv_heads) * params.cache.head_dim;
+  if (params.k_token_stride == 0) params.k_token_stride = packed;
+  if (params.v_token_stride == 0) params.v_token_stride = packed;
   const PagedKvView& cache = params.cache;
   const PagedBatch& batch = params.batch;
   const float* k = static_cast<const float*>(params.k);

@@ -200,18 +200,22 @@ void validate_paged_attention(const PagedAttentionParams& params) {
     throw std::invalid_argument("paged attention: softmax_scale must be finite");
   }
   const int64_t row = static_cast<int64_t>(params.num_heads) * params.cache.head_dim;
-  if (params.batch.num_tokens > 0 &&
-      (params.q == nullptr || params.out == nullptr || params.q_token_stride < row ||
-       params.out_token_stride < row)) {
-    throw std::invalid_argument("paged attention: null q/out or token stride < num_heads * head_dim");
+  auto bad_stride = [row](int64_t stride) { return stride != 0 && stride < row; };
+  if (params.batch.num_tokens > 0 && (params.q == nullptr || params.out == nullptr ||
+                                      bad_stride(params.q_token_stride) || bad_stride(params.out_token_stride))) {
+    throw std::invalid_argument("paged attention: null q/out or token stride (not 0) < num_heads * head_dim");
   }
   validate_block_tables(params.batch, params.cache);
   validate_scales(params.batch, params.cache);
 }
 
-void paged_attention_cpu(const PagedAttentionParams& params, ThreadPool& pool,
+void paged_attention_cpu(const PagedAttentionParams& given, ThreadPool& pool,
                          AttentionWorkspace& workspace, CpuIsa isa) {
-  validate_paged_attention(params);
+  validate_paged_attention(given);
+  PagedAttentionParams params = given;
+  const int64_t row = static_cast<int64_t>(params.num_heads) * params.cache.head_dim;
+  if (params.q_token_stride == 0) params.q_token_stride = row;
+  if (params.out_token_stride == 0) params.out_token_stride = row;
   plan_work(params, workspace);
   const ItemFn fn = item_function(resolve_cpu_isa(isa, params.cache.head_dim));
   const AttentionWorkspace::Work* work = workspace.work.data();

@@ -193,6 +193,7 @@ TEST_CASE("kv_write into a bf16 pool rounds to nearest even and ignores scales",
   k[4] = 3.0e38f;
   WriteStep step(pool, k, v, 1.0f);
   step.set_calibrate(0, true);  // meaningless for bf16: no scale is written
+  step.params.k_token_stride = step.params.v_token_stride = 0;  // 0 = packed
   step.params.batch = step.arrays.batch(pool);
   pool.k_scales[0] = 5.0f;
   cpu::kv_write_cpu(step.params, threads);

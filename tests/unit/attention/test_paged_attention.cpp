@@ -221,6 +221,12 @@ TEST_CASE("paged attention output does not depend on the thread count or the bat
       cpu::paged_attention_cpu(run.params, *threads, workspace);
       CHECK(std::memcmp(run.out.data(), reference.data(), reference.size() * sizeof(float)) == 0);
     }
+    // Token strides of 0 mean packed, as in forward_ops.hpp.
+    PagedAttentionParams packed = run.params;
+    packed.q_token_stride = packed.out_token_stride = 0;
+    std::fill(run.out.begin(), run.out.end(), NAN);
+    cpu::paged_attention_cpu(packed, two, workspace);
+    CHECK(std::memcmp(run.out.data(), reference.data(), reference.size() * sizeof(float)) == 0);
     // Each sequence alone in a batch of one: bit-identical rows (the engine relies on it).
     const int64_t row = static_cast<int64_t>(run.num_heads) * pool.head_dim;
     for (int32_t s = 0; s < pool.num_seqs(); ++s) {
