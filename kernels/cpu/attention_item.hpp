@@ -12,6 +12,10 @@ namespace fp8serve::cpu {
 constexpr int kMaxHeadDim = 256;  // per-row stack buffers; every supported model is <= 128
 constexpr int kKeyChunk = 32;     // keys scored per online-softmax update
 
+// Elements of type T per 4-byte group of K (kv_k_pack in kernels/paged_kv.hpp).
+template <class T>
+constexpr int kKPack = 4 / static_cast<int>(sizeof(T));
+
 // 2^f for |f| <= 1/2 as the degree-7 Taylor polynomial of e^(f ln 2), highest degree first
 // (error < 1e-8 relative, below float rounding): what each ISA's vector exp2 evaluates.
 constexpr int kExp2PolyTerms = 8;

@@ -15,8 +15,8 @@
 // into words within each 128-bit lane. For K, whose 4-byte groups hold 4 elements of one key,
 // that pairs each key's elements as the scores need (score_keys); for V it permutes columns
 // within 64-element units, so the value accumulators hold their columns permuted (o_slot says
-// where). Called only when cpu_features()
-// reports avx512f, avx512bw, avx512vbmi, avx512bf16, avx2, fma and f16c, for head_dim % 64 == 0.
+// where). Called only when cpu_features() reports avx512f, avx512bw, avx512vbmi, avx512bf16,
+// avx2, fma and f16c, for head_dim % 64 == 0.
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC bug 105593, as in attention_tile_avx512.cpp.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -97,7 +97,6 @@ struct VecAvx512Bf16 : VecAvx512 {
 
   // q as bf16, in its own order: the K layout puts each key's elements in the order the score
   // products take them (score_keys).
-  template <class T>
   static void prepare_q(const float* q, int head_dim, uint16_t* out) {
     for (int d = 0; d < head_dim; ++d) out[d] = bf16_encode(q[d]);
   }
@@ -127,7 +126,7 @@ struct VecAvx512Bf16 : VecAvx512 {
   template <class T, int NR, class NextBlock>
   static void score_keys(const uint16_t (*q)[kMaxHeadDim], const T* k, int64_t group_stride, int lanes_left,
                          int head_dim, int nj_padded, float (*s)[kKeyChunk], NextBlock& next) {
-    constexpr int P = 4 / static_cast<int>(sizeof(T));
+    constexpr int P = kKPack<T>;
     [[maybe_unused]] const Lut t = lut();
     const int groups = head_dim / P;
     const int passes = nj_padded / W;

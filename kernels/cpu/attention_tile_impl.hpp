@@ -32,10 +32,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 template <class V>
 constexpr bool kDotBf16 = requires { requires V::kDotBf16; };
 
-// Elements per 4-byte group of K (kv_k_pack in kernels/paged_kv.hpp).
-template <class T>
-constexpr int kKPack = 4 / static_cast<int>(sizeof(T));
-
 template <class V>
 constexpr int rows_per_pass() {
   if constexpr (requires { V::kMaxRows; }) return V::kMaxRows;
@@ -192,10 +188,11 @@ void attend_rows(const AttentionItem& it, int row0) {
   }
   [[maybe_unused]] alignas(64) uint16_t q_bf16[kDotBf16<V> ? NR : 1][kMaxHeadDim];
   if constexpr (kDotBf16<V>) {
-    for (int r = 0; r < NR; ++r) V::template prepare_q<T>(q[r], head_dim, q_bf16[r]);
+    for (int r = 0; r < NR; ++r) V::prepare_q(q[r], head_dim, q_bf16[r]);
   }
 
   const T* k_base = static_cast<const T*>(it.k);
+  const int64_t k_group_stride = int64_t{it.block_size} * kKPack<T>;  // between a block's K groups
   const T* v_base = static_cast<const T*>(it.v);
   const int key_end = std::min(it.key_end, pos[NR - 1] + 1);  // rows are in position order
   for (int key = it.key_begin; key < key_end;) {
@@ -204,7 +201,6 @@ void attend_rows(const AttentionItem& it, int row0) {
     const int nj = std::min({kKeyChunk, it.block_size - in_block, key_end - key});
     const int64_t block_offset = it.block_table[block] * it.block_stride;
     const T* k_chunk = k_base + block_offset + in_block * kKPack<T>;
-    const int64_t k_group_stride = int64_t{it.block_size} * kKPack<T>;
     const T* v_chunk = v_base + block_offset + in_block * it.v_token_stride;
     NextBlockPrefetch<T> next;
     if (in_block + nj == it.block_size && key + nj < key_end) {

@@ -2,7 +2,6 @@
 // the vector builds are tested against, and the path for CPUs without AVX2 or odd head_dims.
 #include <algorithm>
 #include <cmath>
-#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -33,8 +32,8 @@ struct VecScalar {
   static Reg load_kv(const uint8_t* p) { return fp8_e4m3_decode(*p); }
   static Reg load_kv(const uint16_t* p) { return bf16_decode(*p); }
   template <class T>
-  static void load_k_group(const T* p, int /*lanes*/, Reg (&out)[4 / sizeof(T)]) {
-    for (std::size_t i = 0; i < 4 / sizeof(T); ++i) out[i] = load_kv(p + i);
+  static void load_k_group(const T* p, int /*lanes*/, Reg (&out)[kKPack<T>]) {
+    for (int i = 0; i < kKPack<T>; ++i) out[i] = load_kv(p + i);
   }
 };
 

@@ -112,14 +112,13 @@ void validate_kv_write(const KvWriteParams& params) {
 void kv_write_cpu(const KvWriteParams& given, ThreadPool& pool) {
   validate_kv_write(given);
   KvWriteParams params = given;
-  const int64_t packed = static_cast<int64_t>(params.cache.num_kv_heads) * params.cache.head_dim;
-  if (params.k_token_stride == 0) params.k_token_stride = packed;
-  if (params.v_token_stride == 0) params.v_token_stride = packed;
   const PagedKvView& cache = params.cache;
   const PagedBatch& batch = params.batch;
+  const int32_t row = cache.num_kv_heads * cache.head_dim;
+  if (params.k_token_stride == 0) params.k_token_stride = row;
+  if (params.v_token_stride == 0) params.v_token_stride = row;
   const float* k = static_cast<const float*>(params.k);
   const float* v = static_cast<const float*>(params.v);
-  const int32_t row = cache.num_kv_heads * cache.head_dim;
   const bool fp8 = cache.dtype == KvDtype::fp8_e4m3;
   const int32_t k_pack = kv_k_pack(cache.dtype);
   const int64_t k_group_stride = static_cast<int64_t>(cache.block_size) * k_pack;

@@ -61,10 +61,10 @@ struct Setup {
   int32_t num_blocks = 0;
   std::vector<int32_t> ids;  // every block id, shuffled: blocks sit anywhere, as in a long-running server
 
+  bool warm = false;  // --warm: every call uses the first set (below)
   // Every timed call reads its K and V cold, as one layer's attention does in a decode step (the
   // other layers' KV and the weights pass through the caches in between): call i of a cell
   // uses the i-th of up to 64 disjoint sets of n blocks (block tables [batch, n / batch]).
-  bool warm = false;  // --warm: every call uses the first set
   const int32_t* tables(int64_t call, int64_t n) const {
     const int64_t sets = warm ? 1 : std::max<int64_t>(1, std::min<int64_t>(num_blocks / n, 64));
     return ids.data() + (call % sets) * n;
@@ -75,9 +75,10 @@ using Step = std::function<void(int64_t call)>;
 
 // The median seconds of each step, run side by side: round r calls every step once, in turn
 // (step i of n with call n * r + i, so no two calls in a row read the same blocks, see
-// Setup::tables), for at least 3 rounds and up to 1.5 s or 50 rounds, after one warm-up round. This VM's memory
-// speed drifts by tens of percent over seconds; interleaving puts FP8, bf16 and their pure
-// reads in the same conditions, so their ratios hold even when the absolute times move.
+// Setup::tables), for at least 3 rounds and up to 1.5 s or 50 rounds, after one warm-up round.
+// This VM's memory speed drifts by tens of percent over seconds; interleaving puts FP8, bf16
+// and their pure reads in the same conditions, so their ratios hold even when the absolute
+// times move.
 std::vector<double> median_seconds(const std::vector<Step>& steps) {
   const auto n = static_cast<int64_t>(steps.size());
   for (int64_t i = 0; i < n; ++i) steps[static_cast<std::size_t>(i)](i);
