@@ -241,7 +241,7 @@ done
 ((${#pids[@]} == 0)) || wait "${pids[@]}"
 ok=0 on_r1=0 on_r2=0
 for i in $(seq "$burst"); do
-  [ "$(cat "$tmp/burst.$i.code")" = 200 ] && ok=$((ok + 1))
+  if [ "$(cat "$tmp/burst.$i.code")" = 200 ]; then ok=$((ok + 1)); fi
   case "$(replica_of "$tmp/burst.$i.hdr")" in r1) on_r1=$((on_r1 + 1)) ;; r2) on_r2=$((on_r2 + 1)) ;; esac
 done
 served1=$(metric "$p1" fp8serve:request_success_total)
@@ -284,15 +284,15 @@ background=()
 wait "$stop_pid" || true
 after_ok=0 after_r2=0
 for i in $(seq "$new"); do
-  [ "$(cat "$tmp/after.$i.code")" = 200 ] && after_ok=$((after_ok + 1))
-  [ "$(replica_of "$tmp/after.$i.hdr")" = r2 ] && after_r2=$((after_r2 + 1))
+  if [ "$(cat "$tmp/after.$i.code")" = 200 ]; then after_ok=$((after_ok + 1)); fi
+  if [ "$(replica_of "$tmp/after.$i.hdr")" = r2 ]; then after_r2=$((after_r2 + 1)); fi
 done
 echo "   $new new requests while r1 drained: $after_ok answered 200, $after_r2 by r2"
 check "every new request answered 200" equals "$after_ok" "$new"
 check "the balancer sent every new request to r2" equals "$after_r2" "$new"
 streams_r1=0 streams_done=0
 for i in 1 2 3 4; do
-  [ "$(replica_of "$tmp/stream.$i.hdr")" = r1 ] && streams_r1=$((streams_r1 + 1))
+  if [ "$(replica_of "$tmp/stream.$i.hdr")" = r1 ]; then streams_r1=$((streams_r1 + 1)); fi
   if [ "$(cat "$tmp/stream.$i.code")" = 200 ] && tail -n 3 "$tmp/stream.$i.body" | grep -q '^data: \[DONE\]' \
     && grep -q "\"completion_tokens\":$stream_tokens," "$tmp/stream.$i.body"; then
     streams_done=$((streams_done + 1))
