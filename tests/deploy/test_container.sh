@@ -181,8 +181,11 @@ p1=$(free_port)
 p2=$(free_port)
 lb=$(free_port)
 stats=$(free_port)
-run_replica "$prefix-r1" "$p1"
-run_replica "$prefix-r2" "$p2"
+# A drain long enough for 320 tokens even on a busy 2-core machine (they take 5-10 s on an idle
+# one; seven parallel builds made them take over 30 s, the default --shutdown-timeout).
+drain=(-e FP8SERVE_SHUTDOWN_TIMEOUT=120)
+run_replica "$prefix-r1" "$p1" "${drain[@]}"
+run_replica "$prefix-r2" "$p2" "${drain[@]}"
 cat > "$tmp/haproxy.cfg" << EOF
 global
   maxconn 256
@@ -262,7 +265,7 @@ until (($(metric "$p1" fp8serve:num_requests_running) >= 1)); do
   ((SECONDS < deadline)) || die "no stream reached r1"
   sleep 0.2
 done
-podman stop -t 60 "$prefix-r1" > /dev/null 2>&1 &
+podman stop -t 150 "$prefix-r1" > /dev/null 2>&1 &
 stop_pid=$!
 deadline=$((SECONDS + 10))
 until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$p1/health")" = 503 ]; do
