@@ -15,8 +15,10 @@
 //   _xor (with CUDA's width segments, per the PTX shfl.sync definition), __ballot_sync, __any_sync,
 //   __all_sync and __syncwarp wait for the lanes named in their mask only; __syncthreads and
 //   __syncthreads_count/_and/_or wait for every thread of the block that has not exited.
-// - Deterministic: within a block the order in which threads run is fixed. Only the order of
-//   atomics between blocks run by different workers varies (set_worker_threads(1) fixes it).
+// - Deterministic: within a block the order in which threads run is fixed (increasing and
+//   decreasing thread index in turn, so a missing barrier shows up on either side of a writer).
+//   Only the order of atomics between blocks run by different workers varies
+//   (set_worker_threads(1) fixes it).
 // - Static shared memory (FP8SERVE_SHARED) and dynamic shared memory (FP8SERVE_DYNAMIC_SHARED)
 //   are allocated per block, exactly the size declared or launched with. Device functions without
 //   a host version in NVIDIA's headers (math intrinsics, bit operations, atomics, __ldg, ...) are
@@ -25,9 +27,9 @@
 // Stricter than a GPU: each of these aborts with the kernel, the block and the thread named
 // - a warp op whose mask names an exited lane, or a lane the block does not have (a partial last
 //   warp); a lane calling with its own bit clear; a shuffle that reads a lane outside the mask; a
-//   width that is not a power of 2 in [1, 32]; lanes of one mask at different warp ops or with
-//   different masks (CUDA: undefined; CUDA tolerates exited lanes in the mask of a vote or
-//   __syncwarp, the emulator does not: pass the mask of the lanes really there);
+//   width that is not a power of 2 in [1, 32]; lanes of one mask left waiting at different warp
+//   ops or with different masks (CUDA: undefined). CUDA tolerates exited lanes in the mask of a
+//   vote or __syncwarp; the emulator does not: pass the mask of the lanes really there;
 // - threads of a block at __syncthreads reached from different lines, or of different kinds;
 // - a deadlock (e.g. half a warp at __syncthreads, half in a shuffle): every thread's state is
 //   printed first;
@@ -42,24 +44,30 @@
 // out-of-bounds access at its file and line; cudaMemcpy checks that its device ranges lie inside
 // one allocation and that their direction matches the kind.
 //
-// What it cannot run (a compile or link error, never a silent wrong answer)
+// What it cannot run: a compile or link error, or cudaErrorNotSupported, never a wrong answer
 // - tensor-core MMA (mma.sync, wmma, wgmma), cp.async, TMA, inline PTX: keep such code behind
 //   FP8SERVE_CUDA_FAST_PATHS (kernels/cuda/launch.hpp) beside a portable path that it runs;
 // - cooperative groups, __reduce_*_sync, __match_*_sync, __nanosleep, clock(), textures and
 //   surfaces, cudaMemcpyToSymbol, device-side launches, cudaLaunchKernel, CUDA graphs and stream
-//   capture (these return cudaErrorNotSupported), plain `__shared__` (use FP8SERVE_SHARED);
-// - __launch_bounds__ is accepted and ignored (nvcc enforces it);
-// - races inside a block: threads run one at a time, so a race gives one fixed answer (run
-//   compute-sanitizer's racecheck on a GPU); stream overlap (everything is synchronous); a thread
-//   spinning on a value another thread of its block will write hangs (no preemption);
+//   capture (cudaErrorNotSupported), plain `__shared__` (use FP8SERVE_SHARED), a launch that
+//   leaves out a kernel parameter with a default.
+// __device__ and __constant__ variables are ordinary globals (initialised in their declaration);
+// __launch_bounds__ is accepted and ignored (nvcc enforces it).
+//
+// What it cannot find
+// - races inside a block, and warp-synchronous code without __syncwarp: threads run one at a time
+//   in a fixed order, so a race gives one fixed answer (run compute-sanitizer's racecheck on a
+//   GPU); stream overlap (everything is synchronous);
+// - __activemask is the warp's lanes that have not exited, not the lanes converged at the call;
 // - floating-point detail: fast intrinsics (__expf, __fdividef, rsqrtf) are computed exactly,
 //   and the host compiler does not contract a*b+c into an FMA as nvcc does: compare with
 //   tolerances that hold on the GPU too;
-// - speed: it tests logic, never performance.
+// - speed: it tests logic, never performance (about a million thread resumes a second).
 //
 // Limits: a block runs at most 1024 threads; a fiber's stack is 256 KiB (an overflow faults on the
-// guard page); cudaMemGetInfo reports a fake total (set_device_memory_bytes, default 8 GiB)
-// minus what cudaMalloc holds, and cudaMalloc fails beyond it.
+// guard page); a thread spinning on a value another thread of its block will write hangs (no
+// preemption); cudaMemGetInfo reports a fake total (set_device_memory_bytes, default 8 GiB) minus
+// what cudaMalloc holds, and cudaMalloc fails beyond it.
 #if !defined(FP8SERVE_CUDA_EMU) || !FP8SERVE_CUDA_EMU
 #error "kernels/cuda/emu/emu.hpp is for the emulated build (FP8SERVE_CUDA_EMU=1); include kernels/cuda/launch.hpp"
 #endif
@@ -98,7 +106,7 @@ void set_worker_threads(unsigned count);
 unsigned worker_threads();
 // The device memory that cudaMemGetInfo reports and cudaMalloc may hold in all (default 8 GiB).
 void set_device_memory_bytes(size_t bytes);
-// Fiber switches so far in this process (for measuring the emulator's cost).
+// Fiber resumes so far in this process (worker -> fiber -> worker; for measuring the emulator).
 uint64_t fiber_switches();
 
 namespace detail {
@@ -139,6 +147,12 @@ void launch(const KernelCall& call, dim3 grid, dim3 block, size_t shared_bytes, 
 void check_pointer_argument(const char* kernel, unsigned index, const void* pointer);
 
 template <class T>
+void check_argument(const char* kernel, unsigned index, const T& value) {
+  if constexpr (std::is_pointer_v<T> && std::is_object_v<std::remove_pointer_t<T>>)
+    check_pointer_argument(kernel, index, value);
+}
+
+template <class T>
 uint64_t to_bits(T value) {
   static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "warp ops move values of at most 8 bytes");
   uint64_t bits = 0;
@@ -176,21 +190,13 @@ void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, 
   static_assert(sizeof...(Params) == sizeof...(Args), "a kernel launch passes every parameter (no defaults)");
   using Bound = detail::BoundKernel<void (*)(Params...), std::tuple<Params...>>;
   const Bound bound{kernel, std::tuple<Params...>(std::forward<Args>(args)...)};
-  [&]<size_t... I>(std::index_sequence<I...>) {
-    (
-        [&] {
-          using P = std::tuple_element_t<I, std::tuple<Params...>>;
-          if constexpr (std::is_pointer_v<P> && std::is_object_v<std::remove_pointer_t<P>>)
-            detail::check_pointer_argument(name, static_cast<unsigned>(I), std::get<I>(bound.args));
-        }(),
-        ...);
-  }(std::index_sequence_for<Params...>{});
+  std::apply([&](const Params&... values) {
+    unsigned index = 0;
+    (detail::check_argument(name, index++, values), ...);
+  }, bound.args);
   detail::launch({name, reinterpret_cast<const void*>(kernel), &Bound::invoke, &bound}, grid, block, shared_bytes,
                  stream);
 }
-
-template <class T>
-using Identity = T;
 
 // FP8SERVE_SHARED's emulated form: the block's one copy of a static shared variable of type T,
 // allocated (0xFF-filled) when the block's first thread reaches the declaration. `Site` is a
@@ -222,95 +228,62 @@ cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) {
   return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
 }
 
-// Warp shuffles and votes (CUDA's names and argument order; the last two arguments are filled in
-// by the compiler with the call site, for diagnostics).
-template <class T>
-T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize, const char* file = __builtin_FILE(),
-              unsigned line = __builtin_LINE()) {
-  using fp8serve::emu::detail::WarpOp;
-  return fp8serve::emu::detail::from_bits<T>(fp8serve::emu::detail::warp_op(
-      WarpOp::shfl_idx, mask, fp8serve::emu::detail::to_bits(var), src_lane, width, {file, line}));
-}
+// Warp shuffles and votes, block barriers, __trap: CUDA's names and arguments. The last two
+// parameters are filled in by the compiler with the call site, for diagnostics.
+#define FP8SERVE_EMU_SITE const char *file = __builtin_FILE(), unsigned line = __builtin_LINE()
+#define FP8SERVE_EMU_WARP_OP(op, mask, bits, lane_arg, width) \
+  fp8serve::emu::detail::warp_op(fp8serve::emu::detail::WarpOp::op, mask, bits, lane_arg, width, {file, line})
+#define FP8SERVE_EMU_BARRIER(op, predicate) \
+  fp8serve::emu::detail::barrier(fp8serve::emu::detail::BarrierOp::op, predicate, {file, line})
 
 template <class T>
-T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize, const char* file = __builtin_FILE(),
-                 unsigned line = __builtin_LINE()) {
-  using fp8serve::emu::detail::WarpOp;
-  return fp8serve::emu::detail::from_bits<T>(fp8serve::emu::detail::warp_op(
-      WarpOp::shfl_up, mask, fp8serve::emu::detail::to_bits(var), static_cast<int>(delta), width, {file, line}));
+T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize, FP8SERVE_EMU_SITE) {
+  return fp8serve::emu::detail::from_bits<T>(
+      FP8SERVE_EMU_WARP_OP(shfl_idx, mask, fp8serve::emu::detail::to_bits(var), src_lane, width));
 }
-
 template <class T>
-T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize, const char* file = __builtin_FILE(),
-                   unsigned line = __builtin_LINE()) {
-  using fp8serve::emu::detail::WarpOp;
-  return fp8serve::emu::detail::from_bits<T>(fp8serve::emu::detail::warp_op(
-      WarpOp::shfl_down, mask, fp8serve::emu::detail::to_bits(var), static_cast<int>(delta), width, {file, line}));
+T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize, FP8SERVE_EMU_SITE) {
+  return fp8serve::emu::detail::from_bits<T>(
+      FP8SERVE_EMU_WARP_OP(shfl_up, mask, fp8serve::emu::detail::to_bits(var), static_cast<int>(delta), width));
 }
-
 template <class T>
-T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize, const char* file = __builtin_FILE(),
-                  unsigned line = __builtin_LINE()) {
-  using fp8serve::emu::detail::WarpOp;
-  return fp8serve::emu::detail::from_bits<T>(fp8serve::emu::detail::warp_op(
-      WarpOp::shfl_xor, mask, fp8serve::emu::detail::to_bits(var), lane_mask, width, {file, line}));
+T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize, FP8SERVE_EMU_SITE) {
+  return fp8serve::emu::detail::from_bits<T>(
+      FP8SERVE_EMU_WARP_OP(shfl_down, mask, fp8serve::emu::detail::to_bits(var), static_cast<int>(delta), width));
 }
-
-inline unsigned __ballot_sync(unsigned mask, int predicate, const char* file = __builtin_FILE(),
-                              unsigned line = __builtin_LINE()) {
-  using fp8serve::emu::detail::WarpOp;
-  return static_cast<unsigned>(
-      fp8serve::emu::detail::warp_op(WarpOp::ballot, mask, predicate != 0, 0, warpSize, {file, line}));
+template <class T>
+T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize, FP8SERVE_EMU_SITE) {
+  return fp8serve::emu::detail::from_bits<T>(
+      FP8SERVE_EMU_WARP_OP(shfl_xor, mask, fp8serve::emu::detail::to_bits(var), lane_mask, width));
 }
-
-inline int __any_sync(unsigned mask, int predicate, const char* file = __builtin_FILE(),
-                      unsigned line = __builtin_LINE()) {
-  using fp8serve::emu::detail::WarpOp;
-  return static_cast<int>(
-      fp8serve::emu::detail::warp_op(WarpOp::any, mask, predicate != 0, 0, warpSize, {file, line}));
+inline unsigned __ballot_sync(unsigned mask, int predicate, FP8SERVE_EMU_SITE) {
+  return static_cast<unsigned>(FP8SERVE_EMU_WARP_OP(ballot, mask, predicate != 0, 0, warpSize));
 }
-
-inline int __all_sync(unsigned mask, int predicate, const char* file = __builtin_FILE(),
-                      unsigned line = __builtin_LINE()) {
-  using fp8serve::emu::detail::WarpOp;
-  return static_cast<int>(
-      fp8serve::emu::detail::warp_op(WarpOp::all, mask, predicate != 0, 0, warpSize, {file, line}));
+inline int __any_sync(unsigned mask, int predicate, FP8SERVE_EMU_SITE) {
+  return static_cast<int>(FP8SERVE_EMU_WARP_OP(any, mask, predicate != 0, 0, warpSize));
 }
-
-inline void __syncwarp(unsigned mask = 0xffffffffu, const char* file = __builtin_FILE(),
-                       unsigned line = __builtin_LINE()) {
-  using fp8serve::emu::detail::WarpOp;
-  fp8serve::emu::detail::warp_op(WarpOp::syncwarp, mask, 0, 0, warpSize, {file, line});
+inline int __all_sync(unsigned mask, int predicate, FP8SERVE_EMU_SITE) {
+  return static_cast<int>(FP8SERVE_EMU_WARP_OP(all, mask, predicate != 0, 0, warpSize));
 }
-
+inline void __syncwarp(unsigned mask = 0xffffffffu, FP8SERVE_EMU_SITE) {
+  FP8SERVE_EMU_WARP_OP(syncwarp, mask, 0, 0, warpSize);
+}
 // The lanes of this warp that have not exited once every thread of the block has run as far as
 // it can (a GPU gives the lanes converged at the call, which the emulator cannot know: a mask
 // built from it inside divergent code names lanes that never come, and deadlocks).
-inline unsigned __activemask(const char* file = __builtin_FILE(), unsigned line = __builtin_LINE()) {
-  using fp8serve::emu::detail::WarpOp;
-  return static_cast<unsigned>(
-      fp8serve::emu::detail::warp_op(WarpOp::activemask, 0xffffffffu, 0, 0, warpSize, {file, line}));
+inline unsigned __activemask(FP8SERVE_EMU_SITE) {
+  return static_cast<unsigned>(FP8SERVE_EMU_WARP_OP(activemask, 0xffffffffu, 0, 0, warpSize));
 }
 
-// Block barriers.
-inline void __syncthreads(const char* file = __builtin_FILE(), unsigned line = __builtin_LINE()) {
-  fp8serve::emu::detail::barrier(fp8serve::emu::detail::BarrierOp::sync, 0, {file, line});
-}
+inline void __syncthreads(FP8SERVE_EMU_SITE) { FP8SERVE_EMU_BARRIER(sync, 0); }
+inline int __syncthreads_count(int predicate, FP8SERVE_EMU_SITE) { return FP8SERVE_EMU_BARRIER(count, predicate); }
+inline int __syncthreads_and(int predicate, FP8SERVE_EMU_SITE) { return FP8SERVE_EMU_BARRIER(all, predicate); }
+inline int __syncthreads_or(int predicate, FP8SERVE_EMU_SITE) { return FP8SERVE_EMU_BARRIER(any, predicate); }
 
-inline int __syncthreads_count(int predicate, const char* file = __builtin_FILE(), unsigned line = __builtin_LINE()) {
-  return fp8serve::emu::detail::barrier(fp8serve::emu::detail::BarrierOp::count, predicate, {file, line});
-}
+[[noreturn]] inline void __trap(FP8SERVE_EMU_SITE) { fp8serve::emu::detail::trap({file, line}); }
 
-inline int __syncthreads_and(int predicate, const char* file = __builtin_FILE(), unsigned line = __builtin_LINE()) {
-  return fp8serve::emu::detail::barrier(fp8serve::emu::detail::BarrierOp::all, predicate, {file, line});
-}
-
-inline int __syncthreads_or(int predicate, const char* file = __builtin_FILE(), unsigned line = __builtin_LINE()) {
-  return fp8serve::emu::detail::barrier(fp8serve::emu::detail::BarrierOp::any, predicate, {file, line});
-}
-
-[[noreturn]] inline void __trap(const char* file = __builtin_FILE(), unsigned line = __builtin_LINE()) {
-  fp8serve::emu::detail::trap({file, line});
-}
+#undef FP8SERVE_EMU_BARRIER
+#undef FP8SERVE_EMU_WARP_OP
+#undef FP8SERVE_EMU_SITE
 
 #include "kernels/cuda/emu/device_functions.hpp"

@@ -10,6 +10,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -106,10 +107,11 @@ cudaError_t allocate(void** out, size_t bytes, Memory kind) {
   }
   State& s = state();
   std::lock_guard lock(s.mutex);
-  if (kind == Memory::device && bytes > s.device_capacity - s.device_bytes) return cudaErrorMemoryAllocation;
+  if (kind == Memory::device && bytes > s.device_capacity - std::min(s.device_capacity, s.device_bytes))
+    return cudaErrorMemoryAllocation;
   void* data = nullptr;
   if (posix_memalign(&data, 256, bytes) != 0) return cudaErrorMemoryAllocation;  // cudaMalloc aligns to 256
-  std::memset(data, 0xff, bytes);  // reads as NaN until written, like no fresh GPU memory does
+  std::memset(data, 0xff, bytes);  // reads as NaN until written (a GPU gives whatever was there)
   s.allocations.emplace(reinterpret_cast<uintptr_t>(data), Allocation{bytes, kind});
   if (kind == Memory::device) s.device_bytes += bytes;
   *out = data;
@@ -217,7 +219,8 @@ cudaError_t cudaMemset(void* ptr, int value, size_t count) {
   {
     auto& s = state();
     std::lock_guard lock(s.mutex);
-    if (place(s, ptr, count) != fp8serve::emu::detail::Place::device) return record_error(cudaErrorInvalidValue);
+    if (fp8serve::emu::detail::place(s, ptr, count) != fp8serve::emu::detail::Place::device)
+      return record_error(cudaErrorInvalidValue);
   }
   std::memset(ptr, value, count);
   return cudaSuccess;
@@ -232,7 +235,7 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   auto& s = state();
   std::lock_guard lock(s.mutex);
   *total = s.device_capacity;
-  *free = s.device_capacity - s.device_bytes;
+  *free = s.device_capacity - std::min(s.device_capacity, s.device_bytes);
   return cudaSuccess;
 }
 

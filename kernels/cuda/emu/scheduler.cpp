@@ -97,9 +97,14 @@ void BlockRunner::run(uint64_t block_linear) {
   t_runner = this;
   // Run every runnable thread until it waits or exits; then complete what can complete: warp
   // groups first (a barrier needs every live thread, so none can be in a warp op), then the
-  // barrier. When nothing can, the block is deadlocked.
-  for (;;) {
-    for (CudaThread& t : threads_) {
+  // barrier. When nothing can, the block is deadlocked. CUDA leaves the order of threads open:
+  // rounds alternate between increasing and decreasing thread order (odd blocks start
+  // decreasing), so a read that a missing barrier leaves unordered sees unwritten memory
+  // whichever side of the writer the reader is.
+  bool decreasing = block_linear % 2 == 1;
+  for (;; decreasing = !decreasing) {
+    for (size_t i = 0; i < threads_.size(); ++i) {
+      CudaThread& t = threads_[decreasing ? threads_.size() - 1 - i : i];
       if (t.wait != Wait::runnable) continue;
       t_thread = &t;
       thread_idx = t.index;
@@ -162,8 +167,10 @@ int BlockRunner::barrier(CudaThread& self, BarrierOp op, int predicate, Site sit
 }
 
 // __activemask completes first, on its own, once nothing can run: the lanes of the warp that
-// have not exited. Then a warp group completes when every lane its mask names waits at a warp op;
-// those lanes must all be at the same op with the same mask (CUDA: undefined otherwise).
+// have not exited. Then a warp group completes when every lane its mask names waits at the same
+// op with the same mask. A lane at another op may get there later (its own group completing
+// first), so a disagreement is an error only once nothing else can move (report_deadlock); a mask
+// naming a lane that has exited, or that the block does not have, is one at once.
 bool BlockRunner::release_warp_groups() {
   bool released = false;
   const unsigned n = static_cast<unsigned>(threads_.size());
@@ -183,36 +190,52 @@ bool BlockRunner::release_warp_groups() {
     for (unsigned l = 0; l < lanes; ++l) {
       const CudaThread& t = lane(first, l);
       if (t.wait != Wait::warp) continue;
-      const char* name = op_name(Wait::warp, t.op);
-      char text[160];
       bool ready = true;
       for (unsigned k = 0; k < kWarpSize; ++k) {
         if (((t.mask >> k) & 1u) == 0) continue;
+        char text[160];
         if (k >= lanes) {
           std::snprintf(text, sizeof text, "mask 0x%08x names lane %u, which this block does not have (%u threads)",
                         t.mask, k, n);
-          fail(t, t.site, name, text);
+          fail(t, t.site, op_name(Wait::warp, t.op), text);
         }
         const CudaThread& u = lane(first, k);
         if (u.wait == Wait::exited) {
           std::snprintf(text, sizeof text, "mask 0x%08x names lane %u, which has exited", t.mask, k);
-          fail(t, t.site, name, text);
+          fail(t, t.site, op_name(Wait::warp, t.op), text);
         }
-        ready = ready && u.wait == Wait::warp;
+        ready = ready && u.wait == Wait::warp && u.op == t.op && u.mask == t.mask;
       }
-      if (!ready) continue;  // a lane is at a barrier: the deadlock report will say so
-      for (unsigned k = 0; k < kWarpSize; ++k) {
-        const CudaThread& u = lane(first, k);
-        if (((t.mask >> k) & 1u) == 0 || (u.op == t.op && u.mask == t.mask)) continue;
-        std::snprintf(text, sizeof text, "mask 0x%08x names lane %u, which waits at %s with mask 0x%08x (%s:%u)",
-                      t.mask, k, op_name(Wait::warp, u.op), u.mask, u.site.file, u.site.line);
-        fail(t, t.site, name, text);
-      }
+      if (!ready) continue;
       complete_warp_group(first, t.mask);
       released = true;
     }
   }
   return released;
+}
+
+// Called when nothing can move: a lane whose mask's lanes all wait at warp ops, not all at its
+// own op and mask, waits for ever (CUDA: undefined). Returns having found none.
+void BlockRunner::check_warp_groups_agree() const {
+  const unsigned n = static_cast<unsigned>(threads_.size());
+  for (const CudaThread& t : threads_) {
+    if (t.wait != Wait::warp) continue;
+    const unsigned first = t.linear - t.linear % kWarpSize;
+    const CudaThread* differing = nullptr;
+    bool all_at_warp_ops = true;
+    for (unsigned k = 0; k < kWarpSize && first + k < n; ++k) {
+      const CudaThread& u = threads_[first + k];
+      if (((t.mask >> k) & 1u) == 0) continue;
+      all_at_warp_ops = all_at_warp_ops && u.wait == Wait::warp;
+      if (differing == nullptr && (u.op != t.op || u.mask != t.mask)) differing = &u;
+    }
+    if (!all_at_warp_ops || differing == nullptr) continue;
+    char text[512];
+    std::snprintf(text, sizeof text, "mask 0x%08x names lane %u, which waits at %s with mask 0x%08x (%s:%u)", t.mask,
+                  differing->linear % kWarpSize, op_name(Wait::warp, differing->op), differing->mask,
+                  differing->site.file, differing->site.line);
+    fail(t, t.site, op_name(Wait::warp, t.op), text);
+  }
 }
 
 void BlockRunner::complete_warp_group(unsigned first, unsigned mask) {
@@ -288,6 +311,7 @@ std::string BlockRunner::where(const CudaThread& t) const {
 }
 
 void BlockRunner::report_deadlock() const {
+  check_warp_groups_agree();
   std::lock_guard lock(report_mutex());
   std::fprintf(stderr, "fp8serve CUDA emulator: deadlock in kernel %s, block (%u,%u,%u): no thread can continue\n",
                launch_.call.name, block_index_.x, block_index_.y, block_index_.z);

@@ -63,6 +63,7 @@ class BlockRunner {
   bool release_warp_groups();
   void complete_warp_group(unsigned warp_first, unsigned mask);
   bool release_barrier();
+  void check_warp_groups_agree() const;
   [[noreturn]] void report_deadlock() const;
   std::string where(const CudaThread& thread) const;
   void free_shared();

@@ -57,7 +57,7 @@ TEST_CASE("copies are checked against the allocations and the direction") {
   CHECK(cudaMemcpy(host.data(), d, 4, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
   CHECK(cudaMemcpy(d, host.data(), 4, cudaMemcpyDeviceToDevice) == cudaErrorInvalidValue);
   CHECK(cudaMemcpy(host.data(), host.data() + 16, 4, cudaMemcpyDeviceToHost) == cudaErrorInvalidValue);
-  CHECK(cudaMemcpy(d, host.data(), 4, static_cast<cudaMemcpyKind>(9)) == cudaErrorInvalidMemcpyDirection);
+  CHECK(cudaMemcpy(d, host.data(), 4, static_cast<cudaMemcpyKind>(7)) == cudaErrorInvalidMemcpyDirection);
   CHECK(cudaMemset(host.data(), 0, 4) == cudaErrorInvalidValue);
   CHECK(cudaMemset(d + 15, 0, 8) == cudaErrorInvalidValue);
   CHECK(cudaPeekAtLastError() == cudaErrorInvalidValue);
