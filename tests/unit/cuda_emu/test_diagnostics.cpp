@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/launch.hpp"
 #include "tests/unit/cuda_emu/child_process.hpp"
+#include "tests/unit/cuda_emu/device_memory.hpp"
 
 using fp8serve::test::ChildResult;
 using fp8serve::test::run_in_child;
@@ -70,11 +71,7 @@ __global__ void nested_launch_kernel(int* out) {
   if (threadIdx.x == 0) FP8SERVE_LAUNCH(nested_launch_kernel, 1, 1, 0, nullptr, out);
 }
 
-int* device_ints(size_t n) {
-  void* p = nullptr;
-  CUDA_CHECK(cudaMalloc(&p, n * sizeof(int)));
-  return static_cast<int*>(p);
-}
+int* device_ints(size_t n) { return fp8serve::test::device_alloc<int>(n); }
 
 void check_message(const ChildResult& r, const std::vector<std::string>& parts) {
   INFO("child's stderr:\n" << r.stderr_text);

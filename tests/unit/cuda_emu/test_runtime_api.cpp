@@ -7,6 +7,9 @@
 #include <vector>
 
 #include "kernels/cuda/launch.hpp"
+#include "tests/unit/cuda_emu/device_memory.hpp"
+
+using fp8serve::test::device_alloc;
 
 namespace {
 
@@ -15,13 +18,6 @@ __global__ void fill_kernel(int* out, int value) { out[blockIdx.x * blockDim.x +
 __global__ void shared_bytes_kernel(unsigned char* out) {
   FP8SERVE_DYNAMIC_SHARED(unsigned char, bytes);
   if (threadIdx.x == 0) *out = bytes[0];
-}
-
-template <class T>
-T* device_alloc(size_t n) {
-  void* p = nullptr;
-  REQUIRE(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess);
-  return static_cast<T*>(p);
 }
 
 }  // namespace

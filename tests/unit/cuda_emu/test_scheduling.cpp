@@ -9,6 +9,10 @@
 #include <vector>
 
 #include "kernels/cuda/launch.hpp"
+#include "tests/unit/cuda_emu/device_memory.hpp"
+
+using fp8serve::test::device_alloc;
+using fp8serve::test::download;
 
 namespace {
 
@@ -94,20 +98,6 @@ __global__ void ping_pong_kernel(int rounds, int* out) {
   int v = static_cast<int>(threadIdx.x);
   for (int i = 0; i < rounds; ++i) v += __shfl_xor_sync(0xffffffffu, v, 1) & 1;
   out[blockIdx.x * blockDim.x + threadIdx.x] = v;
-}
-
-template <class T>
-std::vector<T> download(const T* d, size_t n) {
-  std::vector<T> host(n);
-  REQUIRE(cudaMemcpy(host.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
-  return host;
-}
-
-template <class T>
-T* device_alloc(size_t n) {
-  void* p = nullptr;
-  REQUIRE(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess);
-  return static_cast<T*>(p);
 }
 
 }  // namespace
