@@ -11,14 +11,14 @@ using fp8serve::parse_command_line;
 
 TEST_CASE("defaults and flags of every kind parse", "[config]") {
   const auto c = parse_command_line({"serve", "model.gguf", "--port", "9000", "--kv-cache-dtype=bf16",
-                                     "--kv-scale-margin", "2.5", "--no-enable-prefix-caching", "--seed", "18446744073709551615"});
+                                     "--kv-scale-margin", "2.5", "--no-enable-prefix-caching"});
   CHECK(c.command == Command::serve);
   CHECK(c.model == "model.gguf");
   CHECK(c.port == 9000);
   CHECK(c.kv_cache_dtype == "bf16");
   CHECK(c.kv_scale_margin == 2.5);
   CHECK_FALSE(c.enable_prefix_caching);
-  CHECK(c.seed == 18446744073709551615ull);
+  CHECK(parse_command_line({"generate", "m", "--prompt", "p", "--seed", "18446744073709551615"}).seed == 18446744073709551615ull);
   CHECK(c.host == "127.0.0.1");  // loopback unless told otherwise
   CHECK(c.block_size == 16);
 }
@@ -97,4 +97,35 @@ TEST_CASE("--config file is applied first and the command line overrides it", "[
   }
   CHECK_THROWS_AS(parse_command_line({"serve", "m", "--config", path}), ConfigError);
   std::remove(path.c_str());
+}
+
+TEST_CASE("a flag the command does not use is an error, not silently ignored", "[config]") {
+  auto message_of = [](std::vector<std::string> args) {
+    try {
+      parse_command_line(args);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message_of({"generate", "m", "--prompt", "p", "--port", "9000"}) ==
+        "--port: generate does not use it (a flag of serve; see fp8serve --help)");
+  CHECK(message_of({"serve", "m", "--temperature", "0.5"}) ==
+        "--temperature: serve does not use it (a flag of generate; see fp8serve --help)");
+  CHECK(message_of({"inspect", "m", "--kv-cache-dtype", "bf16"}) ==
+        "--kv-cache-dtype: inspect does not use it (a flag of generate and serve; see fp8serve --help)");
+  CHECK(message_of({"inspect", "m", "--log-level", "warn"}) == "no error");
+  CHECK(message_of({"generate", "m", "--prompt", "p", "--kv-cache-dtype", "bf16"}) == "no error");
+  // One --config file may hold keys of several commands: the ones this command does not read are skipped.
+  const std::string path = "test_config_shared.json";
+  {
+    std::ofstream out(path);
+    out << R"({"port": 8123, "temperature": 0.5, "kv-cache-dtype": "bf16"})";
+  }
+  const auto serve = parse_command_line({"serve", "m", "--config", path});
+  CHECK((serve.port == 8123 && serve.temperature == 0.0 && serve.kv_cache_dtype == "bf16"));
+  const auto generate = parse_command_line({"generate", "m", "--prompt", "p", "--config", path});
+  CHECK((generate.port == 8000 && generate.temperature == 0.5));
+  std::remove(path.c_str());
+  CHECK(fp8serve::usage().find("\n serve:\n") != std::string::npos);
 }
