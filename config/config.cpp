@@ -63,7 +63,13 @@ std::string format_number(double v) {
 }
 
 std::string range_text(const FlagSpec& spec) {
-  return "[" + format_number(spec.min) + ", " + format_number(spec.max) + "]";
+  // Appended piece by piece: `"[" + std::string&&` trips GCC 12's false -Wrestrict (bug 105329).
+  std::string out = "[";
+  out += format_number(spec.min);
+  out += ", ";
+  out += format_number(spec.max);
+  out += "]";
+  return out;
 }
 
 int64_t parse_integer(const FlagSpec& spec, const std::string& text) {
