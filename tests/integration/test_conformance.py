@@ -3,18 +3,18 @@ against the real server with curl-like raw sockets and the official `openai` cli
 against independent references where there is one (transformers' logits for logit_bias, HF
 tokenizers and Python's UTF-8 codec for streamed text, jinja2's renderings for templates)."""
 import json
-import os
-import signal
 import socket
 import subprocess
-import time
-from pathlib import Path
+import sys
 
 import openai
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import DEFAULT_MODEL, FIXTURES, TINY_LLAMA, TINY_QWEN3, Server, binary
+from conftest import FIXTURES, ROOT, TINY_LLAMA, TINY_QWEN3, Server, binary
+
+sys.path.insert(0, str(ROOT / "tests" / "scripts"))
+from byte_level import byte_decoder, stream_text, token_bytes  # noqa: E402
 
 C = "/v1/completions"
 H = "/v1/chat/completions"
@@ -280,39 +280,6 @@ def test_restart_on_the_same_port_with_connections_in_time_wait(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Streaming text: no part of a character, ever
 
-def byte_decoder():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
-def expected_stream_text(raw):
-    """Bytes less an incomplete final character, decoded with U+FFFD for invalid bytes."""
-    for back in range(1, min(3, len(raw)) + 1):
-        lead = raw[-back]
-        if 0x80 <= lead <= 0xBF:
-            continue
-        need = 2 if 0xC2 <= lead <= 0xDF else 3 if 0xE0 <= lead <= 0xEF else 4 if 0xF0 <= lead <= 0xF4 else 0
-        if need > back and any(_decodes(raw[-back:] + f * (need - back)) for f in (b"\x80", b"\xbf")):
-            return raw[:-back].decode("utf-8", "replace")
-        break
-    return raw.decode("utf-8", "replace")
-
-
-def _decodes(b):
-    try:
-        b.decode("utf-8")
-        return True
-    except UnicodeDecodeError:
-        return False
-
-
 def test_emoji_prompt_streams_and_returns_whole_characters(smol):
     client, model = smol_client(smol), smol_model_name(smol)
     tok = Tokenizer.from_file(str(SMOL_TOKENIZER))
@@ -320,11 +287,10 @@ def test_emoji_prompt_streams_and_returns_whole_characters(smol):
     long = client.completions.create(model=model, prompt=EMOJI_PROMPT, max_tokens=8, temperature=0, logprobs=0,
                                      extra_body={"return_tokens_as_token_ids": True})
     ids = [int(t.split(":")[1]) for t in long.choices[0].logprobs.tokens]
-    token_bytes = [bytes(dec[c] for c in tok.id_to_token(i)) for i in ids]
+    pieces = [token_bytes(tok, i, dec) for i in ids]
     cut_inside = 0
     for k in range(1, 5):
-        raw = b"".join(token_bytes[:k])
-        want = expected_stream_text(raw)
+        want = stream_text(b"".join(pieces[:k]))
         full = tok.decode(ids[:k], skip_special_tokens=False)  # HF's decode of the whole sequence
         assert full in (want, want + "\ufffd")
         cut_inside += full != want

@@ -12,6 +12,8 @@ b"\xed\xa9", a surrogate that can never be valid), so the tail is tested by comp
 Every case is also checked against HF tokenizers' decode of the full sequence: equal to it, or
 equal to it less its final U+FFFD when the ids end inside a character.
 
+(byte_level.py holds the byte map and the incomplete-character rule.)
+
 Usage: .venv/bin/python tests/scripts/make_detokenizer_fixtures.py   (tokenizers 0.23.3)
 """
 import json
@@ -21,41 +23,11 @@ import random
 import tokenizers
 from tokenizers import Tokenizer
 
+from byte_level import byte_decoder, incomplete_tail
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TOKENIZER = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "smollm2", "tokenizer.json")
 OUT = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "detokenizer_streams.json")
-
-
-def byte_decoder():
-    """GPT-2's bytes_to_unicode, inverted: token characters -> bytes."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
-def incomplete_tail(raw):
-    """Length of the incomplete character `raw` ends with (0 if none)."""
-    for back in range(1, min(3, len(raw)) + 1):
-        lead = raw[-back]
-        if 0x80 <= lead <= 0xBF:
-            continue  # a continuation byte: look further back for the lead byte
-        need = 2 if 0xC2 <= lead <= 0xDF else 3 if 0xE0 <= lead <= 0xEF else 4 if 0xF0 <= lead <= 0xF4 else 0
-        if need <= back:
-            return 0
-        for fill in (b"\x80", b"\xbf"):  # every valid second byte range holds one of these
-            try:
-                (raw[-back:] + fill * (need - back)).decode("utf-8")
-                return back
-            except UnicodeDecodeError:
-                pass
-        return 0
-    return 0
 
 
 def main():

@@ -9,6 +9,20 @@ using fp8serve::Command;
 using fp8serve::ConfigError;
 using fp8serve::parse_command_line;
 
+namespace {
+
+// The ConfigError message for a command line, or "no error".
+std::string message_of(const std::vector<std::string>& args) {
+  try {
+    parse_command_line(args);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
 TEST_CASE("defaults and flags of every kind parse", "[config]") {
   const auto c = parse_command_line({"serve", "model.gguf", "--port", "9000", "--kv-cache-dtype=bf16",
                                      "--kv-scale-margin", "2.5", "--no-enable-prefix-caching"});
@@ -24,14 +38,6 @@ TEST_CASE("defaults and flags of every kind parse", "[config]") {
 }
 
 TEST_CASE("bad values name the flag and the accepted range", "[config]") {
-  auto message_of = [](std::vector<std::string> args) {
-    try {
-      parse_command_line(args);
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   CHECK(message_of({"serve", "m", "--port", "70000"}) == "--port: must be in [1, 65535], got 70000");
   CHECK(message_of({"serve", "m", "--port", "80x"}) == "--port: expected an integer in [1, 65535], got '80x'");
   CHECK(message_of({"serve", "m", "--kv-cache-dtype", "fp16"}) ==
@@ -100,14 +106,6 @@ TEST_CASE("--config file is applied first and the command line overrides it", "[
 }
 
 TEST_CASE("a flag the command does not use is an error, not silently ignored", "[config]") {
-  auto message_of = [](std::vector<std::string> args) {
-    try {
-      parse_command_line(args);
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   CHECK(message_of({"generate", "m", "--prompt", "p", "--port", "9000"}) ==
         "--port: generate does not use it (a flag of serve; see fp8serve --help)");
   CHECK(message_of({"serve", "m", "--temperature", "0.5"}) ==
