@@ -10,29 +10,35 @@ using fp8serve::Command;
 using fp8serve::ConfigError;
 using fp8serve::parse_command_line;
 
+namespace {
+
+// The ConfigError message for a command line, or "no error".
+std::string message_of(const std::vector<std::string>& args) {
+  try {
+    parse_command_line(args);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
 TEST_CASE("defaults and flags of every kind parse", "[config]") {
   const auto c = parse_command_line({"serve", "model.gguf", "--port", "9000", "--kv-cache-dtype=bf16",
-                                     "--kv-scale-margin", "2.5", "--no-enable-prefix-caching", "--seed", "18446744073709551615"});
+                                     "--kv-scale-margin", "2.5", "--no-enable-prefix-caching"});
   CHECK(c.command == Command::serve);
   CHECK(c.model == "model.gguf");
   CHECK(c.port == 9000);
   CHECK(c.kv_cache_dtype == "bf16");
   CHECK(c.kv_scale_margin == 2.5);
   CHECK_FALSE(c.enable_prefix_caching);
-  CHECK(c.seed == 18446744073709551615ull);
+  CHECK(parse_command_line({"generate", "m", "--prompt", "p", "--seed", "18446744073709551615"}).seed == 18446744073709551615ull);
   CHECK(c.host == "127.0.0.1");  // loopback unless told otherwise
   CHECK(c.block_size == 16);
 }
 
 TEST_CASE("bad values name the flag and the accepted range", "[config]") {
-  auto message_of = [](std::vector<std::string> args) {
-    try {
-      parse_command_line(args);
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   CHECK(message_of({"serve", "m", "--port", "70000"}) == "--port: must be in [1, 65535], got 70000");
   CHECK(message_of({"serve", "m", "--port", "80x"}) == "--port: expected an integer in [1, 65535], got '80x'");
   CHECK(message_of({"serve", "m", "--kv-cache-dtype", "fp16"}) ==
@@ -164,4 +170,29 @@ TEST_CASE("flag_environment reads exactly the FP8SERVE_<FLAG> variables", "[conf
   CHECK(env.at("FP8SERVE_MAX_NUM_SEQS") == "5");
   CHECK(env.count("FP8SERVE_NOT_A_FLAG") == 0);
   CHECK(parse_command_line({"serve", "m"}, env).max_num_seqs == 5);
+}
+
+TEST_CASE("a flag the command does not use is an error, not silently ignored", "[config]") {
+  CHECK(message_of({"generate", "m", "--prompt", "p", "--port", "9000"}) ==
+        "--port: generate does not use it (a flag of serve; see fp8serve --help)");
+  CHECK(message_of({"serve", "m", "--temperature", "0.5"}) ==
+        "--temperature: serve does not use it (a flag of generate; see fp8serve --help)");
+  CHECK(message_of({"inspect", "m", "--kv-cache-dtype", "bf16"}) ==
+        "--kv-cache-dtype: inspect does not use it (a flag of generate and serve; see fp8serve --help)");
+  CHECK(message_of({"inspect", "m", "--log-level", "warn"}) == "no error");
+  CHECK(message_of({"generate", "m", "--prompt", "p", "--kv-cache-dtype", "bf16"}) == "no error");
+  // One --config file may hold keys of several commands: the ones this command does not read are skipped.
+  const std::string path = "test_config_shared.json";
+  {
+    std::ofstream out(path);
+    out << R"({"port": 8123, "temperature": 0.5, "kv-cache-dtype": "bf16"})";
+  }
+  const auto serve = parse_command_line({"serve", "m", "--config", path});
+  CHECK((serve.port == 8123 && serve.temperature == 0.0 && serve.kv_cache_dtype == "bf16"));
+  const auto generate = parse_command_line({"generate", "m", "--prompt", "p", "--config", path});
+  CHECK((generate.port == 8000 && generate.temperature == 0.5));
+  std::remove(path.c_str());
+  CHECK(fp8serve::usage().find("\n serve:\n") != std::string::npos);
+  // Likewise the environment (a container's variables may serve several commands).
+  CHECK(parse_command_line({"generate", "m", "--prompt", "p"}, {{"FP8SERVE_PORT", "9000"}}).port == 8000);
 }
