@@ -11,6 +11,7 @@
 // it moves data with copy_to_device / copy_to_host.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -26,9 +27,16 @@ namespace fp8serve {
 enum class ActDtype : uint8_t { f32, bf16 };
 
 // An ordering queue for device work: cudaStream_t on CUDA, unused (null) on the CPU, where
-// every op has finished when it returns.
+// every op has finished when it returns. A null handle on CUDA is the backend's own stream (one
+// non-blocking stream per backend), never CUDA's legacy default stream.
 struct Stream {
   void* handle = nullptr;
+};
+
+// Device memory as the device reports it, for sizing the KV pool (--gpu-memory-utilization).
+struct DeviceMemory {
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
 };
 
 class Backend {
@@ -44,10 +52,17 @@ class Backend {
   // least) and throws std::bad_alloc when the device has none left; free(nullptr) is a no-op.
   virtual void* allocate(std::size_t bytes) = 0;
   virtual void free(void* ptr) = 0;
+  // Copies are ordered on the stream. copy_to_device reads `src` before it returns (the caller
+  // may reuse it at once); copy_to_host's `dst` holds the data once synchronize(stream) has
+  // returned (a device backend copies asynchronously), so keep it alive until then.
   virtual void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream stream) = 0;
   virtual void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream stream) = 0;
-  // Waits until all work queued on the stream has finished (a no-op on the CPU).
+  // Waits until all work queued on the stream has finished (a no-op on the CPU). A device
+  // backend also reports here what its kernels found wrong in device data since the last call
+  // (a token id outside the vocabulary, a slot outside the pool) by throwing.
   virtual void synchronize(Stream stream) = 0;
+  // Free and total device memory now; nullopt where "device" memory is host memory (the CPU).
+  virtual std::optional<DeviceMemory> memory_info() const { return std::nullopt; }
 
   // Copy-on-write of paged KV blocks: block src -> dst in K and V of every layer's pool.
   virtual void copy_blocks(const CopyBlocksParams& params, Stream stream) = 0;
