@@ -21,6 +21,14 @@
 
 #define FP8SERVE_DEVICE __device__ __forceinline__
 
+// Loop unrolling for nvcc; the emulator's host compiler runs the loops as they are (a host
+// compiler warns about CUDA's pragma, and speed does not matter there).
+#if defined(__CUDACC__)
+#define FP8SERVE_UNROLL _Pragma("unroll")
+#else
+#define FP8SERVE_UNROLL
+#endif
+
 namespace fp8serve::cuda {
 
 constexpr int kWarpSize = 32;
@@ -101,7 +109,7 @@ FP8SERVE_DEVICE void load_bf16(const std::uint16_t* p, float (&out)[kVec]) {
     unpack_bf16x2(v.z, out[4], out[5]);
     unpack_bf16x2(v.w, out[6], out[7]);
   } else {
-#pragma unroll
+FP8SERVE_UNROLL
     for (int i = 0; i < kVec; ++i) out[i] = bf16_decode(p[i]);
   }
 }
@@ -116,7 +124,7 @@ FP8SERVE_DEVICE void store_bf16(std::uint16_t* p, const float (&in)[kVec]) {
     v.w = pack_bf16x2(in[6], in[7]);
     *reinterpret_cast<uint4*>(p) = v;
   } else {
-#pragma unroll
+FP8SERVE_UNROLL
     for (int i = 0; i < kVec; ++i) p[i] = bf16_encode(in[i]);
   }
 }
@@ -127,7 +135,7 @@ FP8SERVE_DEVICE void copy_bf16(std::uint16_t* dst, const std::uint16_t* src) {
   if constexpr (kVec == 8) {
     *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
   } else {
-#pragma unroll
+FP8SERVE_UNROLL
     for (int i = 0; i < kVec; ++i) dst[i] = src[i];
   }
 }

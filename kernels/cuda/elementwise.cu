@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kThreads) silu_mul_kernel(const SiluArgs a) {
     float g[kVec], u[kVec];
     load_bf16<kVec>(a.gate + t * a.gate_stride + j * kVec, g);
     load_bf16<kVec>(a.up + t * a.up_stride + j * kVec, u);
-#pragma unroll
+FP8SERVE_UNROLL
     for (int i = 0; i < kVec; ++i) g[i] = mul_rn(div_rn(g[i], add_rn(1.0f, expf(-g[i]))), u[i]);
     store_bf16<kVec>(a.out + t * a.out_stride + j * kVec, g);
   }
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kThreads) residual_add_kernel(std::uint16_t* r
     float r[kVec], d[kVec];
     load_bf16<kVec>(residual + j * kVec, r);
     load_bf16<kVec>(x + j * kVec, d);
-#pragma unroll
+FP8SERVE_UNROLL
     for (int i = 0; i < kVec; ++i) r[i] += d[i];
     store_bf16<kVec>(residual + j * kVec, r);
   }

@@ -85,7 +85,7 @@ FP8SERVE_DEVICE void load_bits(const std::uint16_t* p, std::uint16_t (&out)[kVec
   if constexpr (kVec == 8) {
     const uint4 v = *reinterpret_cast<const uint4*>(p);
     const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
+FP8SERVE_UNROLL
     for (int i = 0; i < 4; ++i) {
       out[2 * i] = static_cast<std::uint16_t>(words[i] & 0xffffu);
       out[2 * i + 1] = static_cast<std::uint16_t>(words[i] >> 16);
@@ -102,7 +102,7 @@ FP8SERVE_DEVICE void store_bf16_pool(const PagedKvView& view, int64_t slot, int3
   auto* k_pool = static_cast<std::uint16_t*>(view.k);
   auto* v_pool = static_cast<std::uint16_t*>(view.v);
   if constexpr (kVec == 8) {
-#pragma unroll
+FP8SERVE_UNROLL
     for (int g = 0; g < kVec / 2; ++g) {
       const uint32_t word = static_cast<uint32_t>(k[2 * g]) | (static_cast<uint32_t>(k[2 * g + 1]) << 16);
       *reinterpret_cast<uint32_t*>(k_pool + view.k_offset(slot, head, d + 2 * g)) = word;
@@ -126,7 +126,7 @@ FP8SERVE_DEVICE void store_fp8_pool(const PagedKvView& view, int64_t slot, int32
                                     const std::uint16_t (&k)[kVec], const std::uint16_t (&v)[kVec], float k_scale,
                                     float v_scale, unsigned& k_sat, unsigned& v_sat) {
   float yk[kVec], yv[kVec];
-#pragma unroll
+FP8SERVE_UNROLL
   for (int i = 0; i < kVec; ++i) {
     yk[i] = div_rn(bf16_decode(k[i]), k_scale);
     yv[i] = div_rn(bf16_decode(v[i]), v_scale);
@@ -136,7 +136,7 @@ FP8SERVE_DEVICE void store_fp8_pool(const PagedKvView& view, int64_t slot, int32
   auto* k_pool = static_cast<uint8_t*>(view.k);
   auto* v_pool = static_cast<uint8_t*>(view.v);
   if constexpr (kVec == 8) {
-#pragma unroll
+FP8SERVE_UNROLL
     for (int g = 0; g < 2; ++g) {
       const uint32_t word = encode_fp8x2(yk[4 * g], yk[4 * g + 1]) | (encode_fp8x2(yk[4 * g + 2], yk[4 * g + 3]) << 16);
       *reinterpret_cast<uint32_t*>(k_pool + view.k_offset(slot, head, d + 4 * g)) = word;
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(kThreads) kv_amax_kernel(const KvWriteArgs a, 
     float k[kVec], v[kVec];
     load_bf16<kVec>(a.k + t * a.k_stride + at, k);
     load_bf16<kVec>(a.v + t * a.v_stride + at, v);
-#pragma unroll
+FP8SERVE_UNROLL
     for (int e = 0; e < kVec; ++e) {
       k_amax = max_op(k_amax, fabsf(k[e]));
       v_amax = max_op(v_amax, fabsf(v[e]));

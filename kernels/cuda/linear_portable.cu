@@ -48,10 +48,10 @@ FP8SERVE_DEVICE void stage_tile(const std::uint16_t* src, int64_t stride, int64_
   if (kVec && row < rows && col + 8 <= cols) {
     load_bf16<8>(src + row * stride + col, v);
   } else {
-#pragma unroll
+FP8SERVE_UNROLL
     for (int e = 0; e < 8; ++e) v[e] = row < rows && col + e < cols ? bf16_decode(src[row * stride + col + e]) : 0.0f;
   }
-#pragma unroll
+FP8SERVE_UNROLL
   for (int e = 0; e < 8; ++e) tile[c + e][r] = v[e];
 }
 
@@ -68,27 +68,27 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(const GemmArgs a) {
     stage_tile<kVec>(a.x, a.x_stride, a.m, a.k, m0, k0, xs);
     stage_tile<kVec>(a.w, a.k, a.n, a.k, n0, k0, ws);
     __syncthreads();
-#pragma unroll 8
+FP8SERVE_UNROLL
     for (int kk = 0; kk < kTileK; ++kk) {
       float xv[4], wv[4];
-#pragma unroll
+FP8SERVE_UNROLL
       for (int i = 0; i < 4; ++i) {
         xv[i] = xs[kk][ty * 4 + i];
         wv[i] = ws[kk][tx * 4 + i];
       }
-#pragma unroll
+FP8SERVE_UNROLL
       for (int i = 0; i < 4; ++i) {
-#pragma unroll
+FP8SERVE_UNROLL
         for (int j = 0; j < 4; ++j) acc[i][j] += xv[i] * wv[j];
       }
     }
     __syncthreads();  // the tiles are overwritten by the next step
   }
-#pragma unroll
+FP8SERVE_UNROLL
   for (int i = 0; i < 4; ++i) {
     const int64_t row = m0 + ty * 4 + i;
     if (row >= a.m) continue;
-#pragma unroll
+FP8SERVE_UNROLL
     for (int j = 0; j < 4; ++j) {
       const int64_t col = n0 + tx * 4 + j;
       if (col >= a.n) continue;

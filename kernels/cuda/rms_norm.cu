@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(const NormArgs a)
 
   float v[kMaxIters][kVec];
   float sum_sq = 0.0f;
-#pragma unroll
+FP8SERVE_UNROLL
   for (int it = 0; it < kMaxIters; ++it) {
     const int j = lane + it * a.team;
     if (active && j < num_vecs) {
@@ -67,25 +67,25 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(const NormArgs a)
         std::uint16_t* r = a.residual + token * a.residual_stride + at;
         float stream[kVec];
         load_bf16<kVec>(r, stream);
-#pragma unroll
+FP8SERVE_UNROLL
         for (int i = 0; i < kVec; ++i) v[it][i] = round_to_bf16(stream[i] + v[it][i]);
         store_bf16<kVec>(r, v[it]);
       }
-#pragma unroll
+FP8SERVE_UNROLL
       for (int i = 0; i < kVec; ++i) sum_sq += v[it][i] * v[it][i];
     }
   }
   sum_sq = small_rows ? warp_reduce(sum_sq, SumOp{}, a.team) : block_reduce(sum_sq, SumOp{}, 0.0f, scratch);
   const float mean = div_rn(sum_sq, static_cast<float>(a.dim));
   const float inv_rms = div_rn(1.0f, sqrtf(mean + a.eps));
-#pragma unroll
+FP8SERVE_UNROLL
   for (int it = 0; it < kMaxIters; ++it) {
     const int j = lane + it * a.team;
     if (active && j < num_vecs) {
       const int64_t at = column + static_cast<int64_t>(j) * kVec;
       float w[kVec];
       load_bf16<kVec>(a.weight + at - column, w);
-#pragma unroll
+FP8SERVE_UNROLL
       for (int i = 0; i < kVec; ++i) v[it][i] = mul_rn(w[i], mul_rn(v[it][i], inv_rms));
       store_bf16<kVec>(a.out + token * a.out_stride + at, v[it]);
     }

@@ -39,7 +39,7 @@ FP8SERVE_DEVICE void load_f32(const float* p, float (&out)[kVec]) {
     out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
     out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
   } else {
-#pragma unroll
+FP8SERVE_UNROLL
     for (int i = 0; i < kVec; ++i) out[i] = p[i];
   }
 }
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs a) {
     load_f32<kVec>(cos_row + i, c);
     load_f32<kVec>(sin_row + i, s);
     float r0[kVec], r1[kVec];
-#pragma unroll
+FP8SERVE_UNROLL
     for (int e = 0; e < kVec; ++e) {
       r0[e] = sub_rn(mul_rn(x0[e], c[e]), mul_rn(x1[e], s[e]));
       r1[e] = add_rn(mul_rn(x1[e], c[e]), mul_rn(x0[e], s[e]));
