@@ -26,17 +26,17 @@ namespace fp8serve {
 // Element type of activations (q, k, v, hidden states): fp32 on the CPU, bf16 on the GPU.
 enum class ActDtype : uint8_t { f32, bf16 };
 
+// Device memory in bytes, as the driver reports it (cudaMemGetInfo).
+struct DeviceMemory {
+  std::size_t free = 0;
+  std::size_t total = 0;
+};
+
 // An ordering queue for device work: cudaStream_t on CUDA, unused (null) on the CPU, where
 // every op has finished when it returns. A null handle on CUDA is the backend's own stream (one
 // non-blocking stream per backend), never CUDA's legacy default stream.
 struct Stream {
   void* handle = nullptr;
-};
-
-// Device memory as the device reports it, for sizing the KV pool (--gpu-memory-utilization).
-struct DeviceMemory {
-  std::size_t free_bytes = 0;
-  std::size_t total_bytes = 0;
 };
 
 class Backend {
@@ -61,7 +61,8 @@ class Backend {
   // backend also reports here what its kernels found wrong in device data since the last call
   // (a token id outside the vocabulary, a slot outside the pool) by throwing.
   virtual void synchronize(Stream stream) = 0;
-  // Free and total device memory now; nullopt where "device" memory is host memory (the CPU).
+  // Free and total device memory, for sizing the KV pool from --gpu-memory-utilization;
+  // nullopt where memory is the host's (the CPU backend).
   virtual std::optional<DeviceMemory> memory_info() const { return std::nullopt; }
 
   // Copy-on-write of paged KV blocks: block src -> dst in K and V of every layer's pool.

@@ -150,7 +150,7 @@ void CudaBackend::synchronize(Stream stream) {
 
 std::optional<DeviceMemory> CudaBackend::memory_info() const {
   DeviceMemory memory;
-  CUDA_CHECK(cudaMemGetInfo(&memory.free_bytes, &memory.total_bytes));
+  CUDA_CHECK(cudaMemGetInfo(&memory.free, &memory.total));
   return memory;
 }
 
