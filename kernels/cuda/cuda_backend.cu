@@ -259,7 +259,14 @@ void CudaBackend::kv_write(const KvWriteParams& p, Stream stream) {
 
 void CudaBackend::paged_attention(const PagedAttentionParams& p, Stream stream) {
   const cudaStream_t s = stream_of(stream);
-  const std::size_t bytes = paged_attention_cuda_workspace_bytes(p);
+  // Sized for this step's batch and grown to the largest one seen, so the steady state never
+  // allocates (a CUDA graph captured later sees one fixed workspace).
+  PagedAttentionCudaLimits limits;
+  limits.max_num_seqs = p.batch.num_seqs;
+  limits.num_heads = p.num_heads;
+  limits.num_kv_heads = p.cache.num_kv_heads;
+  limits.head_dim = p.cache.head_dim;
+  const std::size_t bytes = paged_attention_cuda_workspace_bytes(limits);
   void* workspace = bytes ? scratch(attention_workspace_, attention_workspace_bytes_, bytes, s) : nullptr;
   paged_attention_cuda(p, workspace, attention_workspace_bytes_, s);
 }
