@@ -10,7 +10,9 @@
 // (4-byte groups of P elements, block_size groups apart), V [blocks, kv_heads, block_size,
 // head_dim]. slot < 0: the token is padding and is skipped. With the bf16 recent window
 // (batch.has_tail()) a token at position >= fp8_lens[s] goes to the tail pool in bf16, at
-// batch.tail_slot(); a slot outside its pool raises kErrorSlot and is skipped.
+// batch.tail_slot() - its K only when the window is K-only (tail.v == nullptr), V then going to
+// the FP8 pool as for older positions; the counts cover what the main pool receives. A slot
+// outside its pool raises kErrorSlot and is skipped.
 //
 // Calibration (batch.calibrate[s] != 0, FP8 only) runs first, as its own pass: grid
 // (splits, sequences); each block takes a max over its share of the sequence's new K and V,
@@ -26,12 +28,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "cache/kv_scales.hpp"
-#include "kernels/cuda/device_util.cuh"
-
-#if FP8SERVE_CUDA_FAST_PATHS
-#include <cuda_fp8.h>
-#endif
+#include "kernels/cuda/kv_store.cuh"
 
 namespace fp8serve::cuda {
 
@@ -41,7 +38,8 @@ constexpr int kThreads = 256;
 constexpr int kMaxTileTokens = 64;
 constexpr int kMaxSplits = 128;
 
-enum Destination : int8_t { kSkip = 0, kMain = 1, kTail = 2 };
+// Where a token's K and V rows go (bits of s_dest).
+enum Destination : int8_t { kKMain = 1, kKTail = 2, kVMain = 4, kVTail = 8 };
 
 struct KvWriteArgs {
   const std::uint16_t* k;  // [num_tokens, num_kv_heads, head_dim] bf16
@@ -72,88 +70,14 @@ FP8SERVE_DEVICE int32_t sequence_of(const PagedBatch& b, int32_t t) {
   return lo;
 }
 
-FP8SERVE_DEVICE uint32_t encode_fp8x2(float a, float b) {
-#if FP8SERVE_CUDA_FAST_PATHS && defined(__CUDA_ARCH__)
-  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-#else
-  return static_cast<uint32_t>(fp8_e4m3_encode(a)) | (static_cast<uint32_t>(fp8_e4m3_encode(b)) << 8);
-#endif
-}
-
-template <int kVec>
-FP8SERVE_DEVICE void load_bits(const std::uint16_t* p, std::uint16_t (&out)[kVec]) {
-  if constexpr (kVec == 8) {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-FP8SERVE_UNROLL
-    for (int i = 0; i < 4; ++i) {
-      out[2 * i] = static_cast<std::uint16_t>(words[i] & 0xffffu);
-      out[2 * i + 1] = static_cast<std::uint16_t>(words[i] >> 16);
-    }
-  } else {
-    out[0] = p[0];
-  }
-}
-
-// bf16 pool (main or tail): K in 2-element groups (4-byte words), V as a 16-byte row piece.
-template <int kVec>
-FP8SERVE_DEVICE void store_bf16_pool(const PagedKvView& view, int64_t slot, int32_t head, int32_t d,
-                                     const std::uint16_t (&k)[kVec], const std::uint16_t (&v)[kVec]) {
-  auto* k_pool = static_cast<std::uint16_t*>(view.k);
-  auto* v_pool = static_cast<std::uint16_t*>(view.v);
-  if constexpr (kVec == 8) {
-FP8SERVE_UNROLL
-    for (int g = 0; g < kVec / 2; ++g) {
-      const uint32_t word = static_cast<uint32_t>(k[2 * g]) | (static_cast<uint32_t>(k[2 * g + 1]) << 16);
-      *reinterpret_cast<uint32_t*>(k_pool + view.k_offset(slot, head, d + 2 * g)) = word;
-    }
-    uint4 row;
-    row.x = static_cast<uint32_t>(v[0]) | (static_cast<uint32_t>(v[1]) << 16);
-    row.y = static_cast<uint32_t>(v[2]) | (static_cast<uint32_t>(v[3]) << 16);
-    row.z = static_cast<uint32_t>(v[4]) | (static_cast<uint32_t>(v[5]) << 16);
-    row.w = static_cast<uint32_t>(v[6]) | (static_cast<uint32_t>(v[7]) << 16);
-    *reinterpret_cast<uint4*>(v_pool + view.v_offset(slot, head) + d) = row;
-  } else {
-    k_pool[view.k_offset(slot, head, d)] = k[0];
-    v_pool[view.v_offset(slot, head) + d] = v[0];
-  }
-}
-
-// FP8 pool: quantizes kVec elements of K and V with their scales; K in 4-byte groups, V as an
-// 8-byte row piece. Returns the saturated K and V counts through k_sat / v_sat.
-template <int kVec>
-FP8SERVE_DEVICE void store_fp8_pool(const PagedKvView& view, int64_t slot, int32_t head, int32_t d,
-                                    const std::uint16_t (&k)[kVec], const std::uint16_t (&v)[kVec], float k_scale,
-                                    float v_scale, unsigned& k_sat, unsigned& v_sat) {
-  float yk[kVec], yv[kVec];
-FP8SERVE_UNROLL
-  for (int i = 0; i < kVec; ++i) {
-    yk[i] = div_rn(bf16_decode(k[i]), k_scale);
-    yv[i] = div_rn(bf16_decode(v[i]), v_scale);
-    k_sat += kv_value_saturates(yk[i]) ? 1u : 0u;
-    v_sat += kv_value_saturates(yv[i]) ? 1u : 0u;
-  }
-  auto* k_pool = static_cast<uint8_t*>(view.k);
-  auto* v_pool = static_cast<uint8_t*>(view.v);
-  if constexpr (kVec == 8) {
-FP8SERVE_UNROLL
-    for (int g = 0; g < 2; ++g) {
-      const uint32_t word = encode_fp8x2(yk[4 * g], yk[4 * g + 1]) | (encode_fp8x2(yk[4 * g + 2], yk[4 * g + 3]) << 16);
-      *reinterpret_cast<uint32_t*>(k_pool + view.k_offset(slot, head, d + 4 * g)) = word;
-    }
-    uint2 row;
-    row.x = encode_fp8x2(yv[0], yv[1]) | (encode_fp8x2(yv[2], yv[3]) << 16);
-    row.y = encode_fp8x2(yv[4], yv[5]) | (encode_fp8x2(yv[6], yv[7]) << 16);
-    *reinterpret_cast<uint2*>(v_pool + view.v_offset(slot, head) + d) = row;
-  } else {
-    k_pool[view.k_offset(slot, head, d)] = static_cast<uint8_t>(encode_fp8x2(yk[0], 0.0f) & 0xffu);
-    v_pool[view.v_offset(slot, head) + d] = static_cast<uint8_t>(encode_fp8x2(yv[0], 0.0f) & 0xffu);
-  }
+FP8SERVE_DEVICE bool in_pool(const PagedKvView& view, int64_t slot) {
+  return slot >= 0 && slot < static_cast<int64_t>(view.num_blocks) * view.block_size;
 }
 
 template <int kVec>
 __global__ void __launch_bounds__(kThreads) kv_write_kernel(const KvWriteArgs a) {
   FP8SERVE_SHARED(int64_t[kMaxTileTokens], s_slot);
+  FP8SERVE_SHARED(int64_t[kMaxTileTokens], s_tail_slot);
   FP8SERVE_SHARED(float[kMaxTileTokens], s_k_scale);
   FP8SERVE_SHARED(float[kMaxTileTokens], s_v_scale);
   FP8SERVE_SHARED(int8_t[kMaxTileTokens], s_dest);
@@ -162,41 +86,44 @@ __global__ void __launch_bounds__(kThreads) kv_write_kernel(const KvWriteArgs a)
   const int32_t count = b.num_tokens - first < a.tile_tokens ? b.num_tokens - first : a.tile_tokens;
   const int32_t row = a.cache.num_kv_heads * a.cache.head_dim;
   const bool fp8 = a.cache.dtype == KvDtype::fp8_e4m3;
-  unsigned long long elements = 0;
+  unsigned long long k_elements = 0, v_elements = 0;
 
-  // Route the tile's tokens: where each goes, with which scales.
+  // Route the tile's tokens once: where each row goes, with which scales.
   if (static_cast<int32_t>(threadIdx.x) < count) {
     const int32_t t = first + static_cast<int32_t>(threadIdx.x);
     const int32_t s = sequence_of(b, t);
     const int64_t slot = b.slot_mapping[t];
-    int8_t dest = kSkip;
-    int64_t where = slot;
-    if (slot >= 0) {
+    int8_t dest = 0;
+    int64_t tail_slot = -1;
+    if (slot >= 0) {  // else padding: no cache slot
       const int32_t pos = b.context_lens[s] - b.num_new_tokens(s) + (t - b.query_start_loc[s]);
-      const bool to_tail = b.has_tail() && pos >= b.fp8_lens[s];
-      const PagedKvView& pool = to_tail ? a.tail : a.cache;
-      where = to_tail ? b.tail_slot(s, pos, a.tail.block_size) : slot;
-      if (where >= 0 && where < static_cast<int64_t>(pool.num_blocks) * pool.block_size) {
-        dest = to_tail ? kTail : kMain;
+      const bool k_to_tail = b.has_tail() && pos >= b.fp8_lens[s];
+      const bool v_to_tail = k_to_tail && a.tail.v != nullptr;
+      if (k_to_tail) tail_slot = b.tail_slot(s, pos, a.tail.block_size);
+      const bool main_ok = (k_to_tail && v_to_tail) || in_pool(a.cache, slot);
+      const bool tail_ok = !k_to_tail || in_pool(a.tail, tail_slot);
+      if (main_ok && tail_ok) {
+        dest = static_cast<int8_t>((k_to_tail ? kKTail : kKMain) | (v_to_tail ? kVTail : kVMain));
       } else {
         raise_error(a.errors, kErrorSlot);
       }
     }
-    s_slot[threadIdx.x] = where;
+    s_slot[threadIdx.x] = slot;
+    s_tail_slot[threadIdx.x] = tail_slot;
     s_dest[threadIdx.x] = dest;
-    s_k_scale[threadIdx.x] = fp8 && dest == kMain ? b.k_scales[s] : 1.0f;
-    s_v_scale[threadIdx.x] = fp8 && dest == kMain ? b.v_scales[s] : 1.0f;
-    elements = dest == kMain ? static_cast<unsigned long long>(row) : 0ull;
+    s_k_scale[threadIdx.x] = fp8 && (dest & kKMain) ? b.k_scales[s] : 1.0f;
+    s_v_scale[threadIdx.x] = fp8 && (dest & kVMain) ? b.v_scales[s] : 1.0f;
+    k_elements = dest & kKMain ? static_cast<unsigned long long>(row) : 0ull;
+    v_elements = dest & kVMain ? static_cast<unsigned long long>(row) : 0ull;
   }
   __syncthreads();
 
   const int32_t items = a.cache.num_kv_heads * a.vecs_per_head;
-  unsigned k_sat = 0;
-  unsigned v_sat = 0;
+  unsigned long long k_sat = 0, v_sat = 0;
   for (int32_t i = static_cast<int32_t>(threadIdx.x); i < count * items; i += static_cast<int32_t>(blockDim.x)) {
     const int32_t tt = i / items;
     const int8_t dest = s_dest[tt];
-    if (dest == kSkip) continue;
+    if (dest == 0) continue;
     const int32_t item = i - tt * items;
     const int32_t head = item / a.vecs_per_head;
     const int32_t d = (item - head * a.vecs_per_head) * kVec;
@@ -204,25 +131,22 @@ __global__ void __launch_bounds__(kThreads) kv_write_kernel(const KvWriteArgs a)
     std::uint16_t k[kVec], v[kVec];
     load_bits<kVec>(a.k + t * a.k_stride + item * kVec, k);
     load_bits<kVec>(a.v + t * a.v_stride + item * kVec, v);
-    if (dest == kTail) {
-      store_bf16_pool<kVec>(a.tail, s_slot[tt], head, d, k, v);
+    if (dest & kKTail) {
+      store_k_bf16<kVec>(a.tail, s_tail_slot[tt], head, d, k);
     } else if (fp8) {
-      store_fp8_pool<kVec>(a.cache, s_slot[tt], head, d, k, v, s_k_scale[tt], s_v_scale[tt], k_sat, v_sat);
+      k_sat += store_k_fp8<kVec>(a.cache, s_slot[tt], head, d, k, s_k_scale[tt]);
     } else {
-      store_bf16_pool<kVec>(a.cache, s_slot[tt], head, d, k, v);
+      store_k_bf16<kVec>(a.cache, s_slot[tt], head, d, k);
+    }
+    if (dest & kVTail) {
+      store_v_bf16<kVec>(a.tail, s_tail_slot[tt], head, d, v);
+    } else if (fp8) {
+      v_sat += store_v_fp8<kVec>(a.cache, s_slot[tt], head, d, v, s_v_scale[tt]);
+    } else {
+      store_v_bf16<kVec>(a.cache, s_slot[tt], head, d, v);
     }
   }
-
-  if (a.counts != nullptr) {  // uniform: every thread of the block reaches the shuffles
-    const unsigned long long k_total = warp_sum_u64(k_sat);
-    const unsigned long long v_total = warp_sum_u64(v_sat);
-    const unsigned long long e_total = warp_sum_u64(elements);
-    if (threadIdx.x % kWarpSize == 0) {
-      if (k_total) atomicAdd(reinterpret_cast<unsigned long long*>(&a.counts->num_k_saturated), k_total);
-      if (v_total) atomicAdd(reinterpret_cast<unsigned long long*>(&a.counts->num_v_saturated), v_total);
-      if (e_total) atomicAdd(reinterpret_cast<unsigned long long*>(&a.counts->num_elements), e_total);
-    }
-  }
+  if (a.counts != nullptr) add_counts(a.counts, k_elements, v_elements, k_sat, v_sat);  // uniform branch
 }
 
 template <int kVec>
@@ -245,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) kv_amax_kernel(const KvWriteArgs a, 
     float k[kVec], v[kVec];
     load_bf16<kVec>(a.k + t * a.k_stride + at, k);
     load_bf16<kVec>(a.v + t * a.v_stride + at, v);
-FP8SERVE_UNROLL
+    FP8SERVE_UNROLL
     for (int e = 0; e < kVec; ++e) {
       k_amax = max_op(k_amax, fabsf(k[e]));
       v_amax = max_op(v_amax, fabsf(v[e]));
@@ -269,16 +193,10 @@ FP8SERVE_UNROLL
   slot->blocks_done = 0;
 }
 
-// 16-byte vectors need every row piece aligned: bases and strides multiples of 16 bytes for bf16
-// and of 8 for FP8 (a multiple of 8 elements covers both).
-bool pool_vec_ok(const PagedKvView& view) {
-  return aligned_to(view.k, 16) && aligned_to(view.v, 16) && view.block_stride % 8 == 0 && view.head_stride % 8 == 0 &&
-         view.v_token_stride % 8 == 0;
-}
-
-void check_view(const PagedKvView& view, const char* what) {
-  if (view.k == nullptr || view.v == nullptr || view.num_blocks < 1 || view.block_size < 1 || view.num_kv_heads < 1 ||
-      view.head_dim < 1 || view.head_dim % kv_k_pack(view.dtype) != 0 ||
+// The views' host-visible fields; a null V in the tail is a K-only window.
+void check_view(const PagedKvView& view, bool v_may_be_null, const char* what) {
+  if (view.k == nullptr || (view.v == nullptr && !v_may_be_null) || view.num_blocks < 1 || view.block_size < 1 ||
+      view.num_kv_heads < 1 || view.head_dim < 1 || view.head_dim % kv_k_pack(view.dtype) != 0 ||
       view.head_stride < static_cast<int64_t>(view.block_size) * view.head_dim ||
       view.v_token_stride < view.head_dim || view.block_stride < view.head_stride * view.num_kv_heads) {
     throw std::invalid_argument(std::string("kv_write (cuda): bad ") + what + " view");
@@ -305,13 +223,14 @@ void launch(const KvWriteArgs& a, float margin, KvCalibrationSlot* calibration, 
 void kv_write_cuda(const KvWriteParams& p, KvCalibrationSlot* calibration, unsigned* errors, cudaStream_t stream) {
   const PagedKvView& cache = p.cache;
   const PagedBatch& b = p.batch;
-  check_view(cache, "cache");
+  check_view(cache, false, "cache");
   if (b.has_tail()) {
-    check_view(p.tail, "tail");
-    if (p.tail.dtype != KvDtype::bf16 || p.tail.num_kv_heads != cache.num_kv_heads ||
-        p.tail.head_dim != cache.head_dim || b.tail_slots == nullptr || b.tail_ring_blocks < 1) {
-      throw std::invalid_argument("kv_write (cuda): the tail pool must be bf16 with the cache's heads, and "
-                                  "tail_slots / tail_ring_blocks set");
+    check_view(p.tail, true, "tail");
+    if (p.tail.dtype != KvDtype::bf16 || cache.dtype != KvDtype::fp8_e4m3 || p.tail.num_kv_heads != cache.num_kv_heads ||
+        p.tail.head_dim != cache.head_dim || p.tail.block_size != cache.block_size || b.tail_slots == nullptr ||
+        b.tail_ring_blocks < 1) {
+      throw std::invalid_argument("kv_write (cuda): the window needs an FP8 pool, a bf16 tail with the pool's heads "
+                                  "and block size, and tail_slots / tail_ring_blocks set");
     }
   }
   if (b.num_seqs < 1 || b.num_tokens < 0 || b.query_start_loc == nullptr || b.context_lens == nullptr) {
@@ -342,8 +261,10 @@ void kv_write_cuda(const KvWriteParams& p, KvCalibrationSlot* calibration, unsig
   a.batch = b;
   a.counts = p.counts;
   a.errors = errors;
+  PagedKvView tail_check = p.tail;
+  if (tail_check.v == nullptr) tail_check.v = tail_check.k;  // a K-only tail: only K's alignment matters
   const bool vec = cache.head_dim % kVec8 == 0 && vec8_ok(a.k, a.k_stride, row) && vec8_ok(a.v, a.v_stride, row) &&
-                   pool_vec_ok(cache) && (!b.has_tail() || pool_vec_ok(p.tail));
+                   pool_vec_ok(cache) && (!b.has_tail() || pool_vec_ok(tail_check));
   const int kVec = vec ? kVec8 : 1;
   a.vecs_per_head = cache.head_dim / kVec;
   const int64_t items = row / kVec;

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "kernels/forward_ops.hpp"
+#include "kernels/kv_spill.hpp"
 #include "kernels/kv_write.hpp"
 
 namespace fp8serve::cuda {
@@ -65,6 +66,9 @@ void kv_write_cuda(const KvWriteParams& params, KvCalibrationSlot* calibration, 
 
 // pools: [num_pools] device array; pairs: [num_copies, 2] device array of (src, dst) block ids,
 // validated by the caller. Copies every pair in every pool.
+// The bf16 window's spill (kernels/kv_spill.hpp); a block id outside the pool raises kErrorSlot.
+void kv_spill_cuda(const KvSpillParams& params, unsigned* errors, cudaStream_t stream);
+
 // aligned16: every base and block_bytes a multiple of 16 (16-byte copies).
 void copy_blocks_cuda(const BlockCopyPool* pools, int32_t num_pools, const int32_t* pairs,
                       int32_t num_copies, bool aligned16, cudaStream_t stream);

@@ -71,6 +71,20 @@ inline std::vector<std::uint16_t> narrow(const std::vector<float>& values) {
   return out;
 }
 
+// How many elements of two equally long vectors differ; reports the first few. (CHECK(a == b)
+// would print both vectors whole - megabytes for a KV pool.)
+template <typename T>
+std::size_t count_mismatches(const std::vector<T>& got, const std::vector<T>& expected) {
+  REQUIRE(got.size() == expected.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &expected[i], sizeof(T)) != 0 && ++differ <= 5) {
+      UNSCOPED_INFO("element " << i << " differs: got " << +got[i] << ", expected " << +expected[i]);
+    }
+  }
+  return differ;
+}
+
 // Distance in bf16 units in the last place (0 for +0 / -0).
 inline int64_t bf16_ulps(std::uint16_t a, std::uint16_t b) {
   auto key = [](std::uint16_t v) -> int64_t { return (v & 0x8000) ? -static_cast<int64_t>(v & 0x7fff) : v; };
