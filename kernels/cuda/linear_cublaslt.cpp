@@ -22,6 +22,7 @@
 #include <unordered_map>
 
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/linear_checks.hpp"
 #include "kernels/cuda/ops_cuda.hpp"
 
 #define CUBLASLT_CHECK(call)                                                                          \
@@ -171,10 +172,7 @@ CublasLtLinear::~CublasLtLinear() {
 std::size_t CublasLtLinear::num_cached_plans() const { return impl_->plans.size(); }
 
 void CublasLtLinear::run(const LinearParams& p, void* stream) {
-  if (p.num_tokens < 0 || p.in_features < 1 || p.out_features < 1 || p.x_stride < 0 || p.y_stride < 0 ||
-      (p.x_stride != 0 && p.x_stride < p.in_features) || (p.y_stride != 0 && p.y_stride < p.out_features)) {
-    throw std::invalid_argument("linear (cuBLASLt): bad shape or stride");
-  }
+  check_linear_params(p, "linear (cuBLASLt)");
   if (p.num_tokens == 0) return;
   const bool epilogue_bias = p.bias != nullptr && !p.y_fp32;
   PlanKey key{};

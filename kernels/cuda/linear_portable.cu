@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/linear_checks.hpp"
 
 namespace fp8serve::cuda {
 
@@ -105,14 +106,11 @@ FP8SERVE_UNROLL
 }  // namespace
 
 void linear_portable_cuda(const LinearParams& p, cudaStream_t stream) {
-  if (p.num_tokens < 0 || p.in_features < 1 || p.out_features < 1 || p.x_stride < 0 || p.y_stride < 0 ||
-      (p.x_stride != 0 && p.x_stride < p.in_features) || (p.y_stride != 0 && p.y_stride < p.out_features)) {
-    throw std::invalid_argument("linear (cuda): bad shape or stride");
-  }
+  check_linear_params(p, "linear (cuda)");
   if (p.num_tokens == 0) return;
   GemmArgs a{};
   a.x = static_cast<const std::uint16_t*>(p.x);
-  a.w = p.weight;
+  a.w = static_cast<const std::uint16_t*>(p.weight);
   a.bias = p.bias;
   a.y = p.y;
   a.m = p.num_tokens;
