@@ -20,6 +20,27 @@ using fp8serve::test::SeqSpec;
 
 namespace {
 
+// A step's batch arrays and the pool's scales copied to the device, and the PagedBatch (device
+// pointers) over them.
+struct DeviceBatch {
+  DeviceBuffer qsl, ctx, slots, calibrate, k_scales, v_scales;
+  PagedBatch batch;
+
+  DeviceBatch(Backend& gpu, const BatchArrays& arrays, const PoolFixture& pool)
+      : qsl(to_device(gpu, arrays.query_start_loc)), ctx(to_device(gpu, arrays.context_lens)),
+        slots(to_device(gpu, arrays.slot_mapping)), calibrate(to_device(gpu, arrays.calibrate)),
+        k_scales(to_device(gpu, pool.k_scales)), v_scales(to_device(gpu, pool.v_scales)) {
+    batch.num_seqs = pool.num_seqs();
+    batch.num_tokens = arrays.query_start_loc.back();
+    batch.query_start_loc = qsl.as<int32_t>();
+    batch.context_lens = ctx.as<int32_t>();
+    batch.slot_mapping = slots.as<int64_t>();
+    batch.k_scales = k_scales.as<float>();
+    batch.v_scales = v_scales.as<float>();
+    batch.calibrate = calibrate.as<uint8_t>();
+  }
+};
+
 struct KvCase {
   KvDtype dtype = KvDtype::fp8_e4m3;
   int32_t block_size = 16, kv_heads = 8, head_dim = 128;
@@ -51,12 +72,7 @@ void check_kv_write(Backend& gpu, const KvCase& c, std::uint32_t seed) {
   DeviceBuffer d_qkv = to_device(gpu, qkv);
   DeviceBuffer d_k = to_device(gpu, pool.k_bytes);
   DeviceBuffer d_v = to_device(gpu, pool.v_bytes);
-  DeviceBuffer d_qsl = to_device(gpu, arrays.query_start_loc);
-  DeviceBuffer d_ctx = to_device(gpu, arrays.context_lens);
-  DeviceBuffer d_slots = to_device(gpu, arrays.slot_mapping);
-  DeviceBuffer d_ks = to_device(gpu, pool.k_scales);
-  DeviceBuffer d_vs = to_device(gpu, pool.v_scales);
-  DeviceBuffer d_cal = to_device(gpu, arrays.calibrate);
+  DeviceBatch d_batch(gpu, arrays, pool);
   DeviceBuffer d_counts = to_device(gpu, std::vector<KvWriteCounts>(1));
   KvWriteParams p;
   p.k = d_qkv.as<std::uint16_t>() + 4 * kv_width;
@@ -64,21 +80,15 @@ void check_kv_write(Backend& gpu, const KvCase& c, std::uint32_t seed) {
   p.k_token_stride = p.v_token_stride = row;
   p.cache = make_paged_kv_view(d_k.data(), d_v.data(), c.dtype, pool.num_blocks, c.block_size, c.kv_heads,
                                c.head_dim);
-  p.batch.num_seqs = pool.num_seqs();
-  p.batch.num_tokens = num_tokens;
-  p.batch.query_start_loc = d_qsl.as<int32_t>();
-  p.batch.context_lens = d_ctx.as<int32_t>();
-  p.batch.slot_mapping = d_slots.as<int64_t>();
-  p.batch.k_scales = d_ks.as<float>();
-  p.batch.v_scales = d_vs.as<float>();
-  p.batch.calibrate = c.calibrate.empty() ? nullptr : d_cal.as<uint8_t>();
+  p.batch = d_batch.batch;
+  if (c.calibrate.empty()) p.batch.calibrate = nullptr;
   p.scale_margin = c.margin;
   p.counts = d_counts.as<KvWriteCounts>();
   gpu.kv_write(p, Stream{});
   const std::vector<uint8_t> gpu_k = to_host<uint8_t>(gpu, d_k, pool.k_bytes.size());
   const std::vector<uint8_t> gpu_v = to_host<uint8_t>(gpu, d_v, pool.v_bytes.size());
-  const std::vector<float> gpu_ks = to_host<float>(gpu, d_ks, pool.k_scales.size());
-  const std::vector<float> gpu_vs = to_host<float>(gpu, d_vs, pool.v_scales.size());
+  const std::vector<float> gpu_ks = to_host<float>(gpu, d_batch.k_scales, pool.k_scales.size());
+  const std::vector<float> gpu_vs = to_host<float>(gpu, d_batch.v_scales, pool.v_scales.size());
   const KvWriteCounts gpu_counts = to_host<KvWriteCounts>(gpu, d_counts, 1)[0];
 
   // The CPU on the same values (fp32 copies of the bf16 activations), into the same junk.
@@ -200,9 +210,7 @@ void check_window(Backend& gpu, bool k_only) {
   DeviceBuffer d_k = to_device(gpu, k), d_v = to_device(gpu, v);
   DeviceBuffer d_pk = to_device(gpu, pool.k_bytes), d_pv = to_device(gpu, pool.v_bytes);
   DeviceBuffer d_tk = to_device(gpu, tail_k), d_tv = to_device(gpu, tail_v);
-  DeviceBuffer d_qsl = to_device(gpu, arrays.query_start_loc), d_ctx = to_device(gpu, arrays.context_lens);
-  DeviceBuffer d_slots = to_device(gpu, arrays.slot_mapping), d_cal = to_device(gpu, arrays.calibrate);
-  DeviceBuffer d_ks = to_device(gpu, pool.k_scales), d_vs = to_device(gpu, pool.v_scales);
+  DeviceBatch d_batch(gpu, arrays, pool);
   DeviceBuffer d_fp8 = to_device(gpu, fp8_lens), d_ring = to_device(gpu, tail_slots);
   DeviceBuffer d_counts = to_device(gpu, std::vector<KvWriteCounts>(1));
   KvWriteParams p;
@@ -210,14 +218,7 @@ void check_window(Backend& gpu, bool k_only) {
   p.v = d_v.data();
   p.cache = make_paged_kv_view(d_pk.data(), d_pv.data(), KvDtype::fp8_e4m3, pool.num_blocks, bs, heads, dim);
   p.tail = make_paged_kv_view(d_tk.data(), k_only ? nullptr : d_tv.data(), KvDtype::bf16, tail_blocks, bs, heads, dim);
-  p.batch.num_seqs = 3;
-  p.batch.num_tokens = num_tokens;
-  p.batch.query_start_loc = d_qsl.as<int32_t>();
-  p.batch.context_lens = d_ctx.as<int32_t>();
-  p.batch.slot_mapping = d_slots.as<int64_t>();
-  p.batch.k_scales = d_ks.as<float>();
-  p.batch.v_scales = d_vs.as<float>();
-  p.batch.calibrate = d_cal.as<uint8_t>();
+  p.batch = d_batch.batch;
   p.batch.fp8_lens = d_fp8.as<int32_t>();
   p.batch.tail_slots = d_ring.as<int32_t>();
   p.batch.tail_ring_blocks = ring;
@@ -282,8 +283,8 @@ void check_window(Backend& gpu, bool k_only) {
       }
     }
   }
-  CHECK(count_mismatches(to_host<float>(gpu, d_ks, 3), pool.k_scales) == 0);
-  CHECK(count_mismatches(to_host<float>(gpu, d_vs, 3), pool.v_scales) == 0);
+  CHECK(count_mismatches(to_host<float>(gpu, d_batch.k_scales, 3), pool.k_scales) == 0);
+  CHECK(count_mismatches(to_host<float>(gpu, d_batch.v_scales, 3), pool.v_scales) == 0);
   CHECK(count_mismatches(to_host<uint8_t>(gpu, d_pk, pool.k_bytes.size()), pool.k_bytes) == 0);
   CHECK(count_mismatches(to_host<uint8_t>(gpu, d_pv, pool.v_bytes.size()), pool.v_bytes) == 0);
   CHECK(count_mismatches(to_host<std::uint16_t>(gpu, d_tk, tail_k.size()), expect_tk) == 0);
@@ -312,17 +313,12 @@ TEST_CASE("kv_write on CUDA: a slot outside the pool is reported and not written
   arrays.slot_mapping[1] = static_cast<int64_t>(pool.num_blocks) * 16;  // one past the end
   const std::vector<std::uint16_t> kv = random_bf16(3 * 32, 10);
   DeviceBuffer d_kv = to_device(*gpu, kv), d_pk = to_device(*gpu, pool.k_bytes), d_pv = to_device(*gpu, pool.v_bytes);
-  DeviceBuffer d_qsl = to_device(*gpu, arrays.query_start_loc), d_ctx = to_device(*gpu, arrays.context_lens);
-  DeviceBuffer d_slots = to_device(*gpu, arrays.slot_mapping), d_s = to_device(*gpu, std::vector<float>{1.0f});
+  DeviceBatch d_batch(*gpu, arrays, pool);
   KvWriteParams p;
   p.k = p.v = d_kv.data();
   p.cache = make_paged_kv_view(d_pk.data(), d_pv.data(), KvDtype::fp8_e4m3, pool.num_blocks, 16, 2, 16);
-  p.batch.num_seqs = 1;
-  p.batch.num_tokens = 3;
-  p.batch.query_start_loc = d_qsl.as<int32_t>();
-  p.batch.context_lens = d_ctx.as<int32_t>();
-  p.batch.slot_mapping = d_slots.as<int64_t>();
-  p.batch.k_scales = p.batch.v_scales = d_s.as<float>();
+  p.batch = d_batch.batch;
+  p.batch.calibrate = nullptr;
   gpu->kv_write(p, Stream{});
   CHECK_THROWS_AS(gpu->synchronize(Stream{}), std::out_of_range);
   CHECK_NOTHROW(gpu->synchronize(Stream{}));
