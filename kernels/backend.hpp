@@ -12,12 +12,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "kernels/forward_ops.hpp"
+#include "kernels/kv_spill.hpp"
 #include "kernels/kv_write.hpp"
 #include "kernels/paged_attention.hpp"
 
@@ -77,6 +79,11 @@ class Backend {
   virtual void rms_norm(const RmsNormParams& params, Stream stream) = 0;
   virtual void linear(const LinearParams& params, Stream stream) = 0;
   virtual void rope(const RopeParams& params, Stream stream) = 0;
+  // With the bf16 recent window, kv_spill runs before kv_write in every layer (paged_kv.hpp).
+  // (A default until the window's branch, which implements it on the CPU, makes it pure.)
+  virtual void kv_spill(const KvSpillParams& /*params*/, Stream /*stream*/) {
+    throw std::logic_error("kv_spill: this backend has no bf16 window");
+  }
   virtual void kv_write(const KvWriteParams& params, Stream stream) = 0;
   virtual void paged_attention(const PagedAttentionParams& params, Stream stream) = 0;
   virtual void silu_mul(const SiluMulParams& params, Stream stream) = 0;

@@ -247,6 +247,8 @@ void CudaBackend::linear(const LinearParams& p, Stream stream) {
 
 void CudaBackend::rope(const RopeParams& p, Stream stream) { rope_cuda(p, rope_, errors_, stream_of(stream)); }
 
+void CudaBackend::kv_spill(const KvSpillParams& p, Stream stream) { kv_spill_cuda(p, errors_, stream_of(stream)); }
+
 void CudaBackend::kv_write(const KvWriteParams& p, Stream stream) {
   const cudaStream_t s = stream_of(stream);
   KvCalibrationSlot* slots = nullptr;

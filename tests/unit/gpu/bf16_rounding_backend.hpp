@@ -28,6 +28,7 @@ class Bf16RoundingBackend final : public Backend {
   void synchronize(Stream) override {}
   void copy_blocks(const CopyBlocksParams& p, Stream st) override { cpu_.copy_blocks(p, st); }
   void set_rope_table(const std::vector<float>& f, int64_t n) override { cpu_.set_rope_table(f, n); }
+  void kv_spill(const KvSpillParams& p, Stream st) override { cpu_.kv_spill(p, st); }
   void kv_write(const KvWriteParams& p, Stream st) override { cpu_.kv_write(p, st); }
   void gather_rows(const GatherRowsParams& p, Stream st) override { cpu_.gather_rows(p, st); }
   void embedding(const EmbeddingParams& p, Stream st) override { cpu_.embedding(p, st); }  // bf16 values already

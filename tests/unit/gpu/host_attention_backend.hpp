@@ -32,6 +32,7 @@ class HostAttentionBackend final : public Backend {
   void rms_norm(const RmsNormParams& p, Stream st) override { device_->rms_norm(p, st); }
   void linear(const LinearParams& p, Stream st) override { device_->linear(p, st); }
   void rope(const RopeParams& p, Stream st) override { device_->rope(p, st); }
+  void kv_spill(const KvSpillParams& p, Stream st) override { device_->kv_spill(p, st); }
   void kv_write(const KvWriteParams& p, Stream st) override { device_->kv_write(p, st); }
   void silu_mul(const SiluMulParams& p, Stream st) override { device_->silu_mul(p, st); }
   void residual_add(const ResidualAddParams& p, Stream st) override { device_->residual_add(p, st); }

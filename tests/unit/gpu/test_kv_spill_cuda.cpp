@@ -3,11 +3,10 @@
 // element is fp8_e4m3_encode(bf16 tail value / scale) at the slot the sequence's block table
 // gives, found with the test fixture's own layout arithmetic - so every byte of the pool and
 // every count must match exactly. Other bytes stay as they were, including every sequence whose
-// range is empty. Once the bf16 window's branch is merged, the CPU kv_spill is a second
-// reference (and CudaBackend::kv_spill forwards to kv_spill_cuda).
+// range is empty. Once the bf16 window's branch is merged, its CPU kv_spill is a second
+// reference.
 #include "../attention/attention_test_util.hpp"
 #include "cuda_test_util.hpp"
-#include "kernels/cuda/ops_cuda.hpp"
 
 using namespace fp8serve;
 using namespace fp8serve::gpu_test;
@@ -57,9 +56,7 @@ void check_spill(Backend& gpu, int32_t heads, int32_t dim, bool k_only, std::uin
   p.spill_starts = d_starts.as<int32_t>();
   p.max_spill_tokens = 32;
   p.counts = d_counts.as<KvWriteCounts>();
-  gpu.synchronize(Stream{});  // the uploads ran on the backend's stream
-  cuda::kv_spill_cuda(p, nullptr, nullptr);
-  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  gpu.kv_spill(p, Stream{});
 
   // The contract as a loop.
   std::vector<uint8_t> k_expect = pool.k_bytes, v_expect = pool.v_bytes;
