@@ -16,7 +16,11 @@
 //    rounding only for values within ~2^-20 of a boundary: measured 0 to 0.7% of the row's
 //    largest |logit|, cosine >= 0.999985. Asserted: 2% and 0.9999, greedy tokens equal unless
 //    the reference's top two logits are within 0.05. A wrong stride, a missing bias, a stale
-//    scale or a misplaced K byte moves the logits by tens of percent.
+//    scale or a misplaced K byte moves the logits by tens of percent. With the CUDA attention
+//    (not the host's) the attention's own rounding differs too (bf16 probabilities, another
+//    summation order): ~2^-9 on its output, which in the next layer moves a K or V element across
+//    an FP8 rounding boundary (steps of 2^-4) about once in 30 - with an FP8 pool that measured
+//    2.6% (cosine 0.99958) on tiny-qwen3 in the emulator, so there: 6% and 0.999.
 //  - The plain fp32 CPU backend. Here bf16 activations themselves (2^-9 relative per rounding,
 //    ~12 roundings per layer) move the logits: measured up to 5.8% (bf16 pool) and 22% (FP8 pool:
 //    the 3-bit mantissa amplifies a K/V that differs by a bf16 ulp), cosine >= 0.998 / 0.978 -
@@ -123,6 +127,7 @@ struct Tolerance {
   double near_tie;            // CPU top-2 gap below which greedy tokens may differ
 };
 constexpr Tolerance kTight{0.02, 0.9999, 0.05};    // against the bf16-rounding CPU backend
+constexpr Tolerance kTightFp8CudaAttention{0.06, 0.999, 0.05};  // the same, CUDA attention, FP8 pool
 constexpr Tolerance kLoose{0.1, 0.995, 0.1};       // against the fp32 CPU, bf16 pool
 constexpr Tolerance kLooseFp8{0.35, 0.96, 0.3};    // against the fp32 CPU, FP8 pool
 
@@ -184,7 +189,7 @@ void check_model(const std::string& name, bool host_attention) {
 
     const bool fp8 = dtype == KvDtype::fp8_e4m3;
     const std::string label = name + (fp8 ? " fp8 KV" : " bf16 KV") + (host_attention ? " (host attn)" : "");
-    compare_runs(label + " vs bf16 CPU", got, bf16_reference, vocab, kTight);
+    compare_runs(label + " vs bf16 CPU", got, bf16_reference, vocab, fp8 && !host_attention ? kTightFp8CudaAttention : kTight);
     compare_runs(label + " vs fp32 CPU", got, fp32_reference, vocab, fp8 ? kLooseFp8 : kLoose);
     compare_runs(name + (fp8 ? " fp8 KV" : " bf16 KV") + ": bf16 CPU vs fp32 CPU", bf16_reference, fp32_reference, vocab,
                  fp8 ? kLooseFp8 : kLoose);
