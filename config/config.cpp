@@ -3,8 +3,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -168,6 +170,7 @@ const std::vector<FlagSpec>& flag_specs() {
     s.push_back(integer_flag("port", "listen port", 1, 65535, &Config::port));
     s.push_back(text_flag("served-model-name", "model name in the API", &Config::served_model_name));
     s.push_back(text_flag("api-key", "bearer key required on every route but /health", &Config::api_key));
+    s.push_back(text_flag("api-key-file", "file holding the API key (e.g. a mounted secret)", &Config::api_key_file));
     s.push_back(integer_flag("max-waiting-requests", "queue bound; beyond it 503", 1, 1 << 20, &Config::max_waiting_requests));
     s.push_back(real_flag("shutdown-timeout", "seconds to drain on SIGTERM", 0, 3600, &Config::shutdown_timeout));
     s.push_back(text_flag("chat-template", "Jinja chat template file for models without one", &Config::chat_template_file));
@@ -227,6 +230,37 @@ void apply_config_file(Config& config, const std::string& path) {
   }
 }
 
+std::string environment_name(const std::string& flag) {
+  std::string name = "FP8SERVE_";
+  for (const char c : flag) name += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return name;
+}
+
+void apply_environment(Config& config, const Environment& env) {
+  for (const auto& spec : flag_specs()) {
+    const std::string name = environment_name(spec.name);
+    const auto found = env.find(name);
+    if (found == env.end() || found->second.empty()) continue;
+    try {
+      spec.set(config, found->second);
+    } catch (const ConfigError& e) {
+      throw ConfigError("environment " + name + ": " + e.what());
+    }
+    config.environment_variables.push_back(name);
+  }
+}
+
+// The key is the file's content less trailing white space (an editor's final newline).
+std::string read_api_key_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("api-key-file", "cannot open '" + path + "'");
+  std::string key((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!key.empty() && std::isspace(static_cast<unsigned char>(key.back()))) key.pop_back();
+  // An empty key would turn authentication off without a word: refuse it.
+  if (key.empty()) fail("api-key-file", "'" + path + "' is empty");
+  return key;
+}
+
 Command parse_command(const std::string& word) {
   if (word == "inspect") return Command::inspect;
   if (word == "generate") return Command::generate;
@@ -236,7 +270,16 @@ Command parse_command(const std::string& word) {
 
 }  // namespace
 
-Config parse_command_line(const std::vector<std::string>& args) {
+Environment flag_environment() {
+  Environment env;
+  for (const auto& spec : flag_specs()) {
+    const std::string name = environment_name(spec.name);
+    if (const char* value = std::getenv(name.c_str())) env[name] = value;
+  }
+  return env;
+}
+
+Config parse_command_line(const std::vector<std::string>& args, const Environment& env) {
   if (args.empty()) throw ConfigError("missing command: expected inspect, generate or serve");
   Config config;
   config.command = parse_command(args[0]);
@@ -280,7 +323,13 @@ Config parse_command_line(const std::vector<std::string>& args) {
   config.model = positionals[0];
 
   if (!config_file.empty()) apply_config_file(config, config_file);
+  apply_environment(config, env);
   for (const auto& [spec, value] : given) spec->set(config, value);
+
+  if (!config.api_key_file.empty()) {
+    if (!config.api_key.empty()) fail("api-key-file", "give the key once: --api-key or --api-key-file, not both");
+    config.api_key = read_api_key_file(config.api_key_file);
+  }
 
   if (config.block_size != 8 && config.block_size != 16 && config.block_size != 32)
     fail("block-size", "must be 8, 16 or 32, got " + std::to_string(config.block_size));
@@ -294,7 +343,10 @@ std::string usage() {
   out << "usage: fp8serve inspect MODEL\n"
          "       fp8serve generate MODEL --prompt TEXT [flags]\n"
          "       fp8serve serve MODEL [flags]\n"
-         "MODEL is a Hugging Face model folder or a .gguf file.\n\nflags (default):\n"
+         "MODEL is a Hugging Face model folder or a .gguf file.\n"
+         "Every flag can also be set in the environment as FP8SERVE_<FLAG> (FP8SERVE_HOST,\n"
+         "FP8SERVE_API_KEY, FP8SERVE_KV_CACHE_DTYPE, ...): over --config, under the command line.\n\n"
+         "flags (default):\n"
          "  --config FILE                 JSON object of flag names to values; the command line wins\n";
   const Config defaults;
   for (const auto& spec : flag_specs()) {

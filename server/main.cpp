@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   }
   fp8serve::Config config;
   try {
-    config = fp8serve::parse_command_line(args);
+    config = fp8serve::parse_command_line(args, fp8serve::flag_environment());
   } catch (const fp8serve::ConfigError& e) {
     std::fprintf(stderr, "fp8serve: %s\n", e.what());
     return 2;

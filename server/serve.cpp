@@ -88,6 +88,7 @@ nlohmann::ordered_json special_token_extras(const Tokenizer& tokenizer) {
 
 int run_serve(const Config& config) {
   ShutdownSignal shutdown;
+  for (const auto& name : config.environment_variables) spdlog::info("flag set by the environment: {}", name);
   ServerMetrics metrics;
   FrontendOptions fopts;
   fopts.api_key = config.api_key;

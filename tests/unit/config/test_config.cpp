@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "config/config.hpp"
@@ -97,4 +98,70 @@ TEST_CASE("--config file is applied first and the command line overrides it", "[
   }
   CHECK_THROWS_AS(parse_command_line({"serve", "m", "--config", path}), ConfigError);
   std::remove(path.c_str());
+}
+
+TEST_CASE("FP8SERVE_<FLAG> variables set flags: over --config, under the command line", "[config]") {
+  const std::string path = "test_config_env_tmp.json";
+  {
+    std::ofstream out(path);
+    out << R"({"port": 8123, "max-num-seqs": 7})";
+  }
+  const fp8serve::Environment env = {{"FP8SERVE_HOST", "0.0.0.0"},
+                                     {"FP8SERVE_PORT", "9001"},
+                                     {"FP8SERVE_KV_CACHE_DTYPE", "bf16"},
+                                     {"FP8SERVE_NO_ENABLE_PREFIX_CACHING", "true"},
+                                     {"FP8SERVE_SHUTDOWN_TIMEOUT", ""},  // empty: unset (compose's ${VAR:-})
+                                     {"FP8SERVE_BIN", "/usr/bin/fp8serve"}};  // not a flag: ignored
+  auto c = parse_command_line({"serve", "m", "--config", path}, env);
+  CHECK(c.host == "0.0.0.0");
+  CHECK(c.port == 9001);  // the environment over the file
+  CHECK(c.max_num_seqs == 7);
+  CHECK(c.kv_cache_dtype == "bf16");
+  CHECK_FALSE(c.enable_prefix_caching);
+  CHECK(c.shutdown_timeout == 30.0);
+  CHECK(c.environment_variables ==
+        std::vector<std::string>{"FP8SERVE_KV_CACHE_DTYPE", "FP8SERVE_NO_ENABLE_PREFIX_CACHING", "FP8SERVE_HOST", "FP8SERVE_PORT"});
+
+  c = parse_command_line({"serve", "m", "--host", "127.0.0.1", "--port=8200"}, env);
+  CHECK(c.host == "127.0.0.1");  // the command line over the environment
+  CHECK(c.port == 8200);
+  std::remove(path.c_str());
+
+  CHECK_THROWS_WITH(parse_command_line({"serve", "m"}, {{"FP8SERVE_PORT", "http"}}),
+                    "environment FP8SERVE_PORT: --port: expected an integer in [1, 65535], got 'http'");
+  CHECK(parse_command_line({"serve", "m"}, {{"FP8SERVE_API_KEY", "sk-env"}}).api_key == "sk-env");
+}
+
+TEST_CASE("--api-key-file reads the key from a file, once and never empty", "[config]") {
+  const std::string path = "test_config_key_tmp.txt";
+  {
+    std::ofstream out(path);
+    out << "sk-from-file\n";  // an editor's final newline is not part of the key
+  }
+  CHECK(parse_command_line({"serve", "m", "--api-key-file", path}).api_key == "sk-from-file");
+  CHECK(parse_command_line({"serve", "m"}, {{"FP8SERVE_API_KEY_FILE", path}}).api_key == "sk-from-file");
+  CHECK_THROWS_WITH(parse_command_line({"serve", "m", "--api-key", "k", "--api-key-file", path}),
+                    "--api-key-file: give the key once: --api-key or --api-key-file, not both");
+  CHECK_THROWS_WITH(parse_command_line({"serve", "m", "--api-key-file", path}, {{"FP8SERVE_API_KEY", "k"}}),
+                    "--api-key-file: give the key once: --api-key or --api-key-file, not both");
+  {
+    std::ofstream out(path);
+    out << " \n";
+  }
+  CHECK_THROWS_WITH(parse_command_line({"serve", "m", "--api-key-file", path}),
+                    "--api-key-file: '" + path + "' is empty");
+  std::remove(path.c_str());
+  CHECK_THROWS_WITH(parse_command_line({"serve", "m", "--api-key-file", path}),
+                    "--api-key-file: cannot open '" + path + "'");
+}
+
+TEST_CASE("flag_environment reads exactly the FP8SERVE_<FLAG> variables", "[config]") {
+  ::setenv("FP8SERVE_MAX_NUM_SEQS", "5", 1);
+  ::setenv("FP8SERVE_NOT_A_FLAG", "x", 1);
+  const auto env = fp8serve::flag_environment();
+  ::unsetenv("FP8SERVE_MAX_NUM_SEQS");
+  ::unsetenv("FP8SERVE_NOT_A_FLAG");
+  CHECK(env.at("FP8SERVE_MAX_NUM_SEQS") == "5");
+  CHECK(env.count("FP8SERVE_NOT_A_FLAG") == 0);
+  CHECK(parse_command_line({"serve", "m"}, env).max_num_seqs == 5);
 }
