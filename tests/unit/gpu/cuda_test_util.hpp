@@ -1,5 +1,5 @@
 #pragma once
-// Shared by the CUDA op tests (tests/unit/gpu/test_*_cuda.cpp). Each file is compiled twice:
+// Shared by the CUDA backend's op tests (tests/unit/gpu/test_*_gpu.cpp). Each file is compiled twice:
 // into test_gpu against a real device (tag [gpu]; skips with a warning where there is none) and
 // into its own test_<file>_emu against the CPU emulator, where it always runs. The op under test
 // runs on the CUDA backend; its host reference is the CPU backend's op (kernels/cpu/), run on the
