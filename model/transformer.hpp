@@ -94,9 +94,21 @@ class Transformer {
   };
 
   // Uploads the named tensors concatenated along their first dimension (one name: as it is).
+  // Byte offsets of one step's metadata inside step_meta_ (and its host image step_host_), each
+  // array 16-byte aligned and sized for this step. The scales and counts come last so that what
+  // a step reads back is one contiguous range.
+  struct StepLayout {
+    std::size_t token_ids = 0, positions = 0, slot_mapping = 0, query_start_loc = 0, context_lens = 0,
+                block_tables = 0, calibrate = 0, sample_rows = 0, k_scales = 0, v_scales = 0, counts = 0,
+                end = 0;
+  };
+  StepLayout step_layout(std::size_t num_tokens, std::size_t num_seqs, std::size_t max_blocks_per_seq) const;
+
   const std::uint16_t* upload(const ModelWeights& weights, std::initializer_list<std::string> names);
   void validate(const ForwardBatch& batch, std::span<float> logits) const;
-  void upload_batch(const ForwardBatch& batch);
+  // Packs the step's metadata into step_host_ and uploads it with one copy (a GPU backend
+  // stages it through pinned memory and copies asynchronously on the stream).
+  void upload_batch(const ForwardBatch& batch, const StepLayout& layout, bool track_counts);
 
   ModelConfig config_;
   Backend& backend_;
@@ -122,12 +134,13 @@ class Transformer {
   DeviceBuffer attn_out_;  // [max_tokens, num_heads * head_dim]
   DeviceBuffer proj_out_;  // [max_tokens, hidden] o_proj and down_proj outputs
   DeviceBuffer gate_up_;   // [max_tokens, 2 * intermediate]
-  DeviceBuffer sampled_;   // [max_seqs, hidden] the rows that sample
-  DeviceBuffer logits_;    // [max_seqs, vocab]
+  DeviceBuffer sampled_;        // [max_seqs, hidden] the residual stream's rows that sample
+  DeviceBuffer sampled_delta_;  // [max_seqs, hidden] the last block's output on those rows
+  DeviceBuffer logits_;         // [max_seqs, vocab]
 
-  // Step metadata on the device.
-  DeviceBuffer token_ids_, positions_, query_start_loc_, context_lens_, block_tables_;
-  DeviceBuffer slot_mapping_, k_scales_, v_scales_, calibrate_, sample_rows_, counts_;
+  // Step metadata (StepLayout): one device buffer sized for the largest step, and its host image.
+  DeviceBuffer step_meta_;
+  std::vector<std::byte> step_host_;
 };
 
 }  // namespace fp8serve
