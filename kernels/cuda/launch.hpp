@@ -20,7 +20,9 @@
 //   FP8SERVE_CUDA_FAST_PATHS
 //       1 under nvcc, 0 in the emulator: tensor-core MMA, cp.async, TMA and inline PTX go behind
 //       `#if FP8SERVE_CUDA_FAST_PATHS`, kept small, beside a portable path that the emulator runs
-//       (and that -DFP8SERVE_CUDA_FAST_PATHS=0 selects on a GPU too, to compare the two).
+//       (and that -DFP8SERVE_CUDA_FAST_PATHS=0 selects on a GPU too, to compare the two). nvcc
+//       compiles every kernel for sm_80 and sm_90a: Hopper-only instructions (wgmma, setmaxnreg)
+//       also need `__CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)`.
 //
 // The file convention: kernels/cuda/*.cu hold kernels and host code that uses only the runtime
 // API the emulator has (memory, copies, streams, events, device properties); both builds compile

@@ -24,7 +24,6 @@ namespace {
 using attn::AttentionArgs;
 using attn::DecodeWork;
 
-constexpr int32_t kTargetWaves = 2;  // decode items per CTA of the persistent grid, when splitting
 constexpr int32_t kMaxGroup = 64;    // query heads per KV head: one prefill tile holds >= 1 token
 
 [[noreturn]] void fail(const std::string& what) { throw std::invalid_argument("paged_attention_cuda: " + what); }
@@ -35,11 +34,6 @@ int32_t sm_count() {
   CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
   return count;
 }
-
-// Persistent grids: enough CTAs to fill the GPU. The emulator runs blocks one after another, so
-// it gets a few CTAs, each looping over several items (which also exercises that loop).
-int32_t decode_grid(int32_t sms) { return FP8SERVE_CUDA_EMU ? 3 : sms * attn::kDecodeCtasPerSm; }
-int32_t prefill_grid(int32_t sms) { return FP8SERVE_CUDA_EMU ? 2 : sms * attn::kPrefillCtasPerSm; }
 
 void check_shapes(int32_t num_heads, int32_t num_kv_heads, int32_t head_dim) {
   if (num_kv_heads <= 0 || num_heads <= 0 || num_heads % num_kv_heads != 0)
@@ -108,7 +102,10 @@ std::size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaLimits&
   if (limits.max_num_seqs < 1) throw std::invalid_argument("paged_attention_cuda_workspace_bytes: max_num_seqs < 1");
   const int32_t group = limits.num_heads / limits.num_kv_heads;
   const int64_t head_items = limits.num_kv_heads * subgroups(group);
-  const int64_t slots = int64_t{kTargetWaves} * decode_grid(sm_count()) + limits.max_num_seqs * head_items;
+  // The grid can only grow for fewer sequences (less shared memory); launch_decode caps its
+  // target at the slots there are.
+  const int64_t grid = attn::decode_grid(group, limits.head_dim, limits.max_num_seqs, sm_count());
+  const int64_t slots = attn::kTargetWaves * grid + limits.max_num_seqs * head_items;
   return plan_bytes(limits.max_num_seqs) +
          static_cast<std::size_t>(slots * attn::decode_slot_floats(group, limits.head_dim)) * sizeof(float);
 }
@@ -151,11 +148,9 @@ void paged_attention_cuda(const PagedAttentionParams& params, void* workspace, s
   DecodeWork work;
   work.plan = static_cast<int32_t*>(workspace);
   work.partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + plan);
-  work.grid = decode_grid(sms);
   work.subgroups = static_cast<int32_t>(subgroups(group));
   const int64_t spare = slots - batch.num_seqs * head_items;
   if (spare < 1) fail("workspace too small for " + std::to_string(batch.num_seqs) + " sequences");
-  work.target_items = static_cast<int32_t>(std::min<int64_t>(int64_t{kTargetWaves} * work.grid, spare));
   const int64_t max_context = int64_t{batch.max_blocks_per_seq} * params.cache.block_size;
   bool may_split = max_context > attn::kDecodeMinPartition;
   if (options.partition_tokens < 0) {
@@ -168,8 +163,8 @@ void paged_attention_cuda(const PagedAttentionParams& params, void* workspace, s
     if (parts * batch.num_seqs * head_items > slots) fail("partition_tokens too small for the workspace");
     may_split = parts > 1;
   }
-  attn::launch_decode(args, work, may_split, stream);
-  if (batch.num_tokens > batch.num_seqs) attn::launch_prefill(args, options.prefill_math, prefill_grid(sms), stream);
+  attn::launch_decode(args, work, spare, may_split, sms, stream);
+  if (batch.num_tokens > batch.num_seqs) attn::launch_prefill(args, options.prefill_math, sms, stream);
 }
 
 }  // namespace fp8serve::cuda

@@ -32,7 +32,9 @@
 // bandwidth x latency (4.8 TB/s x ~0.7 us / 132 SMs) needs; registers stay low because the
 // in-flight chunks live in shared memory, not in registers. bf16 moves twice the bytes for half
 // the conversion work and is memory-bound throughout.
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/attention_device.cuh"
 #include "kernels/cuda/paged_attention_kernels.hpp"
@@ -458,12 +460,19 @@ __global__ void __launch_bounds__(kThreads) paged_merge_kernel(AttentionArgs arg
   }
 }
 
+// Allows the kernel its shared memory and returns its persistent grid for num_seqs sequences.
 template <int kD, int kRows>
-void launch_decode_for(const AttentionArgs& args, const DecodeWork& work, bool may_split, cudaStream_t stream) {
+int32_t prepare_decode(int32_t num_seqs, int32_t sms) {
+  const std::size_t shared = static_cast<std::size_t>(decode_smem(kRows, kD, num_seqs).total);
+  return persistent_grid(paged_decode_kernel<kD, kRows>, kThreads, shared, sms, kEmulatorDecodeGrid);
+}
+
+template <int kD, int kRows>
+void launch_decode_for(const AttentionArgs& args, DecodeWork work, int64_t spare_slots, bool may_split, int32_t sms,
+                       cudaStream_t stream) {
   const std::size_t shared = static_cast<std::size_t>(decode_smem(kRows, kD, args.batch.num_seqs).total);
-  auto* kernel = paged_decode_kernel<kD, kRows>;
-  if (shared > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+  work.grid = prepare_decode<kD, kRows>(args.batch.num_seqs, sms);
+  work.target_items = static_cast<int32_t>(std::min<int64_t>(int64_t{kTargetWaves} * work.grid, spare_slots));
   FP8SERVE_LAUNCH((paged_decode_kernel<kD, kRows>), dim3(static_cast<unsigned>(work.grid)), dim3(kThreads), shared,
                   stream, args, work);
   CUDA_CHECK(cudaGetLastError());
@@ -475,15 +484,47 @@ void launch_decode_for(const AttentionArgs& args, const DecodeWork& work, bool m
   }
 }
 
-template <int kD>
-void launch_decode_dim(const AttentionArgs& args, const DecodeWork& work, bool may_split, cudaStream_t stream) {
-  switch (decode_rows(args.group)) {
-    case 1: return launch_decode_for<kD, 1>(args, work, may_split, stream);
-    case 2: return launch_decode_for<kD, 2>(args, work, may_split, stream);
-    case 4: return launch_decode_for<kD, 4>(args, work, may_split, stream);
-    default: return launch_decode_for<kD, 8>(args, work, may_split, stream);
+// Calls op.run<kD, kRows>() for the build that serves (head_dim, group).
+template <class Op>
+auto with_decode_build(int32_t head_dim, int32_t group, const Op& op) {
+  auto rows = [&](auto dim) {
+    constexpr int kD = decltype(dim)::value;
+    switch (decode_rows(group)) {
+      case 1: return op.template run<kD, 1>();
+      case 2: return op.template run<kD, 2>();
+      case 4: return op.template run<kD, 4>();
+      default: return op.template run<kD, 8>();
+    }
+  };
+  switch (padded_head_dim(head_dim)) {
+    case 32: return rows(std::integral_constant<int, 32>{});
+    case 64: return rows(std::integral_constant<int, 64>{});
+    case 128: return rows(std::integral_constant<int, 128>{});
+    default: return rows(std::integral_constant<int, 256>{});
   }
 }
+
+struct PrepareOp {
+  int32_t num_seqs, sms;
+  template <int kD, int kRows>
+  int32_t run() const {
+    return prepare_decode<kD, kRows>(num_seqs, sms);
+  }
+};
+
+struct LaunchOp {
+  const AttentionArgs& args;
+  const DecodeWork& work;
+  int64_t spare_slots;
+  bool may_split;
+  int32_t sms;
+  cudaStream_t stream;
+  template <int kD, int kRows>
+  int run() const {
+    launch_decode_for<kD, kRows>(args, work, spare_slots, may_split, sms, stream);
+    return 0;
+  }
+};
 
 }  // namespace
 
@@ -505,17 +546,14 @@ int64_t decode_slot_floats(int32_t group, int32_t head_dim) {
   return int64_t{decode_rows(group)} * (padded_head_dim(head_dim) + 2);
 }
 
-std::size_t decode_shared_bytes(int32_t group, int32_t head_dim, int32_t num_seqs) {
-  return static_cast<std::size_t>(decode_smem(decode_rows(group), padded_head_dim(head_dim), num_seqs).total);
+
+int32_t decode_grid(int32_t group, int32_t head_dim, int32_t num_seqs, int32_t sms) {
+  return with_decode_build(head_dim, group, PrepareOp{num_seqs, sms});
 }
 
-void launch_decode(const AttentionArgs& args, const DecodeWork& work, bool may_split, cudaStream_t stream) {
-  switch (padded_head_dim(args.head_dim)) {
-    case 32: return launch_decode_dim<32>(args, work, may_split, stream);
-    case 64: return launch_decode_dim<64>(args, work, may_split, stream);
-    case 128: return launch_decode_dim<128>(args, work, may_split, stream);
-    default: return launch_decode_dim<256>(args, work, may_split, stream);
-  }
+void launch_decode(const AttentionArgs& args, const DecodeWork& work, int64_t spare_slots, bool may_split,
+                   int32_t sms, cudaStream_t stream) {
+  with_decode_build(args.head_dim, args.group, LaunchOp{args, work, spare_slots, may_split, sms, stream});
 }
 
 }  // namespace fp8serve::cuda::attn

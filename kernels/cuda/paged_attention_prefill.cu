@@ -489,37 +489,35 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(AttentionArgs a
 }
 
 template <int kD, bool kMma>
-void launch_prefill_for(const AttentionArgs& args, int32_t grid, cudaStream_t stream) {
+void launch_prefill_for(const AttentionArgs& args, int32_t sms, cudaStream_t stream) {
   const std::size_t shared =
       static_cast<std::size_t>(prefill_smem(kD, key_tile<kD>(), !kMma, args.batch.num_seqs).total);
-  auto* kernel = paged_prefill_kernel<kD, kMma>;
-  if (shared > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+  const int32_t grid = persistent_grid(paged_prefill_kernel<kD, kMma>, kThreads, shared, sms, kEmulatorPrefillGrid);
   FP8SERVE_LAUNCH((paged_prefill_kernel<kD, kMma>), dim3(static_cast<unsigned>(grid)), dim3(kThreads), shared, stream,
                   args);
   CUDA_CHECK(cudaGetLastError());
 }
 
 template <bool kMma>
-void launch_prefill_math(const AttentionArgs& args, int32_t grid, cudaStream_t stream) {
+void launch_prefill_math(const AttentionArgs& args, int32_t sms, cudaStream_t stream) {
   switch (padded_head_dim(args.head_dim)) {
-    case 32: return launch_prefill_for<32, kMma>(args, grid, stream);
-    case 64: return launch_prefill_for<64, kMma>(args, grid, stream);
-    case 128: return launch_prefill_for<128, kMma>(args, grid, stream);
-    default: return launch_prefill_for<256, kMma>(args, grid, stream);
+    case 32: return launch_prefill_for<32, kMma>(args, sms, stream);
+    case 64: return launch_prefill_for<64, kMma>(args, sms, stream);
+    case 128: return launch_prefill_for<128, kMma>(args, sms, stream);
+    default: return launch_prefill_for<256, kMma>(args, sms, stream);
   }
 }
 
 }  // namespace
 
-void launch_prefill(const AttentionArgs& args, PagedAttentionCudaOptions::PrefillMath math, int32_t grid,
+void launch_prefill(const AttentionArgs& args, PagedAttentionCudaOptions::PrefillMath math, int32_t sms,
                     cudaStream_t stream) {
   using Math = PagedAttentionCudaOptions::PrefillMath;
   const bool mma = math == Math::mma || (math == Math::best && FP8SERVE_CUDA_FAST_PATHS);
   if (mma) {
-    launch_prefill_math<true>(args, grid, stream);
+    launch_prefill_math<true>(args, sms, stream);
   } else {
-    launch_prefill_math<false>(args, grid, stream);
+    launch_prefill_math<false>(args, sms, stream);
   }
 }
 
