@@ -54,6 +54,38 @@ struct CudaAttentionCase {
   }
 };
 
+// The shapes the tests sweep: real head dims and GQA ratios (KV heads cut to 1-3 so that the
+// emulated runs stay short), each at one block size.
+struct CaseShape {
+  int32_t heads, kv_heads, head_dim, block_size;
+};
+inline const std::vector<CaseShape>& model_shapes() {
+  static const std::vector<CaseShape> shapes = {
+      {8, 2, 128, 16},  // Llama-3-8B / Qwen3-8B: group 4, head_dim 128
+      {4, 2, 128, 32},  // Qwen3-0.6B: group 2
+      {9, 3, 64, 8},    // SmolLM2-135M
+      {4, 2, 16, 32},   // tiny-llama, tiny-qwen2
+      {4, 2, 32, 16},   // tiny-qwen3
+      {16, 2, 64, 16},  // group 8
+      {16, 1, 64, 8},   // group 16: decode serves it as two subgroups of 8 heads
+      {4, 2, 256, 8},   // head_dim 256
+      {6, 2, 80, 32},   // head_dim 80, through the 128 build
+  };
+  return shapes;
+}
+
+inline CudaAttentionCase shaped_case(const CaseShape& shape, KvDtype dtype, std::vector<SeqSpec> seqs, uint32_t seed) {
+  CudaAttentionCase c;
+  c.dtype = dtype;
+  c.num_heads = shape.heads;
+  c.num_kv_heads = shape.kv_heads;
+  c.head_dim = shape.head_dim;
+  c.block_size = shape.block_size;
+  c.seqs = std::move(seqs);
+  c.seed = seed;
+  return c;
+}
+
 struct CudaAttentionResult {
   // max over outputs of (|out - ref| - 2^-8 |ref|) / max |v| of the sequence: the error beyond
   // rounding the output to bf16 (at most 2^-8 relative), as a fraction of the values averaged.
@@ -232,6 +264,16 @@ inline CudaAttentionResult run_cuda_attention_case(const CudaAttentionCase& c) {
     }
   }
   return result;
+}
+
+// Runs the case and checks it: every output written and finite, nothing written between token
+// rows, and the error beyond the output's bf16 rounding within `tolerance` of max|v|.
+inline void check_cuda_attention_case(const CudaAttentionCase& c, double tolerance) {
+  INFO(c.describe());
+  const CudaAttentionResult r = run_cuda_attention_case(c);
+  CHECK(r.all_finite);
+  CHECK(r.padding_untouched);
+  CHECK(r.max_error <= tolerance);
 }
 
 }  // namespace fp8serve::test

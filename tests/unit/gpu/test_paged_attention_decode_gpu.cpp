@@ -21,17 +21,7 @@ namespace {
 
 constexpr double kTolerance = 1e-4;
 
-struct Shape {
-  int32_t heads, kv_heads, head_dim;
-};
-
-void check_case(const CudaAttentionCase& c) {
-  INFO(c.describe());
-  const CudaAttentionResult r = run_cuda_attention_case(c);
-  CHECK(r.all_finite);
-  CHECK(r.padding_untouched);
-  CHECK(r.max_error <= kTolerance);
-}
+void check_case(const CudaAttentionCase& c) { check_cuda_attention_case(c, kTolerance); }
 
 std::vector<SeqSpec> decode_seqs(std::initializer_list<int32_t> contexts) {
   std::vector<SeqSpec> seqs;
@@ -43,33 +33,10 @@ std::vector<SeqSpec> decode_seqs(std::initializer_list<int32_t> contexts) {
 
 TEST_CASE("CUDA decode attention matches the reference at real shapes", "[gpu][attention]") {
   if (!have_cuda_device()) return;
-  const Shape shapes[] = {
-      {8, 2, 128},   // Llama-3-8B / Qwen3-8B: group 4, head_dim 128 (KV heads cut to 2)
-      {4, 2, 128},   // Qwen3-0.6B: group 2
-      {9, 3, 64},    // SmolLM2-135M
-      {4, 2, 16},    // tiny-llama, tiny-qwen2
-      {4, 2, 32},    // tiny-qwen3
-      {16, 2, 64},   // group 8
-      {16, 1, 64},   // group 16: two subgroups of 8 heads
-      {4, 2, 256},   // head_dim 256
-      {6, 2, 80},    // head_dim 80 through the 128 build
-  };
-  const int32_t block_sizes[] = {16, 8, 32};
   uint32_t seed = 100;
-  int index = 0;
-  for (const Shape& shape : shapes) {
-    for (KvDtype dtype : {KvDtype::fp8_e4m3, KvDtype::bf16}) {
-      CudaAttentionCase c;
-      c.dtype = dtype;
-      c.num_heads = shape.heads;
-      c.num_kv_heads = shape.kv_heads;
-      c.head_dim = shape.head_dim;
-      c.block_size = block_sizes[index++ % 3];
-      c.seqs = decode_seqs({1, 17, 100, 333});
-      c.seed = seed++;
-      check_case(c);
-    }
-  }
+  for (const CaseShape& shape : model_shapes())
+    for (KvDtype dtype : {KvDtype::fp8_e4m3, KvDtype::bf16})
+      check_case(shaped_case(shape, dtype, decode_seqs({1, 17, 100, 333}), seed++));
 }
 
 TEST_CASE("CUDA decode attention: split-K off, adaptive and forced give the same result", "[gpu][attention]") {

@@ -24,36 +24,18 @@ namespace {
 constexpr double kToleranceSimt = 1e-4;
 constexpr double kToleranceMma = 4e-3;
 
-void check_case(const CudaAttentionCase& c) {
-  INFO(c.describe());
-  const CudaAttentionResult r = run_cuda_attention_case(c);
-  CHECK(r.all_finite);
-  CHECK(r.padding_untouched);
-  CHECK(r.max_error <= (c.options.prefill_math == Math::simt ? kToleranceSimt : kToleranceMma));
-}
+void check_case(const CudaAttentionCase& c) { check_cuda_attention_case(c, (c.options.prefill_math == Math::simt ? kToleranceSimt : kToleranceMma)); }
 
 }  // namespace
 
 TEST_CASE("CUDA prefill attention matches the reference (SIMT tiles)", "[gpu][attention]") {
   if (!have_cuda_device()) return;
-  struct Shape {
-    int32_t heads, kv_heads, head_dim, block_size;
-  };
-  const Shape shapes[] = {{8, 2, 128, 16}, {9, 3, 64, 8}, {4, 2, 16, 32}, {4, 2, 32, 16},
-                          {16, 2, 64, 16}, {4, 2, 256, 8}, {6, 2, 80, 32}};
   uint32_t seed = 400;
-  for (const Shape& shape : shapes) {
+  for (const CaseShape& shape : model_shapes()) {
     for (KvDtype dtype : {KvDtype::fp8_e4m3, KvDtype::bf16}) {
-      CudaAttentionCase c;
-      c.dtype = dtype;
-      c.num_heads = shape.heads;
-      c.num_kv_heads = shape.kv_heads;
-      c.head_dim = shape.head_dim;
-      c.block_size = shape.block_size;
       // A fresh prompt, a chunk after a cached prefix, a two-token chunk.
-      c.seqs = {{37, 37}, {150, 41}, {66, 2}};
+      CudaAttentionCase c = shaped_case(shape, dtype, {{37, 37}, {150, 41}, {66, 2}}, seed++);
       c.options.prefill_math = Math::simt;
-      c.seed = seed++;
       check_case(c);
     }
   }
