@@ -28,6 +28,10 @@ namespace fp8serve::cuda::attn {
 constexpr int kWarp = 32;
 constexpr unsigned kAllLanes = 0xffffffffu;
 
+// log2 of a power of two: the kernels' sizes that depend on the block size are powers of two, so
+// their divisions become shifts (a 32-bit division by a run-time value is ~20 instructions).
+ATTN_DEVICE int log2_of(int pow2) { return 31 - __clz(pow2); }
+
 // ---- FP8 E4M3 and bf16 -> float ----------------------------------------------------------------
 
 // The four E4M3 codes of `word` (byte i = element i) as floats: exactly fp8_e4m3_decode's values

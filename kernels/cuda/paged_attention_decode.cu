@@ -98,40 +98,43 @@ struct DecodeCta {
     constexpr int kKElem = kKFp8 ? 1 : 2, kVElem = kVFp8 ? 1 : 2;
     constexpr int kPack = kKFp8 ? 4 : 2;  // elements per 4-byte K word
     constexpr int kMaxElem = kKElem > kVElem ? kKElem : kVElem;
-    const int block_size = args.cache.block_size;
+    // V rows are staged kD elements apart, so a row's 16-byte vectors index by shifts.
+    constexpr int kRowVectors = kD * kVElem / 16;
+    const int block_size = args.cache.block_size, block_shift = log2_of(block_size);
     const int head_dim = args.head_dim;
     const int chunk = min(block_size, kChunkBytes / (kD * kMaxElem));  // tokens, a power of 2 >= 4
-    const int quads = chunk / 4;                                       // 16-byte K vectors per group
-    const int k_vectors = head_dim / kPack * quads;
-    const int row_vectors = head_dim * kVElem / 16;
-    const int v_vectors = chunk * row_vectors;
-    const int first_chunk = seg.lo / chunk;
-    const int num_chunks = (seg.hi + chunk - 1) / chunk - first_chunk;
+    const int chunk_shift = log2_of(chunk);
+    const int quad_shift = chunk_shift - 2;  // 16-byte K vectors (4 tokens) per word column
+    const int quads = 1 << quad_shift;
+    const int k_vectors = head_dim / kPack << quad_shift;
+    const int row_vectors = head_dim * kVElem / 16;  // <= kRowVectors
+    const int first_chunk = seg.lo >> chunk_shift;
+    const int num_chunks = ((seg.hi + chunk - 1) >> chunk_shift) - first_chunk;
     unsigned char* stages = smem + warp * kWarpStageBytes;
     const float* q_s = reinterpret_cast<const float*>(smem + decode_smem(kRows, kD, 0).q);
     float* p_s = reinterpret_cast<float*>(smem + decode_smem(kRows, kD, 0).p) + warp * kMaxChunkTokens * kRows;
 
     auto issue = [&](int c) {  // chunk c of this segment (c < num_chunks) into stage c % kStages
       unsigned char* stage = stages + (c / kWarps) % kStages * kStageBytes;
-      const int pos0 = (first_chunk + c) * chunk;
-      const int logical = pos0 / block_size;
+      const int pos0 = (first_chunk + c) << chunk_shift;
+      const int logical = pos0 >> block_shift;
       bool k_ok = false, v_ok = false;
       const unsigned char* k_block = seg.k.block(logical, k_ok);
       const unsigned char* v_block = seg.v.block(logical, v_ok);
-      const int t0 = pos0 % block_size;
+      const int t0 = pos0 & (block_size - 1);
 ATTN_UNROLL
       for (int i = 0; i < 4; ++i) {
         const int v = lane + kWarp * i;
         if (v < k_vectors) {
-          const int group = v / quads, quad = v % quads;
-          copy16_async(stage + v * 16, k_block + (int64_t{group} * block_size + t0 + 4 * quad) * 4, k_ok);
+          const int group = v >> quad_shift, quad = v & (quads - 1);
+          copy16_async(stage + v * 16, k_block + ((int64_t{group} << block_shift) + t0 + 4 * quad) * 4, k_ok);
         }
       }
 ATTN_UNROLL
       for (int i = 0; i < 4; ++i) {
         const int v = lane + kWarp * i;
-        if (v < v_vectors) {
-          const int t = v / row_vectors, part = v % row_vectors;
+        const int t = v / kRowVectors, part = v % kRowVectors;
+        if (t < chunk && part < row_vectors) {
           const bool ok = v_ok && pos0 + t >= seg.lo && pos0 + t < seg.hi;
           copy16_async(stage + kChunkBytes + v * 16, v_block + (t0 + t) * seg.v.row_bytes + part * 16, ok);
         }
@@ -140,7 +143,7 @@ ATTN_UNROLL
 
     auto compute = [&](int c) {
       const unsigned char* stage = stages + (c / kWarps) % kStages * kStageBytes;
-      const int pos0 = (first_chunk + c) * chunk;
+      const int pos0 = (first_chunk + c) << chunk_shift;
       // Scores of tokens 4 * (lane % quads) + w, partial over this lane's groups.
       float part[4][kRows];
 ATTN_UNROLL
@@ -151,7 +154,7 @@ ATTN_UNROLL
       for (int i = 0; i < 4; ++i) {
         const int v = lane + kWarp * i;
         if (v < k_vectors) {
-          const int group = v / quads;
+          const int group = v >> quad_shift;
           const uint4 raw = *reinterpret_cast<const uint4*>(stage + v * 16);
           const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};  // tokens 4 quad + w
           if constexpr (kKFp8) {  // each word: dims 4 group .. 4 group + 3
@@ -189,7 +192,7 @@ ATTN_UNROLL
 ATTN_UNROLL
           for (int r = 0; r < kRows; ++r) part[w][r] += __shfl_xor_sync(kAllLanes, part[w][r], offset);
 
-      const int first_token = pos0 + 4 * (lane % quads);
+      const int first_token = pos0 + 4 * (lane & (quads - 1));
 ATTN_UNROLL
       for (int r = 0; r < kRows; ++r) {
         float chunk_max = -INFINITY;
@@ -230,7 +233,7 @@ ATTN_UNROLL
       if (dim0 < head_dim) {
         for (int t = lane / kLanesPerRow; t < chunk; t += kRowGroups) {
           float v[kDl];
-          const unsigned char* row = stage + kChunkBytes + (t * head_dim + dim0) * kVElem;
+          const unsigned char* row = stage + kChunkBytes + (t * kD + dim0) * kVElem;
           if constexpr (kVFp8) {
 ATTN_UNROLL
             for (int h = 0; h < kDl / 4; ++h) {

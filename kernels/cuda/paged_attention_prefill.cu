@@ -84,9 +84,13 @@ struct ItemRows {
   int valid_rows;  // tokens in the tile x group
 };
 
-ATTN_DEVICE bool key_visible(const TileInfo& t, int key, int row, const ItemRows& rows) {
+// Row `row` of the tile is token row / group: its position, the last key it sees.
+ATTN_DEVICE int row_position(const ItemRows& rows, int row) { return rows.first_pos + row / rows.group; }
+
+// Whether key `key` of the tile is in the segment and visible from a row at position row_pos.
+ATTN_DEVICE bool key_visible(const TileInfo& t, int key, int row_pos) {
   const int pos = t.start + key;
-  return key < t.keys && pos >= t.lo && pos < t.hi && pos <= rows.first_pos + row / rows.group;
+  return key < t.keys && pos >= t.lo && pos < t.hi && pos <= row_pos;
 }
 
 // Tensor-core math of one warp's 16 rows (rows 16 warp + g and + 8 of the tile, g = lane / 4).
@@ -94,18 +98,22 @@ template <int kD, int kBk>
 struct MmaMath {
   float o[kD / 8][4];
   float m[2], l[2];
+  int row_pos[2];  // positions of this lane's rows
 
-  ATTN_DEVICE void begin() {
+  ATTN_DEVICE void begin(const ItemRows& rows) {
 ATTN_UNROLL
     for (int nb = 0; nb < kD / 8; ++nb)
 ATTN_UNROLL
       for (int e = 0; e < 4; ++e) o[nb][e] = 0.0f;
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.0f;
+    const int row0 = static_cast<int>(threadIdx.x) / kWarp * kRowsPerWarp + static_cast<int>(threadIdx.x) % kWarp / 4;
+    row_pos[0] = row_position(rows, row0);
+    row_pos[1] = row_position(rows, row0 + 8);
   }
 
   ATTN_DEVICE void tile(const uint16_t* q_s, const uint16_t* k_s, const uint16_t* vt_s, const TileInfo& t,
-                        const ItemRows& rows, int head_dim, float*, float*) {
+                        int head_dim, float*, float*) {
     const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
     const int g = lane / 4, c = lane % 4;
     const int r0 = warp * kRowsPerWarp + g;
@@ -139,7 +147,7 @@ ATTN_UNROLL
 ATTN_UNROLL
       for (int e = 0; e < 4; ++e) {
         const int key = 8 * nb + 2 * c + e % 2;
-        const bool visible = key_visible(t, key, r0 + 8 * (e / 2), rows);
+        const bool visible = key_visible(t, key, row_pos[e / 2]);
         s[nb][e] = visible ? s[nb][e] * t.score_scale : -INFINITY;
         tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nb][e]);
       }
@@ -186,7 +194,7 @@ ATTN_UNROLL
     }
   }
 
-  // out(row, dim): where the tile's (row, dim) output goes, or null for a padding row.
+  // out(row): where the tile's row `row` (< valid_rows) goes, dims contiguous.
   template <class Out>
   ATTN_DEVICE void finish(const ItemRows& rows, int head_dim, float*, Out out) {
     const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
@@ -201,12 +209,13 @@ ATTN_UNROLL
       const int row = warp * kRowsPerWarp + g + 8 * h;
       if (row >= rows.valid_rows) continue;
       const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+      uint16_t* dst = out(row);
 ATTN_UNROLL
       for (int nb = 0; nb < kD / 8; ++nb)
 ATTN_UNROLL
         for (int e = 0; e < 2; ++e) {
           const int d = 8 * nb + 2 * c + e;
-          if (d < head_dim) *out(row, d) = bf16_encode(o[nb][2 * h + e] * inv);
+          if (d < head_dim) dst[d] = bf16_encode(o[nb][2 * h + e] * inv);
         }
     }
   }
@@ -218,18 +227,21 @@ template <int kD, int kBk>
 struct SimtMath {
   float o[kRowsPerWarp][kD / kWarp];
   float m, l;  // of row `lane` (lanes 0..15)
+  int row_pos[kRowsPerWarp];
 
-  ATTN_DEVICE void begin() {
+  ATTN_DEVICE void begin(const ItemRows& rows) {
 ATTN_UNROLL
-    for (int r = 0; r < kRowsPerWarp; ++r)
+    for (int r = 0; r < kRowsPerWarp; ++r) {
 ATTN_UNROLL
       for (int i = 0; i < kD / kWarp; ++i) o[r][i] = 0.0f;
+      row_pos[r] = row_position(rows, static_cast<int>(threadIdx.x) / kWarp * kRowsPerWarp + r);
+    }
     m = -INFINITY;
     l = 0.0f;
   }
 
   ATTN_DEVICE void tile(const uint16_t* q_s, const uint16_t* k_s, const uint16_t* vt_s, const TileInfo& t,
-                        const ItemRows& rows, int head_dim, float* s_s, float* stats) {
+                        int head_dim, float* s_s, float* stats) {
     const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
     constexpr int kQStride = kD + kPad, kVStride = kBk + kPad, kSStride = kBk + 1;
     float* s_w = s_s + warp * kRowsPerWarp * kSStride;
@@ -246,7 +258,7 @@ ATTN_UNROLL
 ATTN_UNROLL
       for (int r = 0; r < kRowsPerWarp; ++r)
         s_w[r * kSStride + key] =
-            key_visible(t, key, warp * kRowsPerWarp + r, rows) ? acc[r] * t.score_scale : -INFINITY;
+            key_visible(t, key, row_pos[r]) ? acc[r] * t.score_scale : -INFINITY;
     }
     __syncwarp();
     if (lane < kRowsPerWarp) {
@@ -293,10 +305,11 @@ ATTN_UNROLL
       const int row = warp * kRowsPerWarp + r;
       if (row >= rows.valid_rows) continue;
       const float inv = l_w[r] > 0.0f ? 1.0f / l_w[r] : 0.0f;
+      uint16_t* dst = out(row);
 ATTN_UNROLL
       for (int i = 0; i < kD / kWarp; ++i) {
         const int d = lane + kWarp * i;
-        if (d < head_dim) *out(row, d) = bf16_encode(o[r][i] * inv);
+        if (d < head_dim) dst[d] = bf16_encode(o[r][i] * inv);
       }
     }
     __syncwarp();
@@ -318,65 +331,71 @@ struct PrefillCta {
   static ATTN_DEVICE int tile_keys(const KeySegment& seg) { return seg.k_fp8 && seg.v_fp8 ? kBk : kBk / 2; }
 
   // Copies tile `tile` of the segment (positions [tile * keys, + keys)) into raw stage `stage`.
-  ATTN_DEVICE void issue(const KeySegment& seg, int tile, int keys, int stage) {
-    const int block_size = args.cache.block_size, head_dim = args.head_dim;
+  // Sizes that vary at run time are powers of two (keys, block_size): shifts, not divisions.
+  ATTN_DEVICE void issue(const KeySegment& seg, int tile, int key_shift, int stage) {
+    const int block_size = args.cache.block_size, block_shift = log2_of(block_size);
+    const int head_dim = args.head_dim;
     unsigned char* raw = smem + layout.stages + stage * layout.stage_bytes;
-    const int start = tile * keys;
-    const int quads = keys / 4;
-    const int k_vectors = head_dim / (seg.k_fp8 ? 4 : 2) * quads;  // 4-byte word columns x 4 keys
+    const int start = tile << key_shift;
+    const int quad_shift = key_shift - 2;
+    const int k_vectors = head_dim >> (seg.k_fp8 ? 2 : 1) << quad_shift;  // word columns x quads of keys
     for (int v = tid; v < k_vectors; v += kThreads) {
-      const int group = v / quads, key = v % quads * 4;
+      const int group = v >> quad_shift, key = (v & ((1 << quad_shift) - 1)) * 4;
       const int pos = start + key;
       bool ok = pos + 3 >= seg.lo && pos < seg.hi;  // the 4 keys' words of one column
-      const unsigned char* block = ok ? seg.k.block(pos / block_size, ok) : seg.k.base;
-      copy16_async(raw + (group * keys + key) * 4, block + (int64_t{group} * block_size + pos % block_size) * 4, ok);
+      const unsigned char* block = ok ? seg.k.block(pos >> block_shift, ok) : seg.k.base;
+      copy16_async(raw + ((group << key_shift) + key) * 4,
+                   block + ((int64_t{group} << block_shift) + (pos & (block_size - 1))) * 4, ok);
     }
+    // V rows are staged kD elements (+ 16 bytes against bank conflicts) apart.
     const int v_elem = seg.v_fp8 ? 1 : 2;
     const int row_vectors = head_dim * v_elem / 16;
-    const int raw_row = head_dim * v_elem + 16;
-    for (int v = tid; v < keys * row_vectors; v += kThreads) {
-      const int key = v / row_vectors, part = v % row_vectors;
+    const int padded_shift = log2_of(kD * v_elem / 16);
+    for (int v = tid; v < (1 << (key_shift + padded_shift)); v += kThreads) {
+      const int key = v >> padded_shift, part = v & ((1 << padded_shift) - 1);
+      if (part >= row_vectors) continue;
       const int pos = start + key;
       bool ok = pos >= seg.lo && pos < seg.hi;
-      const unsigned char* block = ok ? seg.v.block(pos / block_size, ok) : seg.v.base;
-      copy16_async(raw + layout.stage_k_bytes + key * raw_row + part * 16,
-                   block + (pos % block_size) * seg.v.row_bytes + part * 16, ok);
+      const unsigned char* block = ok ? seg.v.block(pos >> block_shift, ok) : seg.v.base;
+      copy16_async(raw + layout.stage_k_bytes + key * (kD * v_elem + 16) + part * 16,
+                   block + (pos & (block_size - 1)) * seg.v.row_bytes + part * 16, ok);
     }
   }
 
   // Raw stage -> K_s [key][dim] and Vt_s [dim][key] in bf16 (keys outside the segment: zeros).
-  ATTN_DEVICE void convert(const KeySegment& seg, int tile, int keys, int stage) {
+  ATTN_DEVICE void convert(const KeySegment& seg, int tile, int key_shift, int stage) {
     const int head_dim = args.head_dim;
     const unsigned char* raw = smem + layout.stages + stage * layout.stage_bytes;
     uint16_t* k_s = reinterpret_cast<uint16_t*>(smem + layout.k_s);
     uint16_t* vt_s = reinterpret_cast<uint16_t*>(smem + layout.vt_s);
-    const int start = tile * keys;
+    const int keys = 1 << key_shift;
+    const int start = tile << key_shift;
     const int columns = head_dim / 4;  // 4-dim columns
     // K: consecutive threads take consecutive keys of one 4-dim column (conflict-free reads).
     for (int i = tid; i < keys * columns; i += kThreads) {
-      const int key = i % keys, col = i / keys;
+      const int key = i & (keys - 1), col = i >> key_shift;
       const int pos = start + key;
       uint32_t lo = 0, hi = 0;
       if (pos >= seg.lo && pos < seg.hi) {
         if (seg.k_fp8) {
           float x[4];
-          fp8x4_to_float(*reinterpret_cast<const uint32_t*>(raw + (col * keys + key) * 4), x);
+          fp8x4_to_float(*reinterpret_cast<const uint32_t*>(raw + ((col << key_shift) + key) * 4), x);
           lo = pack_bf16x2(x[0], x[1]);  // exact: E4M3 values are bf16 values
           hi = pack_bf16x2(x[2], x[3]);
         } else {
-          lo = *reinterpret_cast<const uint32_t*>(raw + (2 * col * keys + key) * 4);
-          hi = *reinterpret_cast<const uint32_t*>(raw + ((2 * col + 1) * keys + key) * 4);
+          lo = *reinterpret_cast<const uint32_t*>(raw + ((2 * col << key_shift) + key) * 4);
+          hi = *reinterpret_cast<const uint32_t*>(raw + (((2 * col + 1) << key_shift) + key) * 4);
         }
       }
       *reinterpret_cast<uint2*>(k_s + key * (kD + kPad) + 4 * col) = make_uint2(lo, hi);
     }
-    // V: lanes take 8 keys x 4 columns, so the padded raw rows and the transposed writes spread
-    // over the banks.
-    const int raw_row = head_dim * (seg.v_fp8 ? 1 : 2) + 16;
+    // V: a warp takes 8 keys x 4 columns, so the padded raw rows and the transposed writes
+    // spread over the banks.
+    const int raw_row = kD * (seg.v_fp8 ? 1 : 2) + 16;
+    const int key_octets_shift = key_shift - 3;
     for (int i = tid; i < keys * columns; i += kThreads) {
-      const int key = i / 32 % (keys / 8) * 8 + i % 8;
-      const int col = i / 32 / (keys / 8) * 4 + i / 8 % 4;
-      if (col >= columns) continue;
+      const int key = ((i >> 5) & ((1 << key_octets_shift) - 1)) * 8 + (i & 7);
+      const int col = (i >> (5 + key_octets_shift)) * 4 + ((i >> 3) & 3);
       const int pos = start + key;
       float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (pos >= seg.lo && pos < seg.hi) {
@@ -397,26 +416,26 @@ ATTN_UNROLL
   }
 
   // All tiles of one segment through the two stages.
-  ATTN_DEVICE void run_segment(const KeySegment& seg, const ItemRows& rows, Math& math) {
-    const int keys = tile_keys(seg);
-    const int first = seg.lo / keys;
-    const int count = (seg.hi + keys - 1) / keys - first;
+  ATTN_DEVICE void run_segment(const KeySegment& seg, Math& math) {
+    const int keys = tile_keys(seg), key_shift = log2_of(keys);
+    const int first = seg.lo >> key_shift;
+    const int count = ((seg.hi + keys - 1) >> key_shift) - first;
     const uint16_t* q_s = reinterpret_cast<const uint16_t*>(smem + layout.q_s);
     const uint16_t* k_s = reinterpret_cast<const uint16_t*>(smem + layout.k_s);
     const uint16_t* vt_s = reinterpret_cast<const uint16_t*>(smem + layout.vt_s);
     float* s_s = reinterpret_cast<float*>(smem + layout.s_s);
     float* stats = reinterpret_cast<float*>(smem + layout.stats);
-    issue(seg, first, keys, 0);
+    issue(seg, first, key_shift, 0);
     copy_commit();
     for (int i = 0; i < count; ++i) {
-      if (i + 1 < count) issue(seg, first + i + 1, keys, (i + 1) % 2);
+      if (i + 1 < count) issue(seg, first + i + 1, key_shift, (i + 1) % 2);
       copy_commit();
       copy_wait<1>();
       __syncthreads();  // tile i has landed for every thread; the math of tile i - 1 is done
-      convert(seg, first + i, keys, i % 2);
+      convert(seg, first + i, key_shift, i % 2);
       __syncthreads();
       const TileInfo t{(first + i) * keys, keys, seg.lo, seg.hi, args.qk_scale * seg.k_scale, seg.v_scale};
-      math.tile(q_s, k_s, vt_s, t, rows, args.head_dim, s_s, stats);
+      math.tile(q_s, k_s, vt_s, t, args.head_dim, s_s, stats);
     }
     copy_wait<0>();
   }
@@ -465,24 +484,24 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(AttentionArgs a
     rows.valid_rows = tokens * group;
     const int key_end = min(context, rows.first_pos + tokens);  // keys [0, the last token's position]
 
-    for (int i = tid; i < kTileRows * kD; i += kThreads) {
-      const int r = i / kD, d = i % kD;
-      uint16_t x = 0;
-      if (r < rows.valid_rows && d < head_dim)
-        x = args.q[(first_token + r / group) * args.q_token_stride + int64_t{kv_head * group + r % group} * head_dim + d];
-      q_s[r * (kD + kPad) + d] = x;
+    // Q rows: warp w takes rows w, w + 4, ...; its lanes take the dims (coalesced).
+    for (int r = tid / kWarp; r < kTileRows; r += kWarps) {
+      const bool valid = r < rows.valid_rows;
+      const uint16_t* src = args.q + (first_token + (valid ? r / group : 0)) * args.q_token_stride +
+                            int64_t{kv_head * group + (valid ? r % group : 0)} * head_dim;
+      for (int d = tid % kWarp; d < kD; d += kWarp) q_s[r * (kD + kPad) + d] = valid && d < head_dim ? src[d] : 0;
     }
     __syncthreads();
 
     typename Cta::Math math;
-    math.begin();
+    math.begin(rows);
     KeySegment pool_keys, tail_keys;
     key_segments(args.cache, args.tail, batch, s, kv_head, 0, key_end, pool_keys, tail_keys);
-    if (pool_keys.hi > pool_keys.lo) cta.run_segment(pool_keys, rows, math);
-    if (tail_keys.hi > tail_keys.lo) cta.run_segment(tail_keys, rows, math);
-    math.finish(rows, head_dim, reinterpret_cast<float*>(smem + layout.stats), [&](int row, int d) {
+    if (pool_keys.hi > pool_keys.lo) cta.run_segment(pool_keys, math);
+    if (tail_keys.hi > tail_keys.lo) cta.run_segment(tail_keys, math);
+    math.finish(rows, head_dim, reinterpret_cast<float*>(smem + layout.stats), [&](int row) {
       return args.out + (first_token + row / group) * args.out_token_stride +
-             int64_t{kv_head * group + row % group} * head_dim + d;
+             int64_t{kv_head * group + row % group} * head_dim;
     });
     __syncthreads();  // q_s, K_s and Vt_s are rewritten by the next item
   }
