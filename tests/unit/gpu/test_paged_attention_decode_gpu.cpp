@@ -76,3 +76,14 @@ TEST_CASE("CUDA decode attention reads the bf16 tail above fp8_lens in the same 
     }
   }
 }
+
+TEST_CASE("CUDA attention plans batches of hundreds of sequences", "[gpu][attention]") {
+  if (!have_cuda_device()) return;
+  // More sequences than the kernels' 128 threads: each thread scans several in the plan, and
+  // the items of one CTA belong to many sequences. Some prefill chunks among the decodes.
+  CudaAttentionCase c = shaped_case(model_shapes()[0], KvDtype::fp8_e4m3, {}, 900);
+  for (int32_t i = 0; i < 300; ++i) c.seqs.push_back({1 + (i * 37) % 90, i % 50 == 7 ? 5 : 1});
+  check_case(c);
+  c.options.partition_tokens = 32;
+  check_case(c);
+}
