@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/forward_ops.hpp"
+#include "kernels/kv_spill.hpp"
 #include "kernels/kv_write.hpp"
 #include "kernels/paged_attention.hpp"
 
@@ -49,7 +50,9 @@ class Backend {
   // Waits until all work queued on the stream has finished (a no-op on the CPU).
   virtual void synchronize(Stream stream) = 0;
 
-  // Copy-on-write of paged KV blocks: block src -> dst in K and V of every layer's pool.
+  // Copy-on-write of paged KV blocks: block src -> dst in K and V of every layer's pool (K
+  // only where a view's v is null: a K-only tail pool). Also copies a forked sequence's tail
+  // ring, block by block.
   virtual void copy_blocks(const CopyBlocksParams& params, Stream stream) = 0;
 
   // RoPE's cos/sin table, built once from the model's inv_freq for positions
@@ -61,6 +64,8 @@ class Backend {
   virtual void rms_norm(const RmsNormParams& params, Stream stream) = 0;
   virtual void linear(const LinearParams& params, Stream stream) = 0;
   virtual void rope(const RopeParams& params, Stream stream) = 0;
+  // With the bf16 recent window, kv_spill runs before kv_write in every layer (paged_kv.hpp).
+  virtual void kv_spill(const KvSpillParams& params, Stream stream) = 0;
   virtual void kv_write(const KvWriteParams& params, Stream stream) = 0;
   virtual void paged_attention(const PagedAttentionParams& params, Stream stream) = 0;
   virtual void silu_mul(const SiluMulParams& params, Stream stream) = 0;

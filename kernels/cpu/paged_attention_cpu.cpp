@@ -37,8 +37,10 @@ void merge_partials(const PagedAttentionParams& params, const AttentionWorkspace
   const float* o = partials + merge.scratch;                 // [parts, rows, head_dim]
   const float* m = o + o_size;                               // [parts, rows]
   const float* l = m + static_cast<int64_t>(merge.num_parts) * merge.rows;  // [parts, rows]
+  // A bf16 V tail: the items applied v_scale themselves (attention_item.hpp).
+  const bool values_scaled = params.batch.has_tail() && params.tail.v != nullptr;
   const float v_scale =
-      params.cache.dtype == KvDtype::fp8_e4m3 ? params.batch.v_scales[merge.seq] : 1.0f;
+      params.cache.dtype == KvDtype::fp8_e4m3 && !values_scaled ? params.batch.v_scales[merge.seq] : 1.0f;
   const int32_t first_token = params.batch.query_start_loc[merge.seq];
   float* out = static_cast<float*>(params.out);
   float acc[kMaxHeadDim];
@@ -102,6 +104,18 @@ void plan_work(const PagedAttentionParams& params, AttentionWorkspace& ws) {
       item.head_dim = cache.head_dim;
       item.qk_scale = params.softmax_scale * (fp8 ? batch.k_scales[s] : 1.0f);
       item.v_scale = fp8 ? batch.v_scales[s] : 1.0f;
+      if (batch.has_tail()) {
+        const PagedKvView& tail = params.tail;
+        const int64_t tail_head_bytes = h * tail.head_stride * static_cast<int64_t>(kv_dtype_size(KvDtype::bf16));
+        item.tail_k = static_cast<const char*>(tail.k) + tail_head_bytes;
+        item.tail_v = tail.v != nullptr ? static_cast<const char*>(tail.v) + tail_head_bytes : nullptr;
+        item.tail_begin = batch.fp8_lens[s];
+        item.tail_first_block = batch.tail_slots[s] * batch.tail_ring_blocks;
+        item.tail_ring_blocks = batch.tail_ring_blocks;
+        item.tail_block_stride = tail.block_stride;
+        item.tail_v_token_stride = tail.v_token_stride;
+        item.tail_qk_scale = params.softmax_scale;
+      }
       return item;
     };
     auto head_offset = [&](int32_t h) { return static_cast<int64_t>(h) * group * cache.head_dim; };
@@ -193,9 +207,7 @@ CpuIsa parse_cpu_isa(const std::string& name) {
 void validate_paged_attention(const PagedAttentionParams& params) {
   validate_paged_kv_view(params.cache);
   validate_query_starts(params.batch);
-  if (params.batch.has_tail()) {
-    throw std::invalid_argument("the bf16 recent window (PagedBatch::fp8_lens) is not implemented by the CPU kernels yet");
-  }
+  validate_tail(params.batch, params.cache, params.tail);
   if (params.num_heads <= 0 || params.num_heads % params.cache.num_kv_heads != 0) {
     throw std::invalid_argument("paged attention: num_heads must be a positive multiple of num_kv_heads");
   }

@@ -122,6 +122,80 @@ struct PoolFixture {
   }
 };
 
+// The bf16 recent window's tail pool for a PoolFixture's sequences (kernels/paged_kv.hpp): one
+// ring of ring_blocks blocks per sequence, the rings in shuffled order among spare ones, junk
+// in every slot. values == false: a K-only window (no V tail). fp8_lens says where each
+// sequence's tail starts.
+struct TailFixture {
+  int32_t ring_blocks = 0;
+  bool values = true;
+  int32_t num_rings = 0;
+  std::vector<uint8_t> k_bytes, v_bytes;  // bf16 elements
+  std::vector<int32_t> rings;             // [num_seqs]
+  std::vector<int32_t> fp8_lens;          // [num_seqs]
+
+  TailFixture(const PoolFixture& pool, int32_t window, bool values_, std::mt19937& rng)
+      : ring_blocks(window / pool.block_size + 1), values(values_), num_rings(pool.num_seqs() + 2) {
+    std::vector<int32_t> ids(static_cast<std::size_t>(num_rings));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    rings.assign(ids.begin(), ids.begin() + pool.num_seqs());
+    const std::size_t bytes = static_cast<std::size_t>(num_rings) * ring_blocks * pool.block_size *
+                              pool.num_kv_heads * pool.head_dim * 2;
+    k_bytes.resize(bytes);
+    v_bytes.resize(values ? bytes : 0);
+    for (uint8_t& b : k_bytes) b = static_cast<uint8_t>(rng() % 0x7e);  // no NaN or huge bf16 junk
+    for (uint8_t& b : v_bytes) b = static_cast<uint8_t>(rng() % 0x7e);
+    // The engine's rule: the newest `window` tokens (whole blocks) in the tail.
+    for (const SeqSpec& s : pool.seqs) {
+      fp8_lens.push_back(s.context_len > window ? (s.context_len - window) / pool.block_size * pool.block_size : 0);
+    }
+  }
+
+  PagedKvView view(const PoolFixture& pool) {
+    return make_paged_kv_view(k_bytes.data(), values ? v_bytes.data() : nullptr, KvDtype::bf16,
+                              num_rings * ring_blocks, pool.block_size, pool.num_kv_heads, pool.head_dim);
+  }
+  void attach(PagedBatch& batch) const {
+    batch.fp8_lens = fp8_lens.data();
+    batch.tail_slots = rings.data();
+    batch.tail_ring_blocks = ring_blocks;
+  }
+  // Element indices in the tail pool, by the test's own arithmetic: ring block (pos / B) % R.
+  int64_t block(const PoolFixture& pool, int32_t seq, int32_t pos) const {
+    return static_cast<int64_t>(rings[static_cast<std::size_t>(seq)]) * ring_blocks + (pos / pool.block_size) % ring_blocks;
+  }
+  int64_t k_index(const PoolFixture& pool, int32_t seq, int32_t pos, int32_t kv_head, int32_t d) const {
+    return (block(pool, seq, pos) * pool.num_kv_heads + kv_head) * pool.block_size * pool.head_dim +
+           (d / 2) * pool.block_size * 2 + (pos % pool.block_size) * 2 + d % 2;
+  }
+  int64_t v_index(const PoolFixture& pool, int32_t seq, int32_t pos, int32_t kv_head, int32_t d) const {
+    return ((block(pool, seq, pos) * pool.num_kv_heads + kv_head) * pool.block_size + pos % pool.block_size) *
+               pool.head_dim + d;
+  }
+  static double bf16_at(const std::vector<uint8_t>& bytes, int64_t i) {
+    uint16_t h;
+    std::memcpy(&h, bytes.data() + 2 * i, 2);
+    return bf16_decode(h);
+  }
+  // The sequence's context as the kernels must read it: the FP8 pool below fp8_lens (and all of
+  // V in a K-only window), the tail's exact bf16 from there on.
+  SeqKv stored(const PoolFixture& pool, int32_t seq) const {
+    SeqKv kv = pool.dequantized(seq);
+    const int32_t len = pool.seqs[static_cast<std::size_t>(seq)].context_len;
+    for (int32_t pos = fp8_lens[static_cast<std::size_t>(seq)]; pos < len; ++pos) {
+      for (int32_t h = 0; h < pool.num_kv_heads; ++h) {
+        for (int32_t d = 0; d < pool.head_dim; ++d) {
+          const std::size_t i = (static_cast<std::size_t>(pos) * pool.num_kv_heads + h) * pool.head_dim + d;
+          kv.k[i] = bf16_at(k_bytes, k_index(pool, seq, pos, h, d));
+          if (values) kv.v[i] = bf16_at(v_bytes, v_index(pool, seq, pos, h, d));
+        }
+      }
+    }
+    return kv;
+  }
+};
+
 // Batch arrays for one step: every sequence's last num_new tokens are the queries.
 struct BatchArrays {
   std::vector<int32_t> query_start_loc, context_lens;
