@@ -138,9 +138,11 @@ bool BlockManager::can_append(SeqId id) const {
   const Sequence& s = seq(id);
   const bool new_block = s.tokens.size() % static_cast<std::size_t>(block_size_) == 0;
   int needed = new_block ? 1 : 0;
-  if (!window_.enabled()) {
-    needed += !new_block && pool_.ref_count(s.block_table.back()) > 1 ? 1 : 0;
-  } else {
+  // The new token's pool slot (its K and V; its V alone in a K-only window; nothing, its
+  // token going to the tail, in a K+V window) needs a private last block.
+  const bool writes_last_block = !window_.enabled() || !window_.values;
+  if (writes_last_block && !new_block && pool_.ref_count(s.block_table.back()) > 1) ++needed;
+  if (window_.enabled()) {
     // The blocks this step's spill writes into: a shared one needs a private replacement.
     const int end = fp8_len_after(s, static_cast<int>(s.tokens.size()) + 1) / block_size_;
     for (int b = s.num_fp8_tokens / block_size_; b < end; ++b) {
@@ -156,29 +158,30 @@ AppendResult BlockManager::append_slot(SeqId id, int32_t token) {
   const std::size_t position = s.tokens.size();
   const std::size_t offset = position % static_cast<std::size_t>(block_size_);
   AppendResult result;
+  // A private block in place of a shared one (copy-on-write); returns the copy to make.
+  auto make_private = [this](int32_t& block) {
+    const int32_t shared = block;
+    block = pool_.allocate();
+    pool_.release(shared);
+    return BlockCopy{shared, block};
+  };
   if (window_.enabled()) {
-    // Copy-on-write, window style: a block in the window holds nothing final (its tokens are in
-    // the tail), so the one this step's spill fills is swapped for a fresh private block when a
-    // fork shares it. The partial last block stays shared: the new token goes to the tail.
+    // The block this step's spill fills. In a K+V window it holds nothing final (its tokens are
+    // in the tail): a fresh block, no copy. In a K-only one its V is final: a copy.
     const int end = fp8_len_after(s, static_cast<int>(position) + 1) / block_size_;
     for (int b = s.num_fp8_tokens / block_size_; b < end; ++b) {
       int32_t& block = s.block_table[static_cast<std::size_t>(b)];
       if (pool_.ref_count(block) == 1) continue;
-      const int32_t fresh = pool_.allocate();
-      pool_.release(block);
-      block = fresh;
+      const BlockCopy copy = make_private(block);
+      if (!window_.values) result.spill_copy = copy;
     }
-    if (offset == 0) s.block_table.push_back(pool_.allocate());
-  } else if (offset == 0) {
+  }
+  if (offset == 0) {
     s.block_table.push_back(pool_.allocate());
-  } else if (pool_.ref_count(s.block_table.back()) > 1) {
-    // Shared partial block (after fork): write into a private copy, leave the original to
-    // the other holders.
-    const int32_t shared = s.block_table.back();
-    const int32_t copy = pool_.allocate();
-    pool_.release(shared);
-    s.block_table.back() = copy;
-    result.copy = BlockCopy{shared, copy};
+  } else if ((!window_.enabled() || !window_.values) && pool_.ref_count(s.block_table.back()) > 1) {
+    // Shared partial block (after fork) that the new token writes into: a private copy, the
+    // original left to the other holders.
+    result.copy = make_private(s.block_table.back());
   }
   s.tokens.push_back(token);
   result.slot = static_cast<int64_t>(s.block_table.back()) * block_size_ + static_cast<int64_t>(offset);
@@ -296,11 +299,11 @@ void BlockManager::check_integrity() const {
       ++refs[static_cast<std::size_t>(block)];
     }
     // Slots still to be written into the pool - the uncomputed tokens' (those of them that go
-    // to the tail excepted, with a window) and the blocks the next spill fills - must belong to
+    // to the tail excepted, in a K+V window) and the blocks the next spill fills - must belong to
     // this sequence alone, in uncached blocks, and no two pending tokens anywhere share a slot.
     const int fp8_after = fp8_len_after(s, num_tokens);
     for (int t = s.num_computed_tokens; t < num_tokens; ++t) {
-      if (window_.enabled() && t >= fp8_after) continue;
+      if (window_.enabled() && window_.values && t >= fp8_after) continue;  // all of it to the tail
       const int32_t block = s.block_table[static_cast<std::size_t>(t / block_size_)];
       if (pool_.ref_count(block) != 1 || pool_.is_cached(block)) {
         broken(name + " will write token " + std::to_string(t) + " into a shared or cached block");

@@ -27,7 +27,9 @@
 //     before the new prompt's own window (a hit never maps a block the window should hold);
 //   - fork() shares them like any other block, and the copy-on-write happens when a spill is
 //     about to write into one (append_slot: a fresh block, nothing to copy), never for the
-//     partial last block, whose new token goes to the tail.
+//     partial last block, whose new token goes to the tail. A K-only window (window.values
+//     false) writes every token's V straight into the pool, so there the last block is copied on
+//     write as without a window, and so is a shared block about to be spilled into.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -66,6 +68,9 @@ struct BlockCopy {
 struct AppendResult {
   int64_t slot = -1;
   std::optional<BlockCopy> copy;  // copy-on-write of a last block shared after fork()
+  // A K-only window: copy-on-write of a shared block that this step's spill fills (its V is
+  // final already). A K+V window swaps such a block for a fresh one instead: nothing to copy.
+  std::optional<BlockCopy> spill_copy;
 };
 
 struct PrefixCacheStats {

@@ -1,5 +1,6 @@
 #include "model/transformer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -46,6 +47,11 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
                                 "max_model_len must be >= 1, num_blocks >= 0");
   }
   validate_kv_scale_margin(options.kv_scale_margin);
+  options.window.validate();
+  if (options.window.enabled() &&
+      (options.kv_dtype != KvDtype::fp8_e4m3 || options.window.block_size != options.block_size)) {
+    throw std::invalid_argument("Transformer: the bf16 window needs the FP8 pool and its block size");
+  }
   const ModelConfig& c = config_;
 
   // Weights: uploaded once, in bf16, under the layer's named slots; q/k/v and gate/up fused.
@@ -104,6 +110,9 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
   calibrate_ = device_array<uint8_t>(backend_, seqs);
   sample_rows_ = device_array<int32_t>(backend_, seqs);
   counts_ = device_array<KvWriteCounts>(backend_, layers);
+  fp8_lens_ = device_array<int32_t>(backend_, seqs);
+  spill_starts_ = device_array<int32_t>(backend_, seqs);
+  tail_slots_ = device_array<int32_t>(backend_, seqs);
 
   if (options.num_blocks > 0) allocate_kv_cache(options.num_blocks);
 }
@@ -125,6 +134,22 @@ void Transformer::allocate_kv_cache(int num_blocks) {
     kv_buffers_.push_back(std::move(k));
     kv_buffers_.push_back(std::move(v));
     kv_cache_bytes_ += 2 * pool_bytes;
+  }
+  // The window's tail pool: the same layout in bf16, max_num_seqs rings.
+  const KvWindow& window = options_.window;
+  if (!window.enabled()) return;
+  const int tail_blocks = options_.max_num_seqs * window.ring_blocks();
+  const std::size_t tail_bytes = static_cast<std::size_t>(tail_blocks) * static_cast<std::size_t>(options_.block_size) *
+                                 static_cast<std::size_t>(c.num_kv_heads) * static_cast<std::size_t>(c.head_dim) *
+                                 kv_dtype_size(KvDtype::bf16);
+  for (int i = 0; i < c.num_layers; ++i) {
+    DeviceBuffer k(backend_, tail_bytes);
+    DeviceBuffer v = window.values ? DeviceBuffer(backend_, tail_bytes) : DeviceBuffer();
+    tail_views_.push_back(make_paged_kv_view(k.data(), v.data(), KvDtype::bf16, tail_blocks, options_.block_size,
+                                             c.num_kv_heads, c.head_dim));
+    tail_bytes_ += k.bytes() + v.bytes();
+    tail_buffers_.push_back(std::move(k));
+    tail_buffers_.push_back(std::move(v));
   }
 }
 
@@ -174,6 +199,10 @@ void Transformer::validate(const ForwardBatch& b, std::span<float> logits) const
     if (s >= static_cast<int64_t>(options_.num_blocks) * options_.block_size) fail("slot outside the pool");
   for (const int32_t p : b.positions)
     if (p < 0 || p >= options_.max_model_len) fail("position outside [0, max_model_len)");
+  const std::size_t window_fields = options_.window.enabled() ? static_cast<std::size_t>(num_seqs) : 0;
+  if (b.fp8_lens.size() != window_fields || b.spill_starts.size() != window_fields ||
+      b.tail_slots.size() != window_fields)
+    fail("fp8_lens, spill_starts and tail_slots must be [num_seqs] with the bf16 window, empty without");
 }
 
 void Transformer::upload_batch(const ForwardBatch& b) {
@@ -190,6 +219,11 @@ void Transformer::upload_batch(const ForwardBatch& b) {
   put(v_scales_, b.v_scales);
   put(calibrate_, b.calibrate);
   put(sample_rows_, b.sample_rows);
+  if (options_.window.enabled()) {
+    put(fp8_lens_, b.fp8_lens);
+    put(spill_starts_, b.spill_starts);
+    put(tail_slots_, b.tail_slots);
+  }
 }
 
 void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::span<KvWriteCounts> counts) {
@@ -238,6 +272,16 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
   batch.max_blocks_per_seq = b.max_blocks_per_seq;
   batch.slot_mapping = slot_mapping_.as<const int64_t>();
   batch.calibrate = calibrate_.as<const uint8_t>();
+  int32_t max_spill_tokens = 0;
+  if (options_.window.enabled()) {
+    batch.fp8_lens = fp8_lens_.as<const int32_t>();
+    batch.tail_slots = tail_slots_.as<const int32_t>();
+    batch.tail_ring_blocks = options_.window.ring_blocks();
+    for (int32_t s = 0; s < num_seqs; ++s) {  // host copies: the kv_spill grid's bound
+      const int32_t before = b.context_lens[s] - (b.query_start_loc[s + 1] - b.query_start_loc[s]);
+      max_spill_tokens = std::max(max_spill_tokens, std::min(b.fp8_lens[s], before) - b.spill_starts[s]);
+    }
+  }
 
   auto linear = [&](const void* in, int64_t in_stride, const std::uint16_t* w, const std::uint16_t* bias,
                     void* out, int64_t out_stride, int64_t in_features, int64_t out_features) {
@@ -308,12 +352,25 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     rope.k_token_stride = qkv_width;
     backend_.rope(rope, stream_);
 
+    const PagedKvView tail = options_.window.enabled() ? tail_views_[static_cast<std::size_t>(layer)] : PagedKvView{};
+    if (max_spill_tokens > 0) {  // blocks leave the window: into FP8 before kv_write reuses their ring slots
+      KvSpillParams spill;
+      spill.cache = kv_views_[static_cast<std::size_t>(layer)];
+      spill.tail = tail;
+      spill.batch = batch;
+      spill.spill_starts = spill_starts_.as<const int32_t>();
+      spill.max_spill_tokens = max_spill_tokens;
+      spill.counts = track_counts ? counts_.as<KvWriteCounts>() + layer : nullptr;
+      backend_.kv_spill(spill, stream_);
+    }
+
     KvWriteParams write;
     write.k = k;
     write.v = v;
     write.k_token_stride = qkv_width;
     write.v_token_stride = qkv_width;
     write.cache = kv_views_[static_cast<std::size_t>(layer)];
+    write.tail = tail;
     write.batch = batch;
     write.scale_margin = options_.kv_scale_margin;
     write.counts = track_counts ? counts_.as<KvWriteCounts>() + layer : nullptr;
@@ -327,6 +384,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     attention.num_heads = c.num_heads;
     attention.softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     attention.cache = kv_views_[static_cast<std::size_t>(layer)];
+    attention.tail = tail;
     attention.batch = batch;
     backend_.paged_attention(attention, stream_);
 
@@ -405,6 +463,26 @@ void Transformer::copy_blocks(std::span<const BlockCopy> copies) {
   p.src = src.data();
   p.dst = dst.data();
   p.num_copies = static_cast<int32_t>(copies.size());
+  backend_.copy_blocks(p, stream_);
+}
+
+void Transformer::copy_tail_rings(std::span<const BlockCopy> copies) {
+  if (copies.empty()) return;
+  if (tail_views_.empty()) throw std::logic_error("Transformer::copy_tail_rings without a bf16 window");
+  const int32_t ring = options_.window.ring_blocks();
+  std::vector<int32_t> src, dst;
+  for (const BlockCopy& copy : copies) {
+    for (int32_t b = 0; b < ring; ++b) {
+      src.push_back(copy.src * ring + b);
+      dst.push_back(copy.dst * ring + b);
+    }
+  }
+  CopyBlocksParams p;
+  p.layers = tail_views_.data();
+  p.num_layers = static_cast<int32_t>(tail_views_.size());
+  p.src = src.data();
+  p.dst = dst.data();
+  p.num_copies = static_cast<int32_t>(src.size());
   backend_.copy_blocks(p, stream_);
 }
 

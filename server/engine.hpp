@@ -37,8 +37,10 @@ namespace fp8serve {
 struct EngineOptions {
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
   float kv_scale_margin = kDefaultKvScaleMargin;
+  int kv_bf16_window = 0;              // --kv-bf16-window tokens (FP8 pool only; 0 = off)
+  bool kv_bf16_window_values = true;   // --kv-bf16-window-tensors kv (false: k)
   int block_size = 16;
-  uint64_t kv_cache_memory = 1ull << 30;  // bytes of K + V pool
+  uint64_t kv_cache_memory = 1ull << 30;  // bytes of K + V pool, the window's tail pool included
   int max_model_len = 0;                  // 0 = the model's max_position_embeddings
   int max_num_seqs = 64;
   int max_num_batched_tokens = 2048;
@@ -77,7 +79,9 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   const BlockManager& block_manager() const { return *blocks_; }
   const KvSaturationCounters& saturation() const { return saturation_; }
-  uint64_t kv_cache_bytes() const { return transformer_->kv_cache_bytes(); }
+  uint64_t kv_cache_bytes() const { return transformer_->kv_cache_bytes(); }  // the main pool
+  uint64_t kv_tail_bytes() const { return transformer_->tail_bytes(); }       // the bf16 window's
+  const Transformer& transformer() const { return *transformer_; }
   uint64_t weight_bytes() const { return transformer_->weight_bytes(); }
   int num_requests() const { return static_cast<int>(requests_.size()); }
 
@@ -123,6 +127,8 @@ class Engine {
 
   // Step scratch, reused so a decode step allocates little.
   std::vector<int32_t> token_ids_, positions_, query_start_loc_, context_lens_, block_tables_;
+  std::vector<int32_t> fp8_lens_, spill_starts_, tail_slots_;
+  std::vector<BlockCopy> tail_copies_;
   std::vector<int32_t> sample_rows_;
   std::vector<int64_t> slot_mapping_;
   std::vector<float> k_scales_, v_scales_, logits_, row_;

@@ -68,6 +68,7 @@ StepPlan Scheduler::schedule() {
     }
     if (preempted_self) break;  // it was the newest: nobody after it is left
     const AppendResult slot = blocks_.append_slot(id, s.tokens.back());
+    if (slot.spill_copy) plan.block_copies.push_back(*slot.spill_copy);
     if (slot.copy) plan.block_copies.push_back(*slot.copy);
     ScheduledSeq step;
     step.id = id;

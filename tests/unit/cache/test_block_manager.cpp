@@ -429,3 +429,31 @@ TEST_CASE("bf16 window: a fork shares every block and the spill, not the append,
   CHECK(m.num_free_blocks() == 32);
   CHECK(m.num_free_tail_rings() == 4);
 }
+
+TEST_CASE("bf16 window, K only: every V is in the pool, so shared blocks are copied on write", "[cache][window]") {
+  BlockManagerOptions o{4, 2, 32, false, fp8serve::KvWindow{8, false, 4}, 4};
+  BlockManager m(o);
+  m.allocate(1, iota_tokens(14));
+  calibrate_and_commit(m, 1, 0.5f, 0.25f, 14);
+  m.fork(1, 2);
+  const auto before = table_of(m, 2);
+  // 15 tokens: the new token's V goes into the shared partial last block: copied first.
+  AppendResult r = m.append_slot(2, 1);
+  REQUIRE(r.copy.has_value());
+  CHECK(r.copy->src == before[3]);
+  CHECK(r.copy->dst == table_of(m, 2)[3]);
+  CHECK_FALSE(r.spill_copy.has_value());
+  m.mark_computed(2, 15);
+  m.check_integrity();
+  // 16 tokens: block 1 leaves the window; its V is final, so it is copied, not replaced blank.
+  r = m.append_slot(2, 2);
+  CHECK_FALSE(r.copy.has_value());  // block 3 is the child's own now
+  REQUIRE(r.spill_copy.has_value());
+  CHECK(r.spill_copy->src == before[1]);
+  CHECK(r.spill_copy->dst == table_of(m, 2)[1]);
+  m.mark_computed(2, 16);
+  m.check_integrity();
+  m.free(1);
+  m.free(2);
+  CHECK(m.num_free_blocks() == 32);
+}
