@@ -35,6 +35,19 @@ DeviceBuffer device_array(Backend& backend, std::size_t count) {
   return DeviceBuffer(backend, count * sizeof(T));
 }
 
+// Block src -> dst of every pool in `views` (one per layer), for each copy.
+void copy_pool_blocks(Backend& backend, Stream stream, const std::vector<PagedKvView>& views,
+                      const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
+  if (src.empty()) return;
+  CopyBlocksParams p;
+  p.layers = views.data();
+  p.num_layers = static_cast<int32_t>(views.size());
+  p.src = src.data();
+  p.dst = dst.data();
+  p.num_copies = static_cast<int32_t>(src.size());
+  backend.copy_blocks(p, stream);
+}
+
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights, Backend& backend,
@@ -451,19 +464,12 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
 }
 
 void Transformer::copy_blocks(std::span<const BlockCopy> copies) {
-  if (copies.empty()) return;
   std::vector<int32_t> src, dst;
   for (const BlockCopy& copy : copies) {
     src.push_back(copy.src);
     dst.push_back(copy.dst);
   }
-  CopyBlocksParams p;
-  p.layers = kv_views_.data();
-  p.num_layers = static_cast<int32_t>(kv_views_.size());
-  p.src = src.data();
-  p.dst = dst.data();
-  p.num_copies = static_cast<int32_t>(copies.size());
-  backend_.copy_blocks(p, stream_);
+  copy_pool_blocks(backend_, stream_, kv_views_, src, dst);
 }
 
 void Transformer::copy_tail_rings(std::span<const BlockCopy> copies) {
@@ -477,13 +483,7 @@ void Transformer::copy_tail_rings(std::span<const BlockCopy> copies) {
       dst.push_back(copy.dst * ring + b);
     }
   }
-  CopyBlocksParams p;
-  p.layers = tail_views_.data();
-  p.num_layers = static_cast<int32_t>(tail_views_.size());
-  p.src = src.data();
-  p.dst = dst.data();
-  p.num_copies = static_cast<int32_t>(src.size());
-  backend_.copy_blocks(p, stream_);
+  copy_pool_blocks(backend_, stream_, tail_views_, src, dst);
 }
 
 }  // namespace fp8serve

@@ -6,8 +6,9 @@
 // prefill chunks straddling the boundary, split-K partitions across it; bitwise batch and
 // thread-count invariance; contract checks.
 //
-// Tolerances are test_paged_attention.cpp's (its header explains them): tight against the
-// stored values, loose (FP8's quantization error) against the unquantized ones.
+// Tolerances are test_paged_attention.cpp's (its header explains them; attention_test_util.hpp
+// holds them): tight against the stored values, loose (FP8's quantization error) against the
+// unquantized ones.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -16,8 +17,6 @@
 
 #include "attention_test_util.hpp"
 #include "kernels/cpu/kv_spill_cpu.hpp"
-#include "kernels/cpu/kv_write_cpu.hpp"
-#include "kernels/cpu/paged_attention_cpu.hpp"
 
 using namespace fp8serve;
 using namespace fp8serve::test;
@@ -26,115 +25,8 @@ using fp8serve::cpu::ThreadPool;
 
 namespace {
 
-constexpr double kTight = 1e-5;
-constexpr double kTightBf16Dot = 1.5e-2;
-constexpr double kLooseFp8 = 0.10;
-
-double tight_limit(CpuIsa isa, int32_t head_dim) {
-  return cpu::resolve_cpu_isa(isa, head_dim) == CpuIsa::avx512bf16 ? kTightBf16Dot : kTight;
-}
-
 // fp8_e4m3_encode(bf16(x) / scale): what the window writes into the FP8 pool, either path.
 uint8_t fp8_of(float x, float scale) { return fp8_e4m3_encode(bf16_decode(bf16_encode(x)) / scale); }
-
-// Writes every sequence's whole context with one calibrating kv_write through the tail (no
-// tail: as test_paged_attention.cpp does). Returns the unquantized values.
-std::vector<SeqKv> fill_context(PoolFixture& pool, TailFixture* tail, ThreadPool& threads, std::mt19937& rng) {
-  const int32_t row = pool.num_kv_heads * pool.head_dim;
-  std::vector<int32_t> starts{0}, lens;
-  std::vector<int64_t> slots;
-  for (int32_t s = 0; s < pool.num_seqs(); ++s) {
-    const int32_t len = pool.seqs[static_cast<std::size_t>(s)].context_len;
-    starts.push_back(starts.back() + len);
-    lens.push_back(len);
-    for (int32_t p = 0; p < len; ++p) slots.push_back(pool.slot(s, p));
-  }
-  const std::size_t n = static_cast<std::size_t>(starts.back()) * row;
-  std::vector<float> k = random_normal(n, rng), v = random_normal(n, rng);
-  for (std::size_t i = 0; i < n; i += static_cast<std::size_t>(pool.head_dim)) k[i + 3] *= 6.0f;
-  std::vector<uint8_t> calibrate(pool.seqs.size(), 1);
-  KvWriteParams w;
-  w.k = k.data();
-  w.v = v.data();
-  w.cache = pool.view();
-  w.batch.num_seqs = pool.num_seqs();
-  w.batch.num_tokens = starts.back();
-  w.batch.query_start_loc = starts.data();
-  w.batch.context_lens = lens.data();
-  w.batch.block_tables = pool.block_tables.data();
-  w.batch.max_blocks_per_seq = pool.max_blocks_per_seq;
-  w.batch.slot_mapping = slots.data();
-  w.batch.k_scales = pool.k_scales.data();
-  w.batch.v_scales = pool.v_scales.data();
-  w.batch.calibrate = calibrate.data();
-  if (tail != nullptr) {
-    w.tail = tail->view(pool);
-    tail->attach(w.batch);
-  }
-  cpu::kv_write_cpu(w, threads);
-  std::vector<SeqKv> raw(pool.seqs.size());
-  for (int32_t s = 0; s < pool.num_seqs(); ++s) {
-    raw[s].k.assign(k.begin() + starts[s] * row, k.begin() + starts[s + 1] * row);
-    raw[s].v.assign(v.begin() + starts[s] * row, v.begin() + starts[s + 1] * row);
-  }
-  return raw;
-}
-
-struct Run {
-  std::vector<float> q, out;
-  int32_t num_heads;
-  BatchArrays arrays;
-  PagedAttentionParams params;
-
-  Run(PoolFixture& pool, TailFixture* tail, int32_t num_heads_, std::mt19937& rng) : num_heads(num_heads_), arrays(pool) {
-    const std::size_t n = static_cast<std::size_t>(arrays.query_start_loc.back()) * num_heads * pool.head_dim;
-    q = random_normal(n, rng, 1.5f);
-    out.assign(n, NAN);
-    params.q = q.data();
-    params.out = out.data();
-    params.num_heads = num_heads;
-    params.softmax_scale = 1.0f / std::sqrt(static_cast<float>(pool.head_dim));
-    params.cache = pool.view();
-    params.batch = arrays.batch(pool);
-    if (tail != nullptr) {
-      params.tail = tail->view(pool);
-      tail->attach(params.batch);
-    }
-  }
-};
-
-// max |out - ref| / max |v| of the sequence and kv head, as in test_paged_attention.cpp.
-double max_scaled_error(const PoolFixture& pool, const std::vector<SeqKv>& kv, const std::vector<float>& out,
-                        const std::vector<double>& ref, int32_t num_heads) {
-  const int32_t hd = pool.head_dim, group = num_heads / pool.num_kv_heads;
-  double worst = 0.0;
-  int64_t token = 0;
-  for (std::size_t s = 0; s < pool.seqs.size(); ++s) {
-    for (int32_t i = 0; i < pool.seqs[s].num_new; ++i, ++token) {
-      for (int32_t h = 0; h < num_heads; ++h) {
-        double vmax = 1e-30;
-        for (int32_t j = 0; j < pool.seqs[s].context_len; ++j)
-          for (int32_t d = 0; d < hd; ++d)
-            vmax = std::max(vmax, std::fabs(kv[s].v[(static_cast<std::size_t>(j) * pool.num_kv_heads + h / group) * hd + d]));
-        for (int32_t d = 0; d < hd; ++d) {
-          const std::size_t e = (static_cast<std::size_t>(token) * num_heads + h) * hd + d;
-          const double err = std::fabs(static_cast<double>(out[e]) - ref[e]) / vmax;
-          if (!(err <= worst)) worst = std::isnan(err) ? INFINITY : err;
-        }
-      }
-    }
-  }
-  return worst;
-}
-
-double relative_rms_error(const std::vector<float>& out, const std::vector<double>& ref) {
-  double num = 0.0, den = 0.0;
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    num += (out[i] - ref[i]) * (out[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num / den);
-}
 
 // Sequences whose contexts and chunks straddle the FP8/tail boundary: a context of 1 (all
 // tail), decodes just past a block that left the window and deep in long contexts (split-K
@@ -182,10 +74,10 @@ TEST_CASE("window attention matches plain attention over the FP8 body and the bf
             SeqSpec& chunked = pool.seqs[2];
             tail->fp8_lens[2] = std::max(tail->fp8_lens[2], (chunked.context_len - chunked.num_new) / block_size * block_size);
           }
-          const std::vector<SeqKv> raw = fill_context(pool, tail.get(), threads, rng);
+          const std::vector<SeqKv> raw = fill_context(pool, threads, rng, tail.get());
           std::vector<SeqKv> stored;
           for (int32_t s = 0; s < pool.num_seqs(); ++s) stored.push_back(tail ? tail->stored(pool, s) : pool.dequantized(s));
-          Run run(pool, tail.get(), num_kv_heads * group, rng);
+          Run run(pool, num_kv_heads * group, rng, tail.get());
           const auto ref = reference_attention(pool.seqs, stored, num_kv_heads, head_dim, run.q, run.num_heads,
                                                run.params.softmax_scale);
           const auto ref_raw = reference_attention(pool.seqs, raw, num_kv_heads, head_dim, run.q, run.num_heads,
@@ -349,7 +241,7 @@ TEST_CASE("prefill chunks and decode steps through the window: spill, kv_write a
         raw_k[s].insert(raw_k[s].end(), nk.begin(), nk.end());
         raw_v[s].insert(raw_v[s].end(), nv.begin(), nv.end());
       }
-      Run run(pool, &tail, num_heads, rng);
+      Run run(pool, num_heads, rng, &tail);
       run.arrays.calibrate[0] = step == 0 ? 1 : 0;
       run.params.batch = run.arrays.batch(pool);
       tail.attach(run.params.batch);
@@ -428,8 +320,8 @@ TEST_CASE("window attention is bitwise the same alone and in a batch, on any thr
     cpu::AttentionWorkspace workspace;
     PoolFixture pool(KvDtype::fp8_e4m3, 16, 2, 64, straddling_batch(3, 32, rng), rng);
     TailFixture tail(pool, 32, values, rng);
-    fill_context(pool, &tail, two, rng);
-    Run run(pool, &tail, 6, rng);
+    fill_context(pool, two, rng, &tail);
+    Run run(pool, 6, rng, &tail);
     cpu::paged_attention_cpu(run.params, one, workspace);
     const std::vector<float> reference = run.out;
     for (ThreadPool* threads : {&two, &three}) {
@@ -437,28 +329,7 @@ TEST_CASE("window attention is bitwise the same alone and in a batch, on any thr
       cpu::paged_attention_cpu(run.params, *threads, workspace);
       CHECK(std::memcmp(run.out.data(), reference.data(), reference.size() * sizeof(float)) == 0);
     }
-    const int64_t row = static_cast<int64_t>(run.num_heads) * pool.head_dim;
-    for (int32_t s = 0; s < pool.num_seqs(); ++s) {
-      const int32_t first = run.arrays.query_start_loc[s];
-      const int32_t count = pool.seqs[static_cast<std::size_t>(s)].num_new;
-      const int32_t starts[2] = {0, count};
-      std::vector<float> out(static_cast<std::size_t>(count * row), NAN);
-      PagedAttentionParams alone = run.params;
-      alone.q = run.q.data() + first * row;
-      alone.out = out.data();
-      alone.batch.num_seqs = 1;
-      alone.batch.num_tokens = count;
-      alone.batch.query_start_loc = starts;
-      alone.batch.context_lens = run.arrays.context_lens.data() + s;
-      alone.batch.block_tables = pool.block_tables.data() + static_cast<int64_t>(s) * pool.max_blocks_per_seq;
-      alone.batch.k_scales = pool.k_scales.data() + s;
-      alone.batch.v_scales = pool.v_scales.data() + s;
-      alone.batch.fp8_lens = tail.fp8_lens.data() + s;
-      alone.batch.tail_slots = tail.rings.data() + s;
-      cpu::paged_attention_cpu(alone, two, workspace);
-      INFO("sequence " << s << (values ? ", K+V" : ", K only"));
-      CHECK(std::memcmp(out.data(), reference.data() + first * row, out.size() * sizeof(float)) == 0);
-    }
+    CHECK(first_sequence_not_alone_invariant(run, pool, &tail, two, workspace, reference) == -1);
   }
 }
 
@@ -470,7 +341,7 @@ TEST_CASE("the window's kernels reject fields that break the contract", "[attent
   // FP8 part from 16 to 32 tokens, so it spills [16, 32).
   PoolFixture pool(KvDtype::fp8_e4m3, 16, 2, 64, {{40, 1}, {66, 3}}, rng);
   TailFixture tail(pool, 32, true, rng);
-  Run run(pool, &tail, 4, rng);
+  Run run(pool, 4, rng, &tail);
   cpu::paged_attention_cpu(run.params, threads, workspace);  // the valid batch runs
   const std::vector<int32_t> spill_starts{0, 16};
   KvSpillParams sp;
@@ -515,7 +386,7 @@ TEST_CASE("the window's kernels reject fields that break the contract", "[attent
   }
   SECTION("a window over a bf16 main pool") {
     PoolFixture bf16(KvDtype::bf16, 16, 2, 64, {{40, 1}, {66, 3}}, rng);
-    Run other(bf16, &tail, 4, rng);
+    Run other(bf16, 4, rng, &tail);
     CHECK_THROWS_AS(cpu::paged_attention_cpu(other.params, threads, workspace), std::invalid_argument);
   }
   SECTION("kv_spill without the window's fields") {

@@ -123,21 +123,6 @@ class KvWatcher {
   std::map<SeqId, std::vector<std::vector<PositionKv>>> seen_;
 };
 
-// Eight prompts of 3-125 tokens, as test_batching.cpp cuts them.
-std::vector<std::vector<int32_t>> eight_prompts() {
-  const nlohmann::json ref = load_reference("tiny-llama");
-  std::vector<int32_t> pool;
-  for (const auto& p : ref["prompts"]) {
-    const auto ids = ids_of(p["prompt_ids"]);
-    pool.insert(pool.end(), ids.begin(), ids.end());
-  }
-  while (pool.size() < 400) pool.insert(pool.end(), pool.begin(), pool.begin() + 50);
-  const int lengths[8] = {125, 3, 17, 40, 64, 90, 110, 7};
-  std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < 8; ++i) prompts.emplace_back(pool.begin() + 11 * i, pool.begin() + 11 * i + lengths[i]);
-  return prompts;
-}
-
 // Runs the engine to completion, the watcher looking after every step.
 void run_watched(Engine& engine, KvWatcher& watcher, SeqId max_id) {
   for (int i = 0; i < 100000 && engine.has_work(); ++i) {
@@ -146,15 +131,6 @@ void run_watched(Engine& engine, KvWatcher& watcher, SeqId max_id) {
     watcher.observe(engine, max_id);
   }
   REQUIRE_FALSE(engine.has_work());
-}
-
-Choice run_alone(const std::string& model, const EngineOptions& options, const std::vector<int32_t>& prompt,
-                 int max_tokens) {
-  auto engine = make_engine(model, options);
-  Outputs out;
-  engine->add_request(greedy_request("alone", prompt, max_tokens), collect(out));
-  run_to_completion(*engine);
-  return out.at("alone").at(0);
 }
 
 }  // namespace
