@@ -37,9 +37,10 @@ int BlockManager::take_ring() {
   return ring;
 }
 
-int BlockManager::fp8_len_after(const Sequence& s, int num_tokens) const {
+int BlockManager::fp8_len_after(const Sequence& s, int num_tokens, int fp8_floor) const {
   if (!window_.enabled()) return num_tokens;
-  return std::max(s.num_fp8_tokens, window_.fp8_len(num_tokens));
+  const int floor = std::min(fp8_floor, num_tokens) / block_size_ * block_size_;
+  return std::max({s.num_fp8_tokens, window_.fp8_len(num_tokens), floor});
 }
 
 const BlockManager::Sequence& BlockManager::seq(SeqId id) const {
@@ -68,12 +69,13 @@ BlockHash BlockManager::block_key(std::span<const int32_t> tokens, std::size_t i
 // prompt's own bf16 window (those positions must be exact, and a cached block is FP8), and at
 // the first block written with other scales than the chain's first block, so that every block
 // of a sequence shares one scale per layer even when two writers cached parts of one prefix.
-BlockManager::PrefixMatch BlockManager::match_prefix(std::span<const int32_t> prompt) const {
+BlockManager::PrefixMatch BlockManager::match_prefix(std::span<const int32_t> prompt, int max_cached_tokens) const {
   PrefixMatch match;
   if (!pool_.prefix_caching_enabled() || prompt.empty()) return match;
   const std::size_t max_blocks =
-      std::min((prompt.size() - 1) / static_cast<std::size_t>(block_size_),
-               static_cast<std::size_t>(window_.fp8_len(static_cast<int>(prompt.size())) / block_size_));
+      std::min({(prompt.size() - 1) / static_cast<std::size_t>(block_size_),
+                static_cast<std::size_t>(window_.fp8_len(static_cast<int>(prompt.size())) / block_size_),
+                static_cast<std::size_t>(std::max(max_cached_tokens, 0) / block_size_)});
   const KvScales* chain_scales = nullptr;
   for (std::size_t i = 0; i < max_blocks; ++i) {
     const BlockHash key = block_key(prompt, i, match.keys.empty() ? nullptr : &match.keys.back());
@@ -91,10 +93,14 @@ BlockManager::PrefixMatch BlockManager::match_prefix(std::span<const int32_t> pr
   return match;
 }
 
-bool BlockManager::can_allocate(std::span<const int32_t> prompt) const {
+int BlockManager::num_cached_prefix_tokens(std::span<const int32_t> prompt) const {
+  return static_cast<int>(match_prefix(prompt, kNoCap).blocks.size()) * block_size_;
+}
+
+bool BlockManager::can_allocate(std::span<const int32_t> prompt, int max_cached_tokens) const {
   if (prompt.empty()) return false;
   if (window_.enabled() && free_rings_.empty()) return false;
-  const PrefixMatch match = match_prefix(prompt);
+  const PrefixMatch match = match_prefix(prompt, max_cached_tokens);
   // Hit blocks that sit idle on the LRU stop being allocatable once mapped.
   const auto num_idle_hits = std::count_if(match.blocks.begin(), match.blocks.end(),
                                            [&](int32_t b) { return pool_.ref_count(b) == 0; });
@@ -102,10 +108,10 @@ bool BlockManager::can_allocate(std::span<const int32_t> prompt) const {
   return num_new <= pool_.num_free_blocks() - static_cast<int>(num_idle_hits);
 }
 
-AllocateResult BlockManager::allocate(SeqId id, std::span<const int32_t> prompt) {
+AllocateResult BlockManager::allocate(SeqId id, std::span<const int32_t> prompt, int max_cached_tokens) {
   if (contains(id)) broken("allocate() of live sequence " + std::to_string(id));
-  if (!can_allocate(prompt)) broken("allocate() without can_allocate() (empty prompt or pool full)");
-  PrefixMatch match = match_prefix(prompt);
+  if (!can_allocate(prompt, max_cached_tokens)) broken("allocate() without can_allocate() (empty prompt or pool full)");
+  PrefixMatch match = match_prefix(prompt, max_cached_tokens);
   Sequence s;
   s.tokens.assign(prompt.begin(), prompt.end());
   // Hits first: acquiring takes them off the LRU, so the allocations below cannot evict them.
@@ -144,7 +150,7 @@ bool BlockManager::can_append(SeqId id) const {
   if (writes_last_block && !new_block && pool_.ref_count(s.block_table.back()) > 1) ++needed;
   if (window_.enabled()) {
     // The blocks this step's spill writes into: a shared one needs a private replacement.
-    const int end = fp8_len_after(s, static_cast<int>(s.tokens.size()) + 1) / block_size_;
+    const int end = fp8_len_after(s, static_cast<int>(s.tokens.size()) + 1, 0) / block_size_;
     for (int b = s.num_fp8_tokens / block_size_; b < end; ++b) {
       needed += pool_.ref_count(s.block_table[static_cast<std::size_t>(b)]) > 1 ? 1 : 0;
     }
@@ -168,7 +174,7 @@ AppendResult BlockManager::append_slot(SeqId id, int32_t token) {
   if (window_.enabled()) {
     // The block this step's spill fills. In a K+V window it holds nothing final (its tokens are
     // in the tail): a fresh block, no copy. In a K-only one its V is final: a copy.
-    const int end = fp8_len_after(s, static_cast<int>(position) + 1) / block_size_;
+    const int end = fp8_len_after(s, static_cast<int>(position) + 1, 0) / block_size_;
     for (int b = s.num_fp8_tokens / block_size_; b < end; ++b) {
       int32_t& block = s.block_table[static_cast<std::size_t>(b)];
       if (pool_.ref_count(block) == 1) continue;
@@ -188,14 +194,14 @@ AppendResult BlockManager::append_slot(SeqId id, int32_t token) {
   return result;
 }
 
-void BlockManager::mark_computed(SeqId id, int num_computed_tokens) {
+void BlockManager::mark_computed(SeqId id, int num_computed_tokens, int fp8_floor) {
   Sequence& s = seq(id);
   if (num_computed_tokens < s.num_computed_tokens || num_computed_tokens > static_cast<int>(s.tokens.size())) {
     broken("mark_computed(" + std::to_string(num_computed_tokens) + ") outside [" +
            std::to_string(s.num_computed_tokens) + ", " + std::to_string(s.tokens.size()) + "]");
   }
   if (num_computed_tokens == s.num_computed_tokens) return;
-  s.num_fp8_tokens = fp8_len_after(s, num_computed_tokens);
+  s.num_fp8_tokens = fp8_len_after(s, num_computed_tokens, fp8_floor);
   s.num_computed_tokens = num_computed_tokens;
   s.scales->frozen = true;  // the first chunk calibrated them; every later token reuses them
   cache_full_blocks(s);
@@ -236,7 +242,9 @@ void BlockManager::free(SeqId id) {
 
 int BlockManager::tail_ring(SeqId id) const { return seq(id).tail_ring; }
 int BlockManager::num_fp8_tokens(SeqId id) const { return seq(id).num_fp8_tokens; }
-int BlockManager::fp8_len_after(SeqId id, int num_tokens) const { return fp8_len_after(seq(id), num_tokens); }
+int BlockManager::fp8_len_after(SeqId id, int num_tokens, int fp8_floor) const {
+  return fp8_len_after(seq(id), num_tokens, fp8_floor);
+}
 
 std::span<const int32_t> BlockManager::block_table(SeqId id) const { return seq(id).block_table; }
 std::span<const int32_t> BlockManager::tokens(SeqId id) const { return seq(id).tokens; }
@@ -286,7 +294,7 @@ void BlockManager::check_integrity() const {
           s.num_fp8_tokens < window_.fp8_len(s.num_computed_tokens)) {
         broken(name + " FP8 count " + std::to_string(s.num_fp8_tokens) + " off the window's rule");
       }
-      if (num_tokens - fp8_len_after(s, num_tokens) > window_.ring_blocks() * block_size_) {
+      if (num_tokens - fp8_len_after(s, num_tokens, 0) > window_.ring_blocks() * block_size_) {
         broken(name + " has more tokens in the window than its tail ring holds");
       }
     } else if (s.tail_ring != -1 || s.num_fp8_tokens != s.num_computed_tokens) {
@@ -301,7 +309,7 @@ void BlockManager::check_integrity() const {
     // Slots still to be written into the pool - the uncomputed tokens' (those of them that go
     // to the tail excepted, in a K+V window) and the blocks the next spill fills - must belong to
     // this sequence alone, in uncached blocks, and no two pending tokens anywhere share a slot.
-    const int fp8_after = fp8_len_after(s, num_tokens);
+    const int fp8_after = fp8_len_after(s, num_tokens, 0);
     for (int t = s.num_computed_tokens; t < num_tokens; ++t) {
       if (window_.enabled() && window_.values && t >= fp8_after) continue;  // all of it to the tail
       const int32_t block = s.block_table[static_cast<std::size_t>(t / block_size_)];

@@ -46,6 +46,8 @@ namespace fp8serve {
 
 using SeqId = int64_t;
 
+constexpr int kNoCap = 1 << 30;  // no cap on a prefix hit
+
 struct BlockManagerOptions {
   int block_size = 16;
   int num_layers = 0;  // scales per sequence
@@ -83,18 +85,23 @@ class BlockManager {
   explicit BlockManager(const BlockManagerOptions& options);
 
   // Whether allocate() can map this prompt now (counting prefix hits, evicting if needed, and a
-  // free tail ring with a window).
-  bool can_allocate(std::span<const int32_t> prompt) const;
-  // PRECOND: can_allocate(prompt), id not live, prompt not empty (std::logic_error otherwise).
-  AllocateResult allocate(SeqId id, std::span<const int32_t> prompt);
+  // free tail ring with a window). max_cached_tokens caps the prefix hit (a recompute after
+  // preemption asks for a hit its replay can use; see Scheduler).
+  bool can_allocate(std::span<const int32_t> prompt, int max_cached_tokens = kNoCap) const;
+  // PRECOND: can_allocate(prompt, max_cached_tokens), id not live, prompt not empty
+  // (std::logic_error otherwise).
+  AllocateResult allocate(SeqId id, std::span<const int32_t> prompt, int max_cached_tokens = kNoCap);
+  // Tokens of the prompt allocate() would map from the prefix cache now (before any cap).
+  int num_cached_prefix_tokens(std::span<const int32_t> prompt) const;
   // Whether append_slot() can place one more token (a new or copied block if it needs one, and
   // with a window a private block for a shared one that the step's spill writes into).
   bool can_append(SeqId id) const;
   // Adds `token` to the sequence and returns its slot. PRECOND: can_append(id).
   AppendResult append_slot(SeqId id, int32_t token);
   // The step wrote KV for tokens [0, num_computed_tokens). Freezes the scales; caches the
-  // full blocks now computed. PRECOND: old count <= num_computed_tokens <= num_tokens(id).
-  void mark_computed(SeqId id, int num_computed_tokens);
+  // full blocks now computed (and out of the window). fp8_floor: the step's fp8_len_after floor.
+  // PRECOND: old count <= num_computed_tokens <= num_tokens(id).
+  void mark_computed(SeqId id, int num_computed_tokens, int fp8_floor = 0);
   // `child` shares all of `parent`'s blocks and scales; the next append of either copies the
   // shared last block. With a window the child gets its own tail ring, which the engine fills
   // with a copy of the parent's (tail_ring()). PRECOND: parent fully computed (scales frozen),
@@ -118,9 +125,12 @@ class BlockManager {
   int tail_ring(SeqId id) const;  // -1 without a window
   // Positions whose FP8 slots hold their final values (computed and out of the window).
   int num_fp8_tokens(SeqId id) const;
-  // Positions a step ending at num_tokens tokens reads from the FP8 pool: max(num_fp8_tokens,
-  // window.fp8_len(num_tokens)) - the batch's fp8_lens. num_tokens without a window.
-  int fp8_len_after(SeqId id, int num_tokens) const;
+  // Positions a step ending at num_tokens tokens reads from the FP8 pool - the batch's fp8_lens:
+  // max(num_fp8_tokens, window.fp8_len(num_tokens), min(fp8_floor, num_tokens)), a multiple of
+  // the block size. The floor (0: none) lets a recompute replay a step of the original run
+  // whose FP8 part was larger than the window's rule gives for the replayed chunk (a longer
+  // chunk, an earlier prefix hit). num_tokens without a window.
+  int fp8_len_after(SeqId id, int num_tokens, int fp8_floor = 0) const;
   int num_tail_rings() const { return window_.enabled() ? num_tail_rings_ : 0; }
   int num_free_tail_rings() const { return static_cast<int>(free_rings_.size()); }
 
@@ -160,9 +170,9 @@ class BlockManager {
   Sequence& seq(SeqId id);
   int num_blocks_for(std::size_t num_tokens) const;
   BlockHash block_key(std::span<const int32_t> tokens, std::size_t i, const BlockHash* parent) const;
-  PrefixMatch match_prefix(std::span<const int32_t> prompt) const;
+  PrefixMatch match_prefix(std::span<const int32_t> prompt, int max_cached_tokens) const;
   void cache_full_blocks(Sequence& s);
-  int fp8_len_after(const Sequence& s, int num_tokens) const;
+  int fp8_len_after(const Sequence& s, int num_tokens, int fp8_floor) const;
   int take_ring();
 
   int block_size_;

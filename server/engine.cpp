@@ -325,7 +325,7 @@ void Engine::run_step(const StepPlan& plan) {
     query_start_loc_.push_back(static_cast<int32_t>(token_ids_.size()));
     context_lens_.push_back(s.start + s.num_tokens);
     if (window) {
-      fp8_lens_.push_back(blocks_->fp8_len_after(s.id, s.start + s.num_tokens));
+      fp8_lens_.push_back(blocks_->fp8_len_after(s.id, s.start + s.num_tokens, s.fp8_floor));
       spill_starts_.push_back(blocks_->num_fp8_tokens(s.id));
       tail_slots_.push_back(blocks_->tail_ring(s.id));
     }

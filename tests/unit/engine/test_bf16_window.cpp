@@ -206,6 +206,34 @@ uint64_t tail_bytes_of(const Engine& engine) {
   return spec.tail_bytes(engine.options().max_num_seqs);
 }
 
+std::vector<std::vector<PositionKv>> read_all_layers(const Engine& engine, SeqId id) {
+  std::vector<std::vector<PositionKv>> layers;
+  for (int l = 0; l < engine.model_config().num_layers; ++l) layers.push_back(read_kv(engine, id, l));
+  return layers;
+}
+
+// The fraction of K and V elements of a and b (the same positions) that hold different values,
+// both brought to FP8 where one is in the tail.
+double fraction_differing(const std::vector<PositionKv>& a, const std::vector<PositionKv>& b, float k_scale, float v_scale) {
+  uint64_t differ = 0, total = 0;
+  for (std::size_t p = 0; p < a.size(); ++p) {
+    for (std::size_t i = 0; i < a[p].k.size(); ++i) {
+      for (const bool is_k : {true, false}) {
+        const bool fa = is_k ? a[p].k_fp8 : a[p].v_fp8, fb = is_k ? b[p].k_fp8 : b[p].v_fp8;
+        uint16_t xa = is_k ? a[p].k[i] : a[p].v[i], xb = is_k ? b[p].k[i] : b[p].v[i];
+        const float scale = is_k ? k_scale : v_scale;
+        if (fa != fb) {
+          if (!fa) xa = fp8_of_bf16(xa, scale);
+          if (!fb) xb = fp8_of_bf16(xb, scale);
+        }
+        differ += xa != xb;
+        ++total;
+      }
+    }
+  }
+  return total ? static_cast<double>(differ) / static_cast<double>(total) : 0.0;
+}
+
 void check_same_kv(const std::vector<PositionKv>& a, const std::vector<PositionKv>& b, float k_scale, float v_scale) {
   for (std::size_t p = 0; p < a.size(); ++p) {
     INFO("position " << p << (a[p].k_fp8 ? " FP8" : " tail") << " vs " << (b[p].k_fp8 ? "FP8" : "tail"));
@@ -245,7 +273,7 @@ TEST_CASE("bf16 window: preemption and recompute give the same tokens and, at la
         engine->add_request(greedy_request(std::to_string(i), prompts[i], max_tokens), collect(got));
       }
       run_to_completion(*reference);
-      std::map<SeqId, std::vector<PositionKv>> last, before_preemption;
+      std::map<SeqId, std::vector<std::vector<PositionKv>>> last, before_preemption;
       KvWatcher watcher;
       int compared = 0;
       for (int step = 0; step < 100000 && engine->has_work(); ++step) {
@@ -260,12 +288,21 @@ TEST_CASE("bf16 window: preemption and recompute give the same tokens and, at la
             last.erase(id);
             continue;
           }
-          last[id] = read_kv(*engine, id, 0);
+          last[id] = read_all_layers(*engine, id);
           const auto it = before_preemption.find(id);
-          if (it != before_preemption.end() && last[id].size() >= it->second.size()) {
+          if (it != before_preemption.end() && last[id][0].size() >= it->second[0].size()) {
             INFO("sequence " << id << (values ? ", K+V" : ", K only") << ", prefix caching " << prefix_caching);
-            const std::vector<PositionKv> now(last[id].begin(), last[id].begin() + static_cast<std::ptrdiff_t>(it->second.size()));
-            check_same_kv(it->second, now, blocks.scales(id).k[0], blocks.scales(id).v[0]);
+            const int num_layers = engine->model_config().num_layers;
+            for (int l = 0; l < num_layers; ++l) {
+              const auto& before = it->second[static_cast<std::size_t>(l)];
+              const std::vector<PositionKv> now(last[id][static_cast<std::size_t>(l)].begin(),
+                                                last[id][static_cast<std::size_t>(l)].begin() + static_cast<std::ptrdiff_t>(before.size()));
+              const float ks = blocks.scales(id).k[static_cast<std::size_t>(l)], vs = blocks.scales(id).v[static_cast<std::size_t>(l)];
+              INFO("layer " << l);
+              if (l == 0) check_same_kv(before, now, ks, vs);
+              const double differ = fraction_differing(before, now, ks, vs);
+              CHECK(differ < 0.01);  // the rounding of a prefill against a decode, no more
+            }
             ++compared;
             before_preemption.erase(it);
           }
@@ -386,4 +423,58 @@ TEST_CASE("bf16 window: the tail pool comes out of the KV budget and shows in th
 
   options.kv_cache_memory = tail;  // nothing left for the FP8 pool
   CHECK_THROWS_AS(make_engine(fixture("models/tiny-llama"), options), std::invalid_argument);
+}
+
+TEST_CASE("bf16 window: a sequence preempted after decoding across several blocks is recomputed step by step", "[engine][window][preemption]") {
+  // A (100-token prompt, 80 tokens) and B (20, 60) decode side by side in a pool of 14 blocks
+  // (+ the tail pool): when both need a new block at once, B - the newer - is preempted with 64
+  // tokens computed, whose decode steps read [0, 0), [0, 16), [0, 32) and [0, 48) from FP8. The
+  // recompute replays those steps (one prefill would read [0, 48) from FP8 for all of them).
+  // Every layer's KV afterwards is the KV before, up to the rounding of a prefill against a
+  // decode; the tokens are those of a run without preemption.
+  for (const bool prefix_caching : {false, true}) {
+    EngineOptions roomy = window_options(16, true);
+    roomy.enable_prefix_caching = prefix_caching;
+    auto reference = make_engine(fixture("models/tiny-llama"), roomy);
+    EngineOptions tiny = roomy;
+    tiny.kv_cache_memory = 14 * 2ull * 2 * 2 * 16 * 16 + tail_bytes_of(*reference);
+    auto engine = make_engine(fixture("models/tiny-llama"), tiny);
+    REQUIRE(engine->block_manager().num_blocks() == 14);
+    const auto prompts = eight_prompts();
+    std::vector<int32_t> b_prompt(prompts[6].begin(), prompts[6].begin() + 20);
+    Outputs expected, got;
+    for (Engine* e : {reference.get(), engine.get()}) {
+      Outputs& out = e == reference.get() ? expected : got;
+      e->add_request(greedy_request("a", std::vector<int32_t>(prompts[0].begin(), prompts[0].begin() + 100), 80), collect(out));
+      e->add_request(greedy_request("b", b_prompt, 60), collect(out));
+    }
+    run_to_completion(*reference);
+    std::vector<std::vector<PositionKv>> last, before;
+    for (int step = 0; step < 1000 && engine->has_work(); ++step) {
+      engine->step();
+      const BlockManager& blocks = engine->block_manager();
+      blocks.check_integrity();
+      if (!blocks.contains(1)) {
+        if (before.empty() && !last.empty()) before = last;  // B's KV when it was preempted
+        continue;
+      }
+      last = read_all_layers(*engine, 1);
+      if (!before.empty() && last[0].size() >= before[0].size() && blocks.num_computed_tokens(1) == static_cast<int>(before[0].size()) + 1) {
+        INFO("prefix caching " << prefix_caching);
+        for (int l = 0; l < engine->model_config().num_layers; ++l) {
+          INFO("layer " << l);
+          const std::vector<PositionKv> now(last[static_cast<std::size_t>(l)].begin(),
+                                            last[static_cast<std::size_t>(l)].begin() + static_cast<std::ptrdiff_t>(before[0].size()));
+          const float ks = blocks.scales(1).k[static_cast<std::size_t>(l)], vs = blocks.scales(1).v[static_cast<std::size_t>(l)];
+          const double differ = fraction_differing(before[static_cast<std::size_t>(l)], now, ks, vs);
+          CHECK(differ < 0.01);
+        }
+      }
+    }
+    CHECK(engine->stats().num_preemptions == 1);
+    REQUIRE(before.size() > 0);
+    CHECK(before[0].size() == 64);
+    CHECK(got.at("a").at(0).tokens == expected.at("a").at(0).tokens);
+    CHECK(got.at("b").at(0).tokens == expected.at("b").at(0).tokens);
+  }
 }
