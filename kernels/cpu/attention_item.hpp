@@ -62,9 +62,10 @@ struct AttentionItem {
   float tail_qk_scale = 0.0f;  // softmax_scale: tail keys carry no scale
   // Output. Final (m == nullptr): normalized rows, times v_scale, into out at (token, head).
   // Partial: unnormalized rows (without v_scale) into out as [rows, head_dim] plus the running
-  // max m (log2 domain) and sum l per row, for the merge. With a bf16 V tail (tail_v != null)
-  // the item applies v_scale to the FP8 values itself, where the segments meet: its rows, final
-  // or partial, are in the values' own units, and the merge must not apply v_scale again.
+  // max m (log2 domain) and sum l per row, for the merge. With a bf16 V tail (tail_v != null),
+  // an item whose keys reach the tail (key_end > tail_begin) applies v_scale to the FP8 values
+  // itself, where the segments meet: its rows, final or partial, are in the values' own units,
+  // and the merge must not apply v_scale to them again (it does to the other partitions').
   float* out = nullptr;
   int64_t out_token_stride = 0;
   float* m = nullptr;  // [rows]

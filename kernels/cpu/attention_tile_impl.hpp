@@ -276,10 +276,20 @@ void attend_keys(const AttentionItem& it, const Segment& seg, int key_begin, int
 // body meets a bf16 V tail.
 template <class V, int NR>
 void fp8_sums_to_bf16(int head_dim, float mul, Rows<V, NR>& st) {
-  alignas(64) float row[kMaxHeadDim];
-  for (int r = 0; r < NR; ++r) {
-    for (int d = 0; d < head_dim; ++d) row[d] = st.o[r][o_slot<V, uint8_t>(d)];
-    for (int d = 0; d < head_dim; ++d) st.o[r][o_slot<V, uint16_t>(d)] = row[d] * mul;
+  if constexpr (!kDotBf16<V>) {  // one column order: scale in place
+    for (int r = 0; r < NR; ++r)
+      for (int d = 0; d < head_dim; ++d) st.o[r][d] *= mul;
+  } else {
+    int from[kMaxHeadDim], to[kMaxHeadDim];
+    for (int d = 0; d < head_dim; ++d) {
+      from[d] = o_slot<V, uint8_t>(d);
+      to[d] = o_slot<V, uint16_t>(d);
+    }
+    alignas(64) float row[kMaxHeadDim];
+    for (int r = 0; r < NR; ++r) {
+      for (int d = 0; d < head_dim; ++d) row[d] = st.o[r][from[d]];
+      for (int d = 0; d < head_dim; ++d) st.o[r][to[d]] = row[d] * mul;
+    }
   }
 }
 
@@ -327,6 +337,9 @@ void attend_rows(const AttentionItem& it, int row0) {
   pool.k_block_stride = pool.v_block_stride = it.block_stride;
   pool.v_token_stride = it.v_token_stride;
   const bool window = std::is_same_v<T, uint8_t> && it.tail_k != nullptr;
+  // With a bf16 V tail, an item whose keys reach the tail gives its rows in the values' own units
+  // (attention_item.hpp); the others, the FP8 body's partitions, stay as without a window.
+  const bool exact_values = window && it.tail_v != nullptr && it.key_end > it.tail_begin;
   const int split = window ? std::clamp(it.tail_begin, it.key_begin, std::max(it.key_begin, key_end)) : key_end;
   if (it.key_begin < split) {
     load_q(it, row0, it.qk_scale * unit, st);
@@ -339,7 +352,7 @@ void attend_rows(const AttentionItem& it, int row0) {
       tail.k_blocks = BlockMap{nullptr, it.tail_first_block, it.tail_ring_blocks};
       tail.k_block_stride = it.tail_block_stride;
       if (split < key_end) load_q(it, row0, it.tail_qk_scale, st);
-      if (it.tail_v != nullptr) {
+      if (exact_values) {
         tail.v = it.tail_v;
         tail.v_blocks = tail.k_blocks;
         tail.v_block_stride = it.tail_block_stride;

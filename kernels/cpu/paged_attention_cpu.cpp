@@ -28,7 +28,10 @@ int32_t partition_tokens(int32_t block_size) {
 }
 
 // Merges one (sequence, KV head)'s partitions in partition order:
-// out = v_scale * sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p with M = max_p m_p.
+// out = v_scale * sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p with M = max_p m_p. With a
+// bf16 V tail the partitions that reach it hold their values' own units already: then
+// out = sum_p 2^(m_p - M) f_p o_p / sum_p 2^(m_p - M) l_p with f_p = v_scale for the others, 1
+// for them (attention_item.hpp).
 void merge_partials(const PagedAttentionParams& params, const AttentionWorkspace::Merge& merge,
                     const float* partials) {
   const int32_t head_dim = params.cache.head_dim;
@@ -37,10 +40,13 @@ void merge_partials(const PagedAttentionParams& params, const AttentionWorkspace
   const float* o = partials + merge.scratch;                 // [parts, rows, head_dim]
   const float* m = o + o_size;                               // [parts, rows]
   const float* l = m + static_cast<int64_t>(merge.num_parts) * merge.rows;  // [parts, rows]
-  // A bf16 V tail: the items applied v_scale themselves (attention_item.hpp).
-  const bool values_scaled = params.batch.has_tail() && params.tail.v != nullptr;
-  const float v_scale =
-      params.cache.dtype == KvDtype::fp8_e4m3 && !values_scaled ? params.batch.v_scales[merge.seq] : 1.0f;
+  const float v_scale = params.cache.dtype == KvDtype::fp8_e4m3 ? params.batch.v_scales[merge.seq] : 1.0f;
+  // Partition p reaches a bf16 V tail when its keys do, as the item decides (attend_rows).
+  const bool mixed = params.batch.has_tail() && params.tail.v != nullptr;
+  const int32_t part_tokens = partition_tokens(params.cache.block_size);
+  auto exact = [&](int32_t p) {
+    return std::min(params.batch.context_lens[merge.seq], (p + 1) * part_tokens) > params.batch.fp8_lens[merge.seq];
+  };
   const int32_t first_token = params.batch.query_start_loc[merge.seq];
   float* out = static_cast<float*>(params.out);
   float acc[kMaxHeadDim];
@@ -54,13 +60,15 @@ void merge_partials(const PagedAttentionParams& params, const AttentionWorkspace
       if (lp == 0.0f) continue;  // the partition lies wholly after this row's position
       const float w = std::exp2(m[p * merge.rows + row] - m_max);
       sum += lp * w;
+      // Mixed units (a tail): each partition's own factor; otherwise v_scale once, below.
+      const float wo = mixed ? w * (exact(p) ? 1.0f : v_scale) : w;
       const float* op = o + (static_cast<int64_t>(p) * merge.rows + row) * head_dim;
-      for (int32_t d = 0; d < head_dim; ++d) acc[d] += op[d] * w;
+      for (int32_t d = 0; d < head_dim; ++d) acc[d] += op[d] * wo;
     }
     const int32_t token = first_token + row / group;
     const int32_t head = merge.kv_head * group + row % group;
     float* dst = out + token * params.out_token_stride + static_cast<int64_t>(head) * head_dim;
-    const float mul = v_scale / sum;
+    const float mul = (mixed ? 1.0f : v_scale) / sum;
     for (int32_t d = 0; d < head_dim; ++d) dst[d] = acc[d] * mul;
   }
 }

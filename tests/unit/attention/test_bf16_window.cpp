@@ -73,6 +73,7 @@ TEST_CASE("window attention matches plain attention over the FP8 body and the bf
             // A prefix hit that reaches past where the window would start: the tail starts there.
             SeqSpec& chunked = pool.seqs[2];
             tail->fp8_lens[2] = std::max(tail->fp8_lens[2], (chunked.context_len - chunked.num_new) / block_size * block_size);
+            tail->fp8_lens[4] = pool.seqs[4].context_len;  // an empty tail: every position in FP8
           }
           const std::vector<SeqKv> raw = fill_context(pool, threads, rng, tail.get());
           std::vector<SeqKv> stored;
