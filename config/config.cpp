@@ -163,7 +163,7 @@ const std::vector<FlagSpec>& flag_specs() {
     s.push_back(integer_flag("kv-bf16-window", "FP8 KV: each sequence's newest tokens kept exact in bf16, quantized "
                              "as whole blocks leave (a multiple of --block-size; 0 = off)", 0, 4096, &Config::kv_bf16_window));
     s.push_back(choice_flag("kv-bf16-window-tensors", "what the bf16 window keeps exact (k: keys only, half the memory)",
-                            {"kv", "k"}, &Config::kv_bf16_window_tensors));
+                            {"k", "kv"}, &Config::kv_bf16_window_tensors));
     s.push_back(integer_flag("block-size", "tokens per KV block (8, 16 or 32)", 8, 32, &Config::block_size));
     s.push_back(bytes_flag("kv-cache-memory", "KV cache budget in bytes, e.g. 4GiB (0 = default)", 0, 1e15,
                            &Config::kv_cache_memory));

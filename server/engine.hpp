@@ -37,8 +37,8 @@ namespace fp8serve {
 struct EngineOptions {
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
   float kv_scale_margin = kDefaultKvScaleMargin;
-  int kv_bf16_window = 0;              // --kv-bf16-window tokens (FP8 pool only; 0 = off)
-  bool kv_bf16_window_values = true;   // --kv-bf16-window-tensors kv (false: k)
+  int kv_bf16_window = 64;             // --kv-bf16-window tokens (FP8 pool only; 0 = off)
+  bool kv_bf16_window_values = false;  // --kv-bf16-window-tensors kv (true) or k (false)
   int block_size = 16;
   uint64_t kv_cache_memory = 1ull << 30;  // bytes of K + V pool, the window's tail pool included
   int max_model_len = 0;                  // 0 = the model's max_position_embeddings

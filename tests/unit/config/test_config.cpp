@@ -21,6 +21,8 @@ TEST_CASE("defaults and flags of every kind parse", "[config]") {
   CHECK(c.seed == 18446744073709551615ull);
   CHECK(c.host == "127.0.0.1");  // loopback unless told otherwise
   CHECK(c.block_size == 16);
+  CHECK(c.kv_bf16_window == 64);  // the README's choice: 64 tokens, K only
+  CHECK(c.kv_bf16_window_tensors == "k");
 }
 
 TEST_CASE("bad values name the flag and the accepted range", "[config]") {
@@ -42,7 +44,7 @@ TEST_CASE("bad values name the flag and the accepted range", "[config]") {
   CHECK(message_of({"serve", "m", "--kv-bf16-window", "24", "--block-size", "8"}) == "no error");
   CHECK(message_of({"serve", "m", "--kv-bf16-window", "-16"}) == "--kv-bf16-window: must be in [0, 4096], got -16");
   CHECK(message_of({"serve", "m", "--kv-bf16-window-tensors", "v"}) ==
-        "--kv-bf16-window-tensors: must be one of kv, k, got 'v'");
+        "--kv-bf16-window-tensors: must be one of k, kv, got 'v'");
   CHECK(message_of({"serve", "m", "--kv-scale-margin", "nan"}).rfind("--kv-scale-margin: expected a number", 0) == 0);
   CHECK(message_of({"serve", "m", "--bogus"}) == "unknown flag --bogus (see fp8serve --help)");
   CHECK(message_of({"serve"}) == "missing MODEL: a Hugging Face model folder or a .gguf file");

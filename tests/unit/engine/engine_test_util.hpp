@@ -101,6 +101,7 @@ inline EngineOptions small_options(KvDtype dtype) {
   o.max_num_seqs = 16;
   o.max_num_batched_tokens = 512;
   o.enable_prefix_caching = false;
+  o.kv_bf16_window = 0;  // the plain FP8 pool; test_bf16_window.cpp runs the window
   o.threads = 2;
   return o;
 }
