@@ -24,10 +24,9 @@ std::string mib(uint64_t bytes) {
 }  // namespace
 
 EngineOptions engine_options_from_config(const Config& config) {
-  if (config.device == "cuda") {
-    throw ConfigError("--device cuda: this build has only the CPU engine; use --device cpu or auto");
-  }
   EngineOptions options;
+  options.device = config.device;
+  options.gpu_memory_utilization = config.gpu_memory_utilization;
   const std::optional<KvDtype> dtype = parse_kv_dtype(config.kv_cache_dtype);
   if (!dtype) throw ConfigError("--kv-cache-dtype: expected fp8_e4m3 or bf16");
   options.kv_dtype = *dtype;
@@ -53,10 +52,8 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   const ModelConfig& c = model_.config;
   if (options_.max_model_len <= 0) options_.max_model_len = c.max_position_embeddings;
   if (options_.max_model_len <= 0) throw std::invalid_argument("the model declares no context length: set --max-model-len");
-  const int threads = options_.threads > 0 ? options_.threads
-                                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  pool_ = std::make_unique<cpu::ThreadPool>(threads);
-  backend_ = std::make_unique<cpu::CpuBackend>(*pool_);
+  device_ = make_device(options_.device, options_.threads);
+  Backend& backend = *device_.backend;
 
   KvCacheSpec spec;
   spec.block_size = options_.block_size;
@@ -66,33 +63,55 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   spec.dtype = options_.kv_dtype;
   spec.window = KvWindow{options_.kv_bf16_window, options_.kv_bf16_window_values, options_.block_size};
   spec.validate();
-  // The window's tail pool comes out of the same budget: one ring per sequence that may run.
-  const uint64_t tail_bytes = spec.tail_bytes(options_.max_num_seqs);
-  if (tail_bytes >= options_.kv_cache_memory) {
-    throw std::invalid_argument("--kv-cache-memory " + std::to_string(options_.kv_cache_memory) +
-                                " bytes is spent on the bf16 window's tail pool (" + std::to_string(tail_bytes) +
-                                " bytes for --max-num-seqs " + std::to_string(options_.max_num_seqs) +
-                                "): raise it, or lower --kv-bf16-window or --max-num-seqs");
-  }
-  const int num_blocks = spec.num_blocks_for_budget(options_.kv_cache_memory - tail_bytes);
-  if (num_blocks < 1) {
-    throw std::invalid_argument("--kv-cache-memory " + std::to_string(options_.kv_cache_memory) +
-                                " bytes holds no block of " + std::to_string(spec.bytes_per_block()) +
-                                " bytes" + (tail_bytes > 0 ? " next to the bf16 window's tail pool" : "") +
-                                ": raise it");
-  }
 
   TransformerOptions topts;
   topts.kv_dtype = options_.kv_dtype;
   topts.block_size = options_.block_size;
-  topts.num_blocks = num_blocks;
+  topts.num_blocks = 0;  // sized below, from what the weights and buffers left
   topts.max_num_tokens = options_.max_num_batched_tokens;
   topts.max_num_seqs = options_.max_num_seqs;
   topts.max_model_len = options_.max_model_len;
   topts.kv_scale_margin = options_.kv_scale_margin;
   topts.window = spec.window;
-  transformer_ = std::make_unique<Transformer>(c, model_.weights, *backend_, topts);
+  transformer_ = std::make_unique<Transformer>(c, model_.weights, backend, topts);
   model_.weights = ModelWeights{};  // the backend holds its own copy now
+
+  uint64_t budget = options_.kv_cache_memory;
+  std::string budget_source = "--kv-cache-memory";
+  if (budget == 0) {
+    if (const std::optional<DeviceMemory> memory = backend.memory_info()) {
+      // vLLM's rule: the pool gets what is left of utilization x total once everything else
+      // (weights, activation buffers, workspaces - all allocated by now - and other processes)
+      // is counted as used.
+      const double allowed = options_.gpu_memory_utilization * static_cast<double>(memory->total);
+      const double used = static_cast<double>(memory->total - memory->free);
+      budget = allowed > used ? static_cast<uint64_t>(allowed - used) : 0;
+      budget_source = "--gpu-memory-utilization " + std::to_string(options_.gpu_memory_utilization).substr(0, 4) +
+                      " of " + mib(memory->total) + ", " + mib(memory->total - memory->free) + " in use";
+      if (budget == 0) {
+        throw std::invalid_argument("the weights and buffers leave no room for the KV cache under " + budget_source +
+                                    ": raise --gpu-memory-utilization, or lower --max-num-batched-tokens");
+      }
+    } else {
+      budget = kDefaultCpuKvCacheMemory;
+      budget_source = "default for the CPU";
+    }
+  }
+  // The bf16 window's tail pool comes out of the same budget: one ring per sequence that may run.
+  const uint64_t tail_bytes = spec.tail_bytes(options_.max_num_seqs);
+  if (tail_bytes >= budget) {
+    throw std::invalid_argument("a KV budget of " + std::to_string(budget) + " bytes (" + budget_source +
+                                ") is spent on the bf16 window's tail pool (" + std::to_string(tail_bytes) +
+                                " bytes for --max-num-seqs " + std::to_string(options_.max_num_seqs) +
+                                "): raise it, or lower --kv-bf16-window or --max-num-seqs");
+  }
+  const int num_blocks = spec.num_blocks_for_budget(budget - tail_bytes);
+  if (num_blocks < 1) {
+    throw std::invalid_argument("a KV budget of " + std::to_string(budget) + " bytes (" + budget_source +
+                                ") holds no block of " + std::to_string(spec.bytes_per_block()) + " bytes" +
+                                (tail_bytes > 0 ? " next to the bf16 window's tail pool" : "") + ": raise it");
+  }
+  transformer_->allocate_kv_cache(num_blocks);
 
   BlockManagerOptions bopts;
   bopts.block_size = options_.block_size;
@@ -111,17 +130,19 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   }
   step_counts_.resize(static_cast<std::size_t>(c.num_layers));
 
-  spdlog::info("device: {}", backend_->describe());
-  spdlog::info("attention: {} kernels for head_dim {}", cpu::cpu_isa_name(cpu::resolve_cpu_isa(cpu::CpuIsa::best, c.head_dim)),
-               c.head_dim);
+  spdlog::info("device: {}", backend.describe());
+  if (device_.kind == "cpu") {
+    spdlog::info("attention: {} kernels for head_dim {}",
+                 cpu::cpu_isa_name(cpu::resolve_cpu_isa(cpu::CpuIsa::best, c.head_dim)), c.head_dim);
+  }
   spdlog::info("model: {} ({}, {}, {} layers), weights {} bf16", model_.name, model_.format,
                family_name(c.family), c.num_layers, mib(transformer_->weight_bytes()));
-  spdlog::info("KV cache: {}, {} bytes/token, margin {}{}, max model len {}", spec.describe(num_blocks),
-               spec.bytes_per_token(), options_.kv_scale_margin,
+  spdlog::info("KV cache: {} ({}), {} bytes/token, margin {}{}, max model len {}", spec.describe(num_blocks),
+               budget_source, spec.bytes_per_token(), options_.kv_scale_margin,
                kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (unused for bf16)", options_.max_model_len);
   spdlog::info("KV {}{}; pool + tail {} of the {} budget", spec.describe_tail(options_.max_num_seqs),
                kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (a bf16 pool is exact: no window)",
-               mib(transformer_->kv_cache_bytes() + transformer_->tail_bytes()), mib(options_.kv_cache_memory));
+               mib(transformer_->kv_cache_bytes() + transformer_->tail_bytes()), mib(budget));
 }
 
 Engine::~Engine() = default;
@@ -132,6 +153,10 @@ std::string Engine::validate(const GenerationRequest& r) const {
   if (r.prompt_tokens.empty()) return "the prompt is empty";
   for (const int32_t id : r.prompt_tokens)
     if (id < 0 || id >= c.vocab_size) return "prompt token id " + std::to_string(id) + " is outside the vocabulary";
+  for (const auto& [id, bias] : r.sampling.logit_bias)
+    if (id < 0 || id >= c.vocab_size) return "logit_bias token id " + std::to_string(id) + " is outside the vocabulary";
+  for (const int32_t id : r.sampling.allowed_token_ids)
+    if (id < 0 || id >= c.vocab_size) return "allowed_token_ids token id " + std::to_string(id) + " is outside the vocabulary";
   if (r.max_tokens < 1) return "max_tokens must be >= 1";
   if (r.n < 1 || r.n > options_.max_num_seqs)
     return "n must be in [1, " + std::to_string(options_.max_num_seqs) + "] (--max-num-seqs)";
@@ -178,7 +203,7 @@ void Engine::add_request(GenerationRequest request, OutputSink sink) {
     params.seed = seed + static_cast<uint64_t>(i);  // choices differ, and repeat with the seed
     seqs_.emplace(seq_id, SeqState{id, i, Sampler(params, request.prompt_tokens, seed),
                                    IncrementalDetokenizer(*model_.tokenizer, request.skip_special_tokens),
-                                   StopChecker(request.stop), 0});
+                                   StopChecker(request.stop, request.include_stop_str_in_output), 0});
   }
   const std::vector<SeqId> forks(state.seq_ids.begin() + 1, state.seq_ids.end());
   scheduler_->add(state.seq_ids.front(), request.prompt_tokens, forks);
@@ -209,11 +234,9 @@ void Engine::finish_seq(SeqId id, RequestOutput& out, FinishReason reason) {
   SeqState& seq = seqs_.at(id);
   RequestState& request = requests_.at(seq.request_id);
   if (reason == FinishReason::length) {
-    // Release what the detokenizer and the stop checker held back (a stop that matches only
-    // now still ends the text there).
-    const StopChecker::Result tail = seq.stop_checker.push(seq.detokenizer.flush());
-    out.text_delta += tail.emit;
-    if (!tail.stopped) out.text_delta += seq.stop_checker.flush();
+    // Release what the stop checker held back; a character the sequence ended inside is dropped.
+    seq.detokenizer.finish();
+    out.text_delta += seq.stop_checker.flush();
   }
   out.request_id = seq.request_id;
   out.index = seq.index;
@@ -244,10 +267,10 @@ void Engine::on_token(SeqId id, const SampleResult& sample) {
   const bool is_eos = !r.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), sample.token) != stop_ids_.end();
   const bool is_stop_id = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), sample.token) != r.stop_token_ids.end();
   if (is_eos || is_stop_id) {
-    // The stop token's own text is not emitted; what was held back before it is.
-    const StopChecker::Result tail = seq.stop_checker.push(seq.detokenizer.flush());
-    out.text_delta = tail.emit;
-    if (!tail.stopped) out.text_delta += seq.stop_checker.flush();
+    // The stop token's own text is not emitted; what was held back before it is (but not a
+    // character the sequence ended inside).
+    seq.detokenizer.finish();
+    out.text_delta = seq.stop_checker.flush();
     finish_seq(id, out, FinishReason::stop);
     return;
   }
