@@ -67,7 +67,9 @@ class Backend {
   // nullopt where memory is the host's (the CPU backend).
   virtual std::optional<DeviceMemory> memory_info() const { return std::nullopt; }
 
-  // Copy-on-write of paged KV blocks: block src -> dst in K and V of every layer's pool.
+  // Copy-on-write of paged KV blocks: block src -> dst in K and V of every layer's pool (K
+  // only where a view's v is null: a K-only tail pool). Also copies a forked sequence's tail
+  // ring, block by block.
   virtual void copy_blocks(const CopyBlocksParams& params, Stream stream) = 0;
 
   // RoPE's cos/sin table, built once from the model's inv_freq for positions
@@ -80,10 +82,7 @@ class Backend {
   virtual void linear(const LinearParams& params, Stream stream) = 0;
   virtual void rope(const RopeParams& params, Stream stream) = 0;
   // With the bf16 recent window, kv_spill runs before kv_write in every layer (paged_kv.hpp).
-  // (A default until the window's branch, which implements it on the CPU, makes it pure.)
-  virtual void kv_spill(const KvSpillParams& /*params*/, Stream /*stream*/) {
-    throw std::logic_error("kv_spill: this backend has no bf16 window");
-  }
+  virtual void kv_spill(const KvSpillParams& params, Stream stream) = 0;
   virtual void kv_write(const KvWriteParams& params, Stream stream) = 0;
   virtual void paged_attention(const PagedAttentionParams& params, Stream stream) = 0;
   virtual void silu_mul(const SiluMulParams& params, Stream stream) = 0;

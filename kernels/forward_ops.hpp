@@ -107,7 +107,8 @@ struct GatherRowsParams {
   int64_t dim = 0;
 };
 
-// Copy-on-write of paged KV blocks in every layer: pools[layer] block src -> block dst, K and V.
+// Copy-on-write of paged KV blocks in every layer: pools[layer] block src -> block dst, K and V
+// (K alone where the view's v is null: a K-only bf16 tail pool, kernels/paged_kv.hpp).
 struct CopyBlocksParams {
   const PagedKvView* layers = nullptr;  // [num_layers] host array of views (device pointers)
   int32_t num_layers = 0;

@@ -36,6 +36,19 @@ DeviceBuffer device_array(Backend& backend, std::size_t count) {
   return DeviceBuffer(backend, count * sizeof(T));
 }
 
+// Block src -> dst of every pool in `views` (one per layer), for each copy.
+void copy_pool_blocks(Backend& backend, Stream stream, const std::vector<PagedKvView>& views,
+                      const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
+  if (src.empty()) return;
+  CopyBlocksParams p;
+  p.layers = views.data();
+  p.num_layers = static_cast<int32_t>(views.size());
+  p.src = src.data();
+  p.dst = dst.data();
+  p.num_copies = static_cast<int32_t>(src.size());
+  backend.copy_blocks(p, stream);
+}
+
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights, Backend& backend,
@@ -48,6 +61,11 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
                                 "max_model_len must be >= 1, num_blocks >= 0");
   }
   validate_kv_scale_margin(options.kv_scale_margin);
+  options.window.validate();
+  if (options.window.enabled() &&
+      (options.kv_dtype != KvDtype::fp8_e4m3 || options.window.block_size != options.block_size)) {
+    throw std::invalid_argument("Transformer: the bf16 window needs the FP8 pool and its block size");
+  }
   const ModelConfig& c = config_;
 
   // Weights: uploaded once, in bf16, under the layer's named slots; q/k/v and gate/up fused.
@@ -120,6 +138,22 @@ void Transformer::allocate_kv_cache(int num_blocks) {
     kv_buffers_.push_back(std::move(v));
     kv_cache_bytes_ += 2 * pool_bytes;
   }
+  // The window's tail pool: the same layout in bf16, max_num_seqs rings.
+  const KvWindow& window = options_.window;
+  if (!window.enabled()) return;
+  const int tail_blocks = options_.max_num_seqs * window.ring_blocks();
+  const std::size_t tail_bytes = static_cast<std::size_t>(tail_blocks) * static_cast<std::size_t>(options_.block_size) *
+                                 static_cast<std::size_t>(c.num_kv_heads) * static_cast<std::size_t>(c.head_dim) *
+                                 kv_dtype_size(KvDtype::bf16);
+  for (int i = 0; i < c.num_layers; ++i) {
+    DeviceBuffer k(backend_, tail_bytes);
+    DeviceBuffer v = window.values ? DeviceBuffer(backend_, tail_bytes) : DeviceBuffer();
+    tail_views_.push_back(make_paged_kv_view(k.data(), v.data(), KvDtype::bf16, tail_blocks, options_.block_size,
+                                             c.num_kv_heads, c.head_dim));
+    tail_bytes_ += k.bytes() + v.bytes();
+    tail_buffers_.push_back(std::move(k));
+    tail_buffers_.push_back(std::move(v));
+  }
 }
 
 const std::uint16_t* Transformer::upload(const ModelWeights& weights, std::initializer_list<std::string> names) {
@@ -175,6 +209,10 @@ void Transformer::validate(const ForwardBatch& b, std::span<float> logits) const
                               std::to_string(config_.vocab_size) + ")");
     }
   }
+  const std::size_t window_fields = options_.window.enabled() ? static_cast<std::size_t>(num_seqs) : 0;
+  if (b.fp8_lens.size() != window_fields || b.spill_starts.size() != window_fields ||
+      b.tail_slots.size() != window_fields)
+    fail("fp8_lens, spill_starts and tail_slots must be [num_seqs] with the bf16 window, empty without");
 }
 
 Transformer::StepLayout Transformer::step_layout(std::size_t num_tokens, std::size_t num_seqs,
@@ -195,6 +233,10 @@ Transformer::StepLayout Transformer::step_layout(std::size_t num_tokens, std::si
   l.block_tables = take(num_seqs * max_blocks_per_seq * sizeof(int32_t));
   l.calibrate = take(num_seqs * sizeof(uint8_t));
   l.sample_rows = take(num_seqs * sizeof(int32_t));
+  const std::size_t window_seqs = options_.window.enabled() ? num_seqs : 0;
+  l.fp8_lens = take(window_seqs * sizeof(int32_t));
+  l.spill_starts = take(window_seqs * sizeof(int32_t));
+  l.tail_slots = take(window_seqs * sizeof(int32_t));
   l.k_scales = take(layers * num_seqs * sizeof(float));
   l.v_scales = take(layers * num_seqs * sizeof(float));
   l.counts = take(layers * sizeof(KvWriteCounts));
@@ -214,6 +256,9 @@ void Transformer::upload_batch(const ForwardBatch& b, const StepLayout& layout, 
   put(layout.block_tables, b.block_tables);
   put(layout.calibrate, b.calibrate);
   put(layout.sample_rows, b.sample_rows);
+  put(layout.fp8_lens, b.fp8_lens);
+  put(layout.spill_starts, b.spill_starts);
+  put(layout.tail_slots, b.tail_slots);
   put(layout.k_scales, std::span<const float>(b.k_scales));
   put(layout.v_scales, std::span<const float>(b.v_scales));
   const std::size_t end = track_counts ? layout.end : layout.counts;
@@ -273,6 +318,16 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
   // Null when no sequence calibrates: a device backend then skips kv_write's amax pass.
   const bool any_calibrates = std::any_of(b.calibrate.begin(), b.calibrate.end(), [](uint8_t f) { return f != 0; });
   batch.calibrate = any_calibrates ? reinterpret_cast<const uint8_t*>(meta(layout.calibrate)) : nullptr;
+  int32_t max_spill_tokens = 0;
+  if (options_.window.enabled()) {
+    batch.fp8_lens = reinterpret_cast<const int32_t*>(meta(layout.fp8_lens));
+    batch.tail_slots = reinterpret_cast<const int32_t*>(meta(layout.tail_slots));
+    batch.tail_ring_blocks = options_.window.ring_blocks();
+    for (int32_t s = 0; s < num_seqs; ++s) {  // host copies: the kv_spill grid's bound
+      const int32_t before = b.context_lens[s] - (b.query_start_loc[s + 1] - b.query_start_loc[s]);
+      max_spill_tokens = std::max(max_spill_tokens, std::min(b.fp8_lens[s], before) - b.spill_starts[s]);
+    }
+  }
 
   auto linear = [&](const void* in, int64_t in_stride, const std::uint16_t* w, const std::uint16_t* bias,
                     void* out, int64_t out_stride, int64_t in_features, int64_t out_features) {
@@ -340,12 +395,25 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     rope.k_token_stride = qkv_width;
     backend_.rope(rope, stream_);
 
+    const PagedKvView tail = options_.window.enabled() ? tail_views_[static_cast<std::size_t>(layer)] : PagedKvView{};
+    if (max_spill_tokens > 0) {  // blocks leave the window: into FP8 before kv_write reuses their ring slots
+      KvSpillParams spill;
+      spill.cache = kv_views_[static_cast<std::size_t>(layer)];
+      spill.tail = tail;
+      spill.batch = batch;
+      spill.spill_starts = reinterpret_cast<const int32_t*>(meta(layout.spill_starts));
+      spill.max_spill_tokens = max_spill_tokens;
+      spill.counts = track_counts ? step_counts + layer : nullptr;
+      backend_.kv_spill(spill, stream_);
+    }
+
     KvWriteParams write;
     write.k = k;
     write.v = v;
     write.k_token_stride = qkv_width;
     write.v_token_stride = qkv_width;
     write.cache = kv_views_[static_cast<std::size_t>(layer)];
+    write.tail = tail;
     write.batch = batch;
     write.scale_margin = options_.kv_scale_margin;
     write.counts = track_counts ? step_counts + layer : nullptr;
@@ -359,6 +427,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     attention.num_heads = c.num_heads;
     attention.softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     attention.cache = kv_views_[static_cast<std::size_t>(layer)];
+    attention.tail = tail;
     attention.batch = batch;
     backend_.paged_attention(attention, stream_);
 
@@ -433,19 +502,26 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
 }
 
 void Transformer::copy_blocks(std::span<const BlockCopy> copies) {
-  if (copies.empty()) return;
   std::vector<int32_t> src, dst;
   for (const BlockCopy& copy : copies) {
     src.push_back(copy.src);
     dst.push_back(copy.dst);
   }
-  CopyBlocksParams p;
-  p.layers = kv_views_.data();
-  p.num_layers = static_cast<int32_t>(kv_views_.size());
-  p.src = src.data();
-  p.dst = dst.data();
-  p.num_copies = static_cast<int32_t>(copies.size());
-  backend_.copy_blocks(p, stream_);
+  copy_pool_blocks(backend_, stream_, kv_views_, src, dst);
+}
+
+void Transformer::copy_tail_rings(std::span<const BlockCopy> copies) {
+  if (copies.empty()) return;
+  if (tail_views_.empty()) throw std::logic_error("Transformer::copy_tail_rings without a bf16 window");
+  const int32_t ring = options_.window.ring_blocks();
+  std::vector<int32_t> src, dst;
+  for (const BlockCopy& copy : copies) {
+    for (int32_t b = 0; b < ring; ++b) {
+      src.push_back(copy.src * ring + b);
+      dst.push_back(copy.dst * ring + b);
+    }
+  }
+  copy_pool_blocks(backend_, stream_, tail_views_, src, dst);
 }
 
 }  // namespace fp8serve
