@@ -48,9 +48,11 @@
 // - tensor-core MMA (mma.sync, wmma, wgmma), cp.async, TMA, inline PTX: keep such code behind
 //   FP8SERVE_CUDA_FAST_PATHS (kernels/cuda/launch.hpp) beside a portable path that it runs;
 // - cooperative groups, __reduce_*_sync, __match_*_sync, __nanosleep, clock(), textures and
-//   surfaces, cudaMemcpyToSymbol, device-side launches, cudaLaunchKernel, CUDA graphs and stream
-//   capture (cudaErrorNotSupported), plain `__shared__` (use FP8SERVE_SHARED), a launch that
-//   leaves out a kernel parameter with a default.
+//   surfaces, cudaMemcpyToSymbol, device-side launches, cudaLaunchKernel, graphs built node by
+//   node (cudaErrorNotSupported), plain `__shared__` (use FP8SERVE_SHARED), a launch that leaves
+//   out a kernel parameter with a default. Stream capture and graph launch do run (graph.cpp):
+//   launches, async copies and memsets are recorded and replayed in order, and a call that could
+//   synchronise during a capture fails as in cudaStreamCaptureModeGlobal.
 // __device__ and __constant__ variables are ordinary globals (initialised in their declaration);
 // __launch_bounds__ is accepted and ignored (nvcc enforces it).
 //
@@ -83,6 +85,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>  // before __noinline__ below: libstdc++'s shared_ptr_base.h spells that attribute
 #include <tuple>
 #include <type_traits>
@@ -143,6 +146,12 @@ struct KernelCall {
   const void* args;
 };
 void launch(const KernelCall& call, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream);
+// Stream capture (graph.cpp): whether `stream` is being captured; a captured launch is recorded
+// (keeping its arguments alive in `args`) and runs at every cudaGraphLaunch instead of now.
+bool is_capturing(cudaStream_t stream);
+void record_node(cudaStream_t stream, std::function<void(cudaStream_t)> node);
+void record_launch(const KernelCall& call, std::shared_ptr<const void> args, dim3 grid, dim3 block,
+                   size_t shared_bytes, cudaStream_t stream);
 // Aborts unless `pointer` is null or inside a cudaMalloc / cudaMallocHost allocation.
 void check_pointer_argument(const char* kernel, unsigned index, const void* pointer);
 
@@ -194,6 +203,13 @@ void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, 
     unsigned index = 0;
     (detail::check_argument(name, index++, values), ...);
   }, bound.args);
+  if (detail::is_capturing(stream)) {
+    auto kept = std::make_shared<const Bound>(bound);
+    const void* args = kept.get();
+    detail::record_launch({name, reinterpret_cast<const void*>(kernel), &Bound::invoke, args}, std::move(kept), grid,
+                          block, shared_bytes, stream);
+    return;
+  }
   detail::launch({name, reinterpret_cast<const void*>(kernel), &Bound::invoke, &bound}, grid, block, shared_bytes,
                  stream);
 }

@@ -93,12 +93,6 @@ bool valid_stream(const State& s, cudaStream_t stream) {
   return stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread || s.streams.count(stream) != 0;
 }
 
-cudaError_t check_stream(cudaStream_t stream) {
-  State& s = state();
-  std::lock_guard lock(s.mutex);
-  return valid_stream(s, stream) ? cudaSuccess : cudaErrorInvalidResourceHandle;
-}
-
 cudaError_t allocate(void** out, size_t bytes, Memory kind) {
   if (out == nullptr) return cudaErrorInvalidValue;
   if (bytes == 0) {
@@ -149,6 +143,12 @@ void die(const char* format, ...) {
   std::abort();
 }
 
+cudaError_t check_stream(cudaStream_t stream) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  return valid_stream(s, stream) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+
 cudaError_t record_error(cudaError_t error) {
   if (error != cudaSuccess) t_last_error = error;
   return error;
@@ -189,32 +189,52 @@ using fp8serve::emu::detail::state;
 
 // Memory.
 cudaError_t cudaMalloc(void** ptr, size_t size) {
+  if (const cudaError_t err = fp8serve::emu::detail::refuse_during_capture(); err != cudaSuccess) return record_error(err);
   return record_error(fp8serve::emu::detail::allocate(ptr, size, fp8serve::emu::detail::Memory::device));
 }
 cudaError_t cudaFree(void* ptr) {
+  if (const cudaError_t err = fp8serve::emu::detail::refuse_during_capture(); err != cudaSuccess) return record_error(err);
   return record_error(fp8serve::emu::detail::release(ptr, fp8serve::emu::detail::Memory::device));
 }
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  if (const cudaError_t err = fp8serve::emu::detail::refuse_during_capture(); err != cudaSuccess) return record_error(err);
   return record_error(fp8serve::emu::detail::allocate(ptr, size, fp8serve::emu::detail::Memory::pinned_host));
 }
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) { return cudaMallocHost(ptr, size); }
 cudaError_t cudaFreeHost(void* ptr) {
+  if (const cudaError_t err = fp8serve::emu::detail::refuse_during_capture(); err != cudaSuccess) return record_error(err);
   return record_error(fp8serve::emu::detail::release(ptr, fp8serve::emu::detail::Memory::pinned_host));
 }
 
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+namespace {
+cudaError_t copy_now(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
   if (count == 0) return cudaSuccess;
   if (const cudaError_t err = fp8serve::emu::detail::check_copy(dst, src, count, kind); err != cudaSuccess)
     return record_error(err);
   std::memcpy(dst, src, count);  // overlapping ranges are undefined in CUDA too (ASan reports them)
   return cudaSuccess;
 }
+}  // namespace
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  if (const cudaError_t err = fp8serve::emu::detail::refuse_during_capture(); err != cudaSuccess) return record_error(err);
+  return copy_now(dst, src, count, kind);
+}
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
   if (const cudaError_t err = fp8serve::emu::detail::check_stream(stream); err != cudaSuccess) return record_error(err);
-  return cudaMemcpy(dst, src, count, kind);
+  if (fp8serve::emu::detail::is_capturing(stream)) {
+    // A memcpy node: the check now, the copy at every replay (from what src holds then).
+    if (count == 0) return cudaSuccess;
+    if (const cudaError_t err = fp8serve::emu::detail::check_copy(dst, src, count, kind); err != cudaSuccess)
+      return record_error(err);
+    fp8serve::emu::detail::record_node(stream, [=](cudaStream_t) { copy_now(dst, src, count, kind); });
+    return cudaSuccess;
+  }
+  return copy_now(dst, src, count, kind);
 }
 
-cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+namespace {
+cudaError_t memset_now(void* ptr, int value, size_t count) {
   if (count == 0) return cudaSuccess;
   {
     auto& s = state();
@@ -225,9 +245,19 @@ cudaError_t cudaMemset(void* ptr, int value, size_t count) {
   std::memset(ptr, value, count);
   return cudaSuccess;
 }
+}  // namespace
+
+cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+  if (const cudaError_t err = fp8serve::emu::detail::refuse_during_capture(); err != cudaSuccess) return record_error(err);
+  return memset_now(ptr, value, count);
+}
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
   if (const cudaError_t err = fp8serve::emu::detail::check_stream(stream); err != cudaSuccess) return record_error(err);
-  return cudaMemset(ptr, value, count);
+  if (fp8serve::emu::detail::is_capturing(stream)) {
+    fp8serve::emu::detail::record_node(stream, [=](cudaStream_t) { memset_now(ptr, value, count); });
+    return cudaSuccess;
+  }
+  return memset_now(ptr, value, count);
 }
 
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
@@ -257,10 +287,11 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (const cudaError_t err = fp8serve::emu::detail::refuse_during_capture(); err != cudaSuccess) return record_error(err);
   return record_error(fp8serve::emu::detail::check_stream(stream));
 }
 cudaError_t cudaStreamQuery(cudaStream_t stream) { return record_error(fp8serve::emu::detail::check_stream(stream)); }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return record_error(fp8serve::emu::detail::refuse_during_capture()); }
 
 // Events: a record is the time of the call.
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
@@ -290,6 +321,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (const cudaError_t err = fp8serve::emu::detail::refuse_during_capture(); err != cudaSuccess) return record_error(err);
   auto& s = state();
   std::lock_guard lock(s.mutex);
   return s.events.count(event) != 0 ? cudaSuccess : record_error(cudaErrorInvalidResourceHandle);
@@ -429,6 +461,11 @@ constexpr ErrorText kErrors[] = {
     {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported (by the fp8serve CUDA emulator)"},
     {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation is not permitted in this state"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
 };
 }  // namespace
 
@@ -442,18 +479,3 @@ const char* cudaGetErrorString(cudaError_t error) {
     if (e.error == error) return e.text;
   return "unrecognized error code";
 }
-
-// CUDA graphs and stream capture run on a GPU only (the backend has a flag to turn them off).
-cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
-  if (status == nullptr) return record_error(cudaErrorInvalidValue);
-  *status = cudaStreamCaptureStatusNone;
-  return record_error(fp8serve::emu::detail::check_stream(stream));
-}
-cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) { return record_error(cudaErrorNotSupported); }
-cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t*) { return record_error(cudaErrorNotSupported); }
-cudaError_t cudaGraphInstantiate(cudaGraphExec_t*, cudaGraph_t, unsigned long long) {
-  return record_error(cudaErrorNotSupported);
-}
-cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) { return record_error(cudaErrorNotSupported); }
-cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) { return record_error(cudaErrorNotSupported); }
-cudaError_t cudaGraphDestroy(cudaGraph_t) { return record_error(cudaErrorNotSupported); }

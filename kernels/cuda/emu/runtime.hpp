@@ -25,6 +25,14 @@ cudaError_t check_launch(const void* function, dim3 grid, dim3 block, size_t sha
 // allocation.
 bool is_device_accessible(const void* pointer);
 
+// cudaSuccess for a valid stream (null, legacy, per-thread, or created), else
+// cudaErrorInvalidResourceHandle.
+cudaError_t check_stream(cudaStream_t stream);
+
+// CUDA graphs (graph.cpp). cudaErrorStreamCaptureUnsupported, invalidating every open capture,
+// when a capture is open (the caller is a call that could synchronise); else cudaSuccess.
+cudaError_t refuse_during_capture();
+
 [[noreturn]] void die(const char* format, ...) __attribute__((format(printf, 1, 2)));
 
 }  // namespace fp8serve::emu::detail

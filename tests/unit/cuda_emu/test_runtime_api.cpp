@@ -205,18 +205,72 @@ TEST_CASE("one H100-like device") {
   CHECK(sms == prop.multiProcessorCount);
 }
 
-TEST_CASE("stream capture and graphs report cudaErrorNotSupported") {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
-  CHECK(cudaStreamIsCapturing(nullptr, &status) == cudaSuccess);
-  CHECK(status == cudaStreamCaptureStatusNone);
-  CHECK(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeGlobal) == cudaErrorNotSupported);
-  CHECK(cudaGetLastError() == cudaErrorNotSupported);
+TEST_CASE("stream capture records launches and async copies; a graph launch replays them on current memory") {
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  int* d = device_alloc<int>(64);
+  int* value = device_alloc<int>(1);
+  int* pinned = nullptr;
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&pinned), sizeof(int)) == cudaSuccess);
+  *pinned = 5;
+  REQUIRE(cudaMemset(d, 0, 64 * sizeof(int)) == cudaSuccess);
+
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  CHECK(cudaStreamIsCapturing(stream, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusActive);
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaErrorIllegalState);
+  CHECK(cudaGetLastError() == cudaErrorIllegalState);
+  // A memcpy node reads its source at each replay; the kernel's value argument is fixed at capture.
+  REQUIRE(cudaMemcpyAsync(value, pinned, sizeof(int), cudaMemcpyHostToDevice, stream) == cudaSuccess);
+  FP8SERVE_LAUNCH(fill_kernel, dim3(2), dim3(32), 0, stream, d, 7);
+  REQUIRE(cudaGetLastError() == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(d + 32, 0, 32 * sizeof(int), stream) == cudaSuccess);
   cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+  REQUIRE(graph != nullptr);
+  CHECK(cudaStreamIsCapturing(stream, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusNone);
+
+  std::vector<int> host(64);
+  auto read = [&] {
+    REQUIRE(cudaMemcpy(host.data(), d, 64 * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+    int v = 0;
+    REQUIRE(cudaMemcpy(&v, value, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+    return v;
+  };
+  CHECK(read() == -1);  // nothing ran during the capture
+  for (int v : host) CHECK(v == 0);
+
   cudaGraphExec_t exec = nullptr;
-  CHECK(cudaStreamEndCapture(nullptr, &graph) == cudaErrorNotSupported);
-  CHECK(cudaGraphInstantiate(&exec, graph, 0) == cudaErrorNotSupported);
-  CHECK(cudaGraphLaunch(exec, nullptr) == cudaErrorNotSupported);
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+  CHECK(read() == 5);
+  for (int i = 0; i < 64; ++i) CHECK(host[i] == (i < 32 ? 7 : 0));
+  *pinned = 9;  // rewritten in place: the next replay copies the new value
+  REQUIRE(cudaMemset(d, 0, 64 * sizeof(int)) == cudaSuccess);
+  REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+  CHECK(read() == 9);
+  CHECK(host[0] == 7);
+  CHECK(cudaGraphExecDestroy(exec) == cudaSuccess);
+  CHECK(cudaGraphDestroy(graph) == cudaSuccess);
+
+  // A call that could synchronise during a capture fails and invalidates the capture.
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  int* fresh = nullptr;
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&fresh), 16) == cudaErrorStreamCaptureUnsupported);
+  CHECK(cudaStreamSynchronize(stream) == cudaErrorStreamCaptureUnsupported);
+  CHECK(cudaStreamEndCapture(stream, &graph) == cudaErrorStreamCaptureInvalidated);
+  CHECK(graph == nullptr);
+  CHECK(cudaGetLastError() == cudaErrorStreamCaptureInvalidated);
+  CHECK(cudaStreamEndCapture(stream, &graph) == cudaErrorIllegalState);  // no capture open
+  CHECK(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeGlobal) == cudaErrorStreamCaptureUnsupported);
   (void)cudaGetLastError();
+
+  CHECK(cudaFreeHost(pinned) == cudaSuccess);
+  CHECK(cudaFree(d) == cudaSuccess);
+  CHECK(cudaFree(value) == cudaSuccess);
+  CHECK(cudaStreamDestroy(stream) == cudaSuccess);
 }
 
 TEST_CASE("error names and strings") {
