@@ -37,6 +37,7 @@ struct Config {
   int max_num_batched_tokens = 2048;
   bool enable_prefix_caching = true;
   int threads = 0;                        // 0 = all cores
+  bool enforce_eager = false;             // CUDA: every step op by op, no CUDA graphs
 
   // Server.
   std::string host = "127.0.0.1";

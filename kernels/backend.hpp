@@ -11,6 +11,7 @@
 // it moves data with copy_to_device / copy_to_host.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -66,6 +67,25 @@ class Backend {
   // Free and total device memory, for sizing the KV pool from --gpu-memory-utilization;
   // nullopt where memory is the host's (the CPU backend).
   virtual std::optional<DeviceMemory> memory_info() const { return std::nullopt; }
+
+  // Graphs (CUDA graphs): the ops issued on `stream` between begin_capture() and end_capture()
+  // are recorded, not run; replay() runs them again, in order, with the arguments they had at
+  // capture (pointers, sizes, grids). What may change between replays is only the contents of
+  // device memory, so a caller rewrites its metadata in place before each replay. No copy,
+  // allocation or synchronize() may happen inside a capture (the backend throws). A backend
+  // without graphs (the CPU) says so and throws from all three.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+  };
+  virtual bool supports_graphs() const { return false; }
+  virtual void begin_capture(Stream /*stream*/) { throw std::logic_error("begin_capture: this backend has no graphs"); }
+  virtual std::unique_ptr<Graph> end_capture(Stream /*stream*/) {
+    throw std::logic_error("end_capture: this backend has no graphs");
+  }
+  virtual void replay(const Graph& /*graph*/, Stream /*stream*/) {
+    throw std::logic_error("replay: this backend has no graphs");
+  }
 
   // Copy-on-write of paged KV blocks: block src -> dst in K and V of every layer's pool (K
   // only where a view's v is null: a K-only tail pool). Also copies a forked sequence's tail

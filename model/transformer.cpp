@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cpu/ops.hpp"  // rope_inv_freq: host-side math shared by every backend
+#include "model/decode_graphs.hpp"
 
 namespace fp8serve {
 
@@ -116,6 +117,11 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
   const std::size_t meta_bytes = step_layout(rows, seqs, max_blocks).end;
   step_meta_ = DeviceBuffer(backend_, meta_bytes);
   step_host_.resize(meta_bytes);
+
+  if (options.graphs == TransformerOptions::Graphs::on && !backend_.supports_graphs())
+    throw std::invalid_argument("Transformer: graphs on a backend without graphs");
+  if (options.graphs != TransformerOptions::Graphs::off)
+    graph_buckets_ = graph_batch_sizes(std::min(options.max_num_seqs, options.max_num_tokens));
 
   if (options.num_blocks > 0) allocate_kv_cache(options.num_blocks);
 }
@@ -269,15 +275,82 @@ void Transformer::upload_batch(const ForwardBatch& b, const StepLayout& layout, 
 void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::span<KvWriteCounts> counts) {
   if (!has_kv_cache()) throw std::logic_error("Transformer::forward: allocate_kv_cache() was not called");
   validate(b, logits);
-  const bool track_counts = !counts.empty();
-  if (track_counts && counts.size() != static_cast<std::size_t>(config_.num_layers))
+  if (!counts.empty() && counts.size() != static_cast<std::size_t>(config_.num_layers))
     throw std::invalid_argument("Transformer::forward: counts must be [num_layers]");
-  const ModelConfig& c = config_;
-  const int64_t num_tokens = static_cast<int64_t>(b.token_ids.size());
-  const int32_t num_seqs = static_cast<int32_t>(b.context_lens.size());
+  const auto num_seqs = static_cast<int32_t>(b.context_lens.size());
+  StepShape shape;
+  shape.num_tokens = static_cast<int64_t>(b.token_ids.size());
+  shape.num_seqs = num_seqs;
+  shape.max_blocks_per_seq = b.max_blocks_per_seq;
+  shape.num_rows = static_cast<int64_t>(b.sample_rows.size());
+  shape.calibrates = std::any_of(b.calibrate.begin(), b.calibrate.end(), [](uint8_t f) { return f != 0; });
+  shape.track_counts = !counts.empty();
+  if (options_.window.enabled()) {
+    for (int32_t s = 0; s < num_seqs; ++s) {  // kv_spill's grid bound
+      const int32_t before = b.context_lens[s] - (b.query_start_loc[s + 1] - b.query_start_loc[s]);
+      shape.max_spill_tokens = std::max(shape.max_spill_tokens, std::min(b.fp8_lens[s], before) - b.spill_starts[s]);
+    }
+  }
+  if (options_.graphs != TransformerOptions::Graphs::off) {
+    const int32_t max_blocks = (options_.max_model_len + options_.block_size - 1) / options_.block_size;
+    if (const auto key = graph_key(b, graph_buckets_, max_blocks, shape.max_spill_tokens, options_.block_size)) {
+      forward_graphed(b, key->num_seqs, key->width, shape.max_spill_tokens, logits, counts);
+      return;
+    }
+  }
   const StepLayout layout = step_layout(b.token_ids.size(), b.context_lens.size(),
                                         static_cast<std::size_t>(b.max_blocks_per_seq));
-  upload_batch(b, layout, track_counts);
+  upload_batch(b, layout, shape.track_counts);
+  enqueue(layout, shape);
+  finish(b, layout, shape, logits, counts);
+}
+
+void Transformer::forward_graphed(const ForwardBatch& b, int32_t num_seqs, int32_t width, int32_t max_spill_tokens,
+                                  std::span<float> logits, std::span<KvWriteCounts> counts) {
+  PaddedDecode padded = pad_decode(b, GraphKey{num_seqs, width}, config_.num_layers);
+  const ForwardBatch p = padded.batch();
+  StepShape shape;
+  shape.num_tokens = num_seqs;
+  shape.num_seqs = num_seqs;
+  shape.max_blocks_per_seq = width;
+  shape.num_rows = num_seqs;
+  // The same launches for every step of the bucket: kv_spill always (nothing to do for most
+  // sequences), counts always.
+  shape.max_spill_tokens = options_.window.enabled() ? options_.block_size : 0;
+  shape.track_counts = true;
+  (void)max_spill_tokens;  // graph_key admitted it: at most block_size
+  const StepLayout layout = step_layout(static_cast<std::size_t>(num_seqs), static_cast<std::size_t>(num_seqs),
+                                        static_cast<std::size_t>(width));
+  upload_batch(p, layout, true);
+  if (options_.graphs == TransformerOptions::Graphs::padded) {
+    enqueue(layout, shape);
+  } else if (const auto it = graphs_.find({num_seqs, width}); it != graphs_.end()) {
+    backend_.replay(*it->second, stream_);
+    ++graph_replays_;
+  } else {
+    // Op by op first: that runs this step and grows every workspace to the bucket's size, so
+    // the capture (which runs nothing) sees the buffers the replays will use.
+    enqueue(layout, shape);
+    backend_.begin_capture(stream_);
+    try {
+      enqueue(layout, shape);
+    } catch (...) {
+      try {
+        (void)backend_.end_capture(stream_);
+      } catch (...) {
+      }
+      throw;
+    }
+    graphs_.emplace(std::pair{num_seqs, width}, backend_.end_capture(stream_));
+    ++graphs_captured_;
+  }
+  finish(p, layout, shape, logits, counts);
+}
+
+void Transformer::enqueue(const StepLayout& layout, const StepShape& shape) {
+  const ModelConfig& c = config_;
+  const int64_t num_tokens = shape.num_tokens;
+  const int32_t num_seqs = shape.num_seqs;
   const int64_t hidden = c.hidden_size;
   const int64_t head_dim = c.head_dim;
   const int64_t q_width = c.num_heads * head_dim;
@@ -313,21 +386,17 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
   batch.query_start_loc = reinterpret_cast<const int32_t*>(meta(layout.query_start_loc));
   batch.context_lens = reinterpret_cast<const int32_t*>(meta(layout.context_lens));
   batch.block_tables = reinterpret_cast<const int32_t*>(meta(layout.block_tables));
-  batch.max_blocks_per_seq = b.max_blocks_per_seq;
+  batch.max_blocks_per_seq = shape.max_blocks_per_seq;
   batch.slot_mapping = reinterpret_cast<const int64_t*>(meta(layout.slot_mapping));
   // Null when no sequence calibrates: a device backend then skips kv_write's amax pass.
-  const bool any_calibrates = std::any_of(b.calibrate.begin(), b.calibrate.end(), [](uint8_t f) { return f != 0; });
-  batch.calibrate = any_calibrates ? reinterpret_cast<const uint8_t*>(meta(layout.calibrate)) : nullptr;
-  int32_t max_spill_tokens = 0;
+  batch.calibrate = shape.calibrates ? reinterpret_cast<const uint8_t*>(meta(layout.calibrate)) : nullptr;
   if (options_.window.enabled()) {
     batch.fp8_lens = reinterpret_cast<const int32_t*>(meta(layout.fp8_lens));
     batch.tail_slots = reinterpret_cast<const int32_t*>(meta(layout.tail_slots));
     batch.tail_ring_blocks = options_.window.ring_blocks();
-    for (int32_t s = 0; s < num_seqs; ++s) {  // host copies: the kv_spill grid's bound
-      const int32_t before = b.context_lens[s] - (b.query_start_loc[s + 1] - b.query_start_loc[s]);
-      max_spill_tokens = std::max(max_spill_tokens, std::min(b.fp8_lens[s], before) - b.spill_starts[s]);
-    }
   }
+  const int32_t max_spill_tokens = shape.max_spill_tokens;
+  const bool track_counts = shape.track_counts;
 
   auto linear = [&](const void* in, int64_t in_stride, const std::uint16_t* w, const std::uint16_t* bias,
                     void* out, int64_t out_stride, int64_t in_features, int64_t out_features) {
@@ -451,7 +520,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
 
   // Logits only for the rows that sample: gather the stream and the last MLP output there, add
   // them inside the final norm, LM head.
-  const auto num_rows = static_cast<int64_t>(b.sample_rows.size());
+  const int64_t num_rows = shape.num_rows;
   if (num_rows > 0) {
     GatherRowsParams gather;
     gather.x = x;
@@ -484,17 +553,26 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     head.out_features = c.vocab_size;
     head.y_fp32 = true;
     backend_.linear(head, stream_);
-    backend_.copy_to_host(logits.data(), logits_.data(), logits.size_bytes(), stream_);
   }
-  // Scales (calibrated ones changed) and counts come back in one copy; they land in step_host_
-  // once the stream is synchronized.
-  const std::size_t back_end = track_counts ? layout.end : layout.counts;
-  backend_.copy_to_host(step_host_.data() + layout.k_scales, meta(layout.k_scales), back_end - layout.k_scales,
-                        stream_);
+}
+
+void Transformer::finish(const ForwardBatch& b, const StepLayout& layout, const StepShape& shape,
+                         std::span<float> logits, std::span<KvWriteCounts> counts) {
+  if (!logits.empty()) backend_.copy_to_host(logits.data(), logits_.data(), logits.size_bytes(), stream_);
+  // Scales (when some were calibrated) and counts come back in one copy; they land in
+  // step_host_ once the stream is synchronized.
+  auto* meta = static_cast<char*>(step_meta_.data());
+  const std::size_t back_begin = shape.calibrates ? layout.k_scales : layout.counts;
+  const std::size_t back_end = shape.track_counts ? layout.end : layout.counts;
+  if (back_end > back_begin) {
+    backend_.copy_to_host(step_host_.data() + back_begin, meta + back_begin, back_end - back_begin, stream_);
+  }
   backend_.synchronize(stream_);
-  std::memcpy(b.k_scales.data(), step_host_.data() + layout.k_scales, b.k_scales.size_bytes());
-  std::memcpy(b.v_scales.data(), step_host_.data() + layout.v_scales, b.v_scales.size_bytes());
-  if (track_counts) {
+  if (shape.calibrates) {
+    std::memcpy(b.k_scales.data(), step_host_.data() + layout.k_scales, b.k_scales.size_bytes());
+    std::memcpy(b.v_scales.data(), step_host_.data() + layout.v_scales, b.v_scales.size_bytes());
+  }
+  if (!counts.empty()) {
     std::vector<KvWriteCounts> step(counts.size());
     std::memcpy(step.data(), step_host_.data() + layout.counts, counts.size_bytes());
     for (std::size_t i = 0; i < counts.size(); ++i) counts[i] += step[i];

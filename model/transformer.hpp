@@ -12,6 +12,8 @@
 // belongs to whom: the engine passes block tables, slots and scales in a ForwardBatch.
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -40,6 +42,13 @@ struct TransformerOptions {
   // The bf16 recent window (FP8 pool only): allocate_kv_cache() adds a bf16 tail pool of one
   // ring of window.ring_blocks() blocks per sequence (max_num_seqs rings), K and V or K only.
   KvWindow window;
+  // CUDA graphs for decode steps (model/decode_graphs.hpp), on backends that have graphs. on: a
+  // step whose sequences all decode one token is padded to a bucket and replays the graph
+  // captured for it (captured the first time the bucket is met, right after running that step
+  // op by op). off: every step runs op by op (--enforce-eager). padded: pads such steps but runs
+  // them op by op - what a replay must equal bit for bit (tests).
+  enum class Graphs : uint8_t { off, on, padded };
+  Graphs graphs = Graphs::off;
 };
 
 // One step, host side. Sequence s owns tokens [query_start_loc[s], query_start_loc[s + 1]).
@@ -88,6 +97,9 @@ class Transformer {
 
   const ModelConfig& config() const { return config_; }
   const TransformerOptions& options() const { return options_; }
+  // Decode steps run through graphs: how many graphs were captured, how many steps replayed one.
+  uint64_t graphs_captured() const { return graphs_captured_; }
+  uint64_t graph_replays() const { return graph_replays_; }
   uint64_t weight_bytes() const { return weight_bytes_; }
   uint64_t kv_cache_bytes() const { return kv_cache_bytes_; }  // the main pool
   uint64_t tail_bytes() const { return tail_bytes_; }           // the window's tail pool
@@ -108,7 +120,6 @@ class Transformer {
     const std::uint16_t* down_proj = nullptr;
   };
 
-  // Uploads the named tensors concatenated along their first dimension (one name: as it is).
   // Byte offsets of one step's metadata inside step_meta_ (and its host image step_host_), each
   // array 16-byte aligned and sized for this step. The scales and counts come last so that what
   // a step reads back is one contiguous range.
@@ -120,11 +131,33 @@ class Transformer {
   };
   StepLayout step_layout(std::size_t num_tokens, std::size_t num_seqs, std::size_t max_blocks_per_seq) const;
 
+  // What the host knows of a step that decides how its ops are issued (their counts and grids).
+  struct StepShape {
+    int64_t num_tokens = 0;
+    int32_t num_seqs = 0;
+    int32_t max_blocks_per_seq = 0;
+    int64_t num_rows = 0;          // rows that sample
+    int32_t max_spill_tokens = 0;  // kv_spill's bound; 0: no spill launched
+    bool calibrates = false;       // some sequence calibrates its scales
+    bool track_counts = false;     // kv_write accumulates counts into the step's metadata
+  };
+
+  // Uploads the named tensors concatenated along their first dimension (one name: as it is).
   const std::uint16_t* upload(const ModelWeights& weights, std::initializer_list<std::string> names);
   void validate(const ForwardBatch& batch, std::span<float> logits) const;
   // Packs the step's metadata into step_host_ and uploads it with one copy (a GPU backend
   // stages it through pinned memory and copies asynchronously on the stream).
   void upload_batch(const ForwardBatch& batch, const StepLayout& layout, bool track_counts);
+  // Issues the step's ops on the stream, from the embedding to the LM head: no copy and no
+  // synchronization, so that a graph can capture it.
+  void enqueue(const StepLayout& layout, const StepShape& shape);
+  // Downloads the logits (the first logits.size() values) and what the step changed in its
+  // metadata (scales when it calibrated, counts), synchronizes, and hands them to the caller.
+  void finish(const ForwardBatch& batch, const StepLayout& layout, const StepShape& shape, std::span<float> logits,
+              std::span<KvWriteCounts> counts);
+  // A decode step through a graph (TransformerOptions::graphs).
+  void forward_graphed(const ForwardBatch& batch, int32_t num_seqs, int32_t width, int32_t max_spill_tokens,
+                       std::span<float> logits, std::span<KvWriteCounts> counts);
 
   ModelConfig config_;
   Backend& backend_;
@@ -160,6 +193,12 @@ class Transformer {
   // Step metadata (StepLayout): one device buffer sized for the largest step, and its host image.
   DeviceBuffer step_meta_;
   std::vector<std::byte> step_host_;
+
+  // Decode graphs by (padded batch size, block-table width).
+  std::vector<int32_t> graph_buckets_;
+  std::map<std::pair<int32_t, int32_t>, std::unique_ptr<Backend::Graph>> graphs_;
+  uint64_t graphs_captured_ = 0;
+  uint64_t graph_replays_ = 0;
 };
 
 }  // namespace fp8serve

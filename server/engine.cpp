@@ -41,6 +41,7 @@ EngineOptions engine_options_from_config(const Config& config) {
   options.max_num_batched_tokens = config.max_num_batched_tokens;
   options.enable_prefix_caching = config.enable_prefix_caching;
   options.threads = config.threads;
+  options.enforce_eager = config.enforce_eager;
   return options;
 }
 
@@ -73,6 +74,8 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   topts.max_model_len = options_.max_model_len;
   topts.kv_scale_margin = options_.kv_scale_margin;
   topts.window = spec.window;
+  topts.graphs = backend.supports_graphs() && !options_.enforce_eager ? TransformerOptions::Graphs::on
+                                                                      : TransformerOptions::Graphs::off;
   transformer_ = std::make_unique<Transformer>(c, model_.weights, backend, topts);
   model_.weights = ModelWeights{};  // the backend holds its own copy now
 
@@ -134,6 +137,13 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   if (device_.kind == "cpu") {
     spdlog::info("attention: {} kernels for head_dim {}",
                  cpu::cpu_isa_name(cpu::resolve_cpu_isa(cpu::CpuIsa::best, c.head_dim)), c.head_dim);
+  }
+  if (backend.supports_graphs()) {
+    spdlog::info("CUDA graphs: {}", options_.enforce_eager
+                                        ? std::string("off (--enforce-eager)")
+                                        : "decode steps of up to " +
+                                              std::to_string(std::min({options_.max_num_seqs, options_.max_num_batched_tokens, 256})) +
+                                              " sequences, captured per batch-size bucket on first use");
   }
   spdlog::info("model: {} ({}, {}, {} layers), weights {} bf16", model_.name, model_.format,
                family_name(c.family), c.num_layers, mib(transformer_->weight_bytes()));

@@ -51,6 +51,7 @@ struct EngineOptions {
   int max_num_batched_tokens = 2048;
   bool enable_prefix_caching = true;
   int threads = 0;                        // CPU threads, 0 = all cores
+  bool enforce_eager = false;             // no CUDA graphs (decode steps replay them otherwise)
 };
 
 constexpr uint64_t kDefaultCpuKvCacheMemory = 1ull << 30;

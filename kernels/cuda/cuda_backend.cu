@@ -36,6 +36,22 @@ std::string describe_errors(unsigned bits) {
   return "cuda backend: the kernels found " + what + " - the step's results are invalid";
 }
 
+class CudaGraph final : public Backend::Graph {
+ public:
+  CudaGraph(cudaGraph_t graph, cudaGraphExec_t exec) : graph_(graph), exec_(exec) {}
+  ~CudaGraph() override {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_;
+};
+
 }  // namespace
 
 CudaBackend::CudaBackend(int device) : device_(device) {
@@ -56,6 +72,11 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 
 CudaBackend::~CudaBackend() {
   // No throwing here: a destructor may run while an exception unwinds.
+  if (capturing_ != nullptr) {
+    cudaGraph_t lost = nullptr;
+    cudaStreamEndCapture(capturing_, &lost);
+    if (lost != nullptr) cudaGraphDestroy(lost);
+  }
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
 #if !FP8SERVE_CUDA_EMU
   cublaslt_.reset();
@@ -63,6 +84,7 @@ CudaBackend::~CudaBackend() {
   for (void* p : {rope_buffer_, calibration_, copy_scratch_, attention_workspace_, static_cast<void*>(errors_)}) {
     if (p != nullptr) cudaFree(p);
   }
+  for (void* p : retired_) cudaFree(p);
   if (errors_host_ != nullptr) cudaFreeHost(errors_host_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -75,7 +97,46 @@ std::string CudaBackend::describe() const {
 #endif
 }
 
+void CudaBackend::refuse_in_capture(const char* what) {
+  if (capturing_ == nullptr) return;
+  cudaGraph_t lost = nullptr;
+  cudaStreamEndCapture(capturing_, &lost);
+  if (lost != nullptr) cudaGraphDestroy(lost);
+  (void)cudaGetLastError();
+  capturing_ = nullptr;
+  throw std::logic_error(std::string("cuda backend: ") + what + " inside a graph capture (the capture is abandoned)");
+}
+
+void CudaBackend::begin_capture(Stream stream) {
+  if (capturing_ != nullptr) throw std::logic_error("cuda backend: begin_capture while a capture is open");
+  const cudaStream_t s = stream_of(stream);
+  // Global mode: any call that could synchronise during the capture fails instead of racing it.
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  capturing_ = s;
+}
+
+std::unique_ptr<Backend::Graph> CudaBackend::end_capture(Stream stream) {
+  const cudaStream_t s = stream_of(stream);
+  if (capturing_ != s) throw std::logic_error("cuda backend: end_capture without begin_capture on that stream");
+  capturing_ = nullptr;
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  if (const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0); err != cudaSuccess) {
+    cudaGraphDestroy(graph);
+    CUDA_CHECK(err);
+  }
+  graphs_made_ = true;
+  return std::make_unique<CudaGraph>(graph, exec);
+}
+
+void CudaBackend::replay(const Graph& graph, Stream stream) {
+  refuse_in_capture("replay");
+  CUDA_CHECK(cudaGraphLaunch(static_cast<const CudaGraph&>(graph).exec(), stream_of(stream)));
+}
+
 void* CudaBackend::allocate(std::size_t bytes) {
+  refuse_in_capture("allocate");
   if (bytes == 0) bytes = 1;
   void* ptr = nullptr;
   const cudaError_t err = cudaMalloc(&ptr, bytes);
@@ -91,11 +152,13 @@ void* CudaBackend::allocate(std::size_t bytes) {
 
 void CudaBackend::free(void* ptr) {
   if (ptr == nullptr) return;
+  refuse_in_capture("free");
   cudaStreamSynchronize(stream_);  // work still queued may use it; errors surface elsewhere
   cudaFree(ptr);
 }
 
 void CudaBackend::drain(cudaStream_t stream) {
+  refuse_in_capture("a synchronization");
   CUDA_CHECK(cudaStreamSynchronize(stream));
   staging_.finish();
 }
@@ -111,6 +174,7 @@ void* CudaBackend::stage(std::size_t bytes, cudaStream_t stream) {
 
 void CudaBackend::copy_to_device(void* dst, const void* src, std::size_t bytes, Stream stream) {
   if (bytes == 0) return;
+  refuse_in_capture("copy_to_device");
   const cudaStream_t s = stream_of(stream);
   if (bytes > kMaxStagedCopy) {
     // Pageable source: the call returns once the driver has its own copy of `src`.
@@ -124,6 +188,7 @@ void CudaBackend::copy_to_device(void* dst, const void* src, std::size_t bytes, 
 
 void CudaBackend::copy_to_host(void* dst, const void* src, std::size_t bytes, Stream stream) {
   if (bytes == 0) return;
+  refuse_in_capture("copy_to_host");
   const cudaStream_t s = stream_of(stream);
   if (bytes > kMaxStagedCopy) {
     // Pageable destination: the call returns once the data is there.
@@ -136,6 +201,7 @@ void CudaBackend::copy_to_host(void* dst, const void* src, std::size_t bytes, St
 }
 
 void CudaBackend::synchronize(Stream stream) {
+  refuse_in_capture("synchronize");
   const cudaStream_t s = stream_of(stream);
   CUDA_CHECK(cudaMemcpyAsync(errors_host_, errors_, sizeof(unsigned), cudaMemcpyDeviceToHost, s));
   drain(s);
@@ -162,7 +228,12 @@ void* CudaBackend::scratch(void*& buffer, std::size_t& capacity, std::size_t byt
   if (stream != stream_) CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (buffer != nullptr) {
     drain(stream);
-    cudaFree(buffer);
+    // A captured graph may hold the old buffer's address: keep it until the backend goes.
+    if (graphs_made_) {
+      retired_.push_back(buffer);
+    } else {
+      cudaFree(buffer);
+    }
   }
   buffer = fresh;
   capacity = grown;

@@ -48,6 +48,10 @@ class CudaBackend final : public Backend {
   void synchronize(Stream stream) override;
   std::optional<DeviceMemory> memory_info() const override;
   void copy_blocks(const CopyBlocksParams& params, Stream stream) override;
+  bool supports_graphs() const override { return true; }
+  void begin_capture(Stream stream) override;
+  std::unique_ptr<Graph> end_capture(Stream stream) override;
+  void replay(const Graph& graph, Stream stream) override;
   void set_rope_table(const std::vector<float>& inv_freq, int64_t max_positions) override;
 
   void embedding(const EmbeddingParams& params, Stream stream) override;
@@ -70,6 +74,9 @@ class CudaBackend final : public Backend {
   }
   // `bytes` of staging, after draining the stream and growing the arena if it is full.
   void* stage(std::size_t bytes, cudaStream_t stream);
+  // Throws std::logic_error naming `what` when a graph is being captured (ending the capture,
+  // which is lost): copies, allocations and synchronization cannot be part of a graph here.
+  void refuse_in_capture(const char* what);
   // Waits for the stream and completes the staged downloads (no error check).
   void drain(cudaStream_t stream);
   // A device scratch buffer of at least `bytes` (zeroed when it grows); the stream is drained
@@ -78,6 +85,9 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t capturing_ = nullptr;  // the stream being captured, if any
+  bool graphs_made_ = false;          // then scratch buffers that grow keep their old memory:
+  std::vector<void*> retired_;        // a graph may still launch with it
   HostStaging staging_;
   unsigned* errors_ = nullptr;       // device: DeviceError bits raised by kernels
   unsigned* errors_host_ = nullptr;  // pinned: where synchronize() reads them

@@ -26,7 +26,7 @@
 //
 // The file convention: kernels/cuda/*.cu hold kernels and host code that uses only the runtime
 // API the emulator has (memory, copies, streams, events, device properties); both builds compile
-// them. kernels/cuda/*.cpp hold host code for the real runtime only (cuBLASLt, CUDA graphs):
+// them (CUDA graphs included). kernels/cuda/*.cpp hold host code for the real runtime only (cuBLASLt):
 // nvcc's build compiles them, the emulator never does. kernels/cuda/README.md says how to add a
 // kernel and its tests.
 #if !defined(FP8SERVE_CUDA_EMU)

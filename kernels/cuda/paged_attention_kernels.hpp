@@ -6,6 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/launch.hpp"
@@ -50,10 +52,20 @@ constexpr int32_t kEmulatorPrefillGrid = 2;
 
 // A persistent grid: as many CTAs of `kernel` as the device holds at once (its occupancy with
 // this shared memory, which the kernel is allowed first), emulator_grid in the emulator.
+// The kernel's dynamic shared memory limit is only ever raised: a CUDA graph captured with a
+// larger launch must stay launchable after a smaller one has run.
 template <class Kernel>
 int32_t persistent_grid(Kernel* kernel, int threads, std::size_t shared, int32_t sms, int32_t emulator_grid) {
-  if (shared > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+  if (shared > 48 * 1024) {
+    static std::mutex mutex;
+    static std::map<const void*, std::size_t> allowed;
+    std::lock_guard lock(mutex);
+    std::size_t& limit = allowed[reinterpret_cast<const void*>(kernel)];
+    if (shared > limit) {
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+      limit = shared;
+    }
+  }
 #if FP8SERVE_CUDA_EMU
   (void)threads;
   (void)sms;
