@@ -11,6 +11,7 @@
 // it moves data with copy_to_device / copy_to_host.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -24,6 +25,12 @@ namespace fp8serve {
 
 // Element type of activations (q, k, v, hidden states): fp32 on the CPU, bf16 on the GPU.
 enum class ActDtype : uint8_t { f32, bf16 };
+
+// Device memory in bytes, as the driver reports it (cudaMemGetInfo).
+struct DeviceMemory {
+  std::size_t free = 0;
+  std::size_t total = 0;
+};
 
 // An ordering queue for device work: cudaStream_t on CUDA, unused (null) on the CPU, where
 // every op has finished when it returns.
@@ -48,6 +55,9 @@ class Backend {
   virtual void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream stream) = 0;
   // Waits until all work queued on the stream has finished (a no-op on the CPU).
   virtual void synchronize(Stream stream) = 0;
+  // Free and total device memory, for sizing the KV pool from --gpu-memory-utilization;
+  // nullopt where memory is the host's (the CPU backend).
+  virtual std::optional<DeviceMemory> memory_info() const { return std::nullopt; }
 
   // Copy-on-write of paged KV blocks: block src -> dst in K and V of every layer's pool.
   virtual void copy_blocks(const CopyBlocksParams& params, Stream stream) = 0;

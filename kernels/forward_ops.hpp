@@ -51,6 +51,9 @@ struct LinearParams {
   int64_t out_features = 0;
   int64_t x_stride = 0;  // elements between rows of x; 0 = in_features
   int64_t y_stride = 0;  // elements between rows of y; 0 = out_features
+  // y in fp32 whatever the activation dtype: the LM head's logits, which the sampler reads on
+  // the host (a bf16 GPU backend writes them unrounded; the CPU's activations are fp32 anyway).
+  bool y_fp32 = false;
 };
 
 // RoPE (HF rotate_half layout) on q and k in place, with the table of set_rope_table(). q and

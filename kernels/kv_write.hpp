@@ -20,7 +20,8 @@ struct KvWriteParams {
   int64_t k_token_stride = 0;  // elements between tokens; 0 = num_kv_heads * head_dim (packed)
   int64_t v_token_stride = 0;  // likewise
   PagedKvView cache;
-  PagedBatch batch;                               // uses query_start_loc, slot_mapping, scales
+  PagedKvView tail;  // bf16 tail pool of this layer; used only when batch.has_tail()
+  PagedBatch batch;  // uses query_start_loc, slot_mapping, scales, context_lens and the tail fields
   float scale_margin = kDefaultKvScaleMargin;     // PRECOND: validate_kv_scale_margin passed
   KvWriteCounts* counts = nullptr;                // optional, accumulated (+=) for this layer
 };

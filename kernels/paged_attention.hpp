@@ -21,7 +21,8 @@ struct PagedAttentionParams {
   int32_t num_heads = 0;
   float softmax_scale = 0.0f;  // usually 1 / sqrt(head_dim)
   PagedKvView cache;
-  PagedBatch batch;  // uses query_start_loc, context_lens, block_tables, scales
+  PagedKvView tail;  // bf16 tail pool of this layer; used only when batch.has_tail()
+  PagedBatch batch;  // uses query_start_loc, context_lens, block_tables, scales, the tail fields
 };
 
 }  // namespace fp8serve

@@ -110,6 +110,27 @@ struct PagedBatch {
   float* v_scales = nullptr;           // [num_seqs]
   const uint8_t* calibrate = nullptr;  // [num_seqs], may be null: nobody calibrates
 
+  // The bf16 recent window (--kv-bf16-window): a sequence's newest tokens stay exact in a small
+  // bf16 tail pool (same layout and block_size as the FP8 pool, passed to each kernel as a second
+  // PagedKvView) and are quantized into their FP8 slots only when their whole block leaves the
+  // window. fp8_lens == nullptr: no window, every position is in the main pool. Otherwise
+  // positions [0, fp8_lens[s]) of sequence s are read from the FP8 pool through its block table
+  // and positions [fp8_lens[s], context_lens[s]) from its ring of tail_ring_blocks tail blocks:
+  // position p sits in tail block tail_slots[s] * tail_ring_blocks + (p / block_size) %
+  // tail_ring_blocks, at offset p % block_size. kv_write sends a new token below fp8_lens[s] (after
+  // this step) to its FP8 slot and the others to the tail; attention reads both segments in one
+  // pass with one online softmax.
+  const int32_t* fp8_lens = nullptr;    // [num_seqs] positions read from the FP8 pool
+  const int32_t* tail_slots = nullptr;  // [num_seqs] the sequence's ring in the tail pool
+  int32_t tail_ring_blocks = 0;
+
+  PAGED_KV_HD bool has_tail() const { return fp8_lens != nullptr; }
+  // Slot of position pos of sequence seq in the tail pool (PRECOND: pos >= fp8_lens[seq]).
+  PAGED_KV_HD int64_t tail_slot(int32_t seq, int32_t pos, int32_t block_size) const {
+    const int64_t block = static_cast<int64_t>(tail_slots[seq]) * tail_ring_blocks + (pos / block_size) % tail_ring_blocks;
+    return block * block_size + pos % block_size;
+  }
+
   PAGED_KV_HD int32_t num_new_tokens(int32_t seq) const {
     return query_start_loc[seq + 1] - query_start_loc[seq];
   }

@@ -39,74 +39,55 @@ DeviceBuffer device_array(Backend& backend, std::size_t count) {
 Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights, Backend& backend,
                          const TransformerOptions& options)
     : config_(config), backend_(backend), options_(options) {
-  if (backend.activation_dtype() != ActDtype::f32) {
-    // The logits read-back and the buffer sizes below assume fp32 activations.
-    throw std::invalid_argument("Transformer: only fp32-activation backends are supported yet");
-  }
-  if (options.num_blocks < 1 || options.block_size < 1 || options.max_num_tokens < 1 ||
+  act_bytes_ = backend.activation_dtype() == ActDtype::f32 ? sizeof(float) : sizeof(std::uint16_t);
+  if (options.num_blocks < 0 || options.block_size < 1 || options.max_num_tokens < 1 ||
       options.max_num_seqs < 1 || options.max_model_len < 1) {
-    throw std::invalid_argument("Transformer: num_blocks, block_size, max_num_tokens, max_num_seqs "
-                                "and max_model_len must be >= 1");
+    throw std::invalid_argument("Transformer: block_size, max_num_tokens, max_num_seqs and "
+                                "max_model_len must be >= 1, num_blocks >= 0");
   }
   validate_kv_scale_margin(options.kv_scale_margin);
   const ModelConfig& c = config_;
 
-  // Weights: uploaded once, in bf16, under the layer's named slots.
-  embed_tokens_ = upload(weights, "model.embed_tokens.weight");
-  final_norm_ = upload(weights, "model.norm.weight");
-  lm_head_ = c.tie_word_embeddings ? embed_tokens_ : upload(weights, "lm_head.weight");
+  // Weights: uploaded once, in bf16, under the layer's named slots; q/k/v and gate/up fused.
+  embed_tokens_ = upload(weights, {"model.embed_tokens.weight"});
+  final_norm_ = upload(weights, {"model.norm.weight"});
+  lm_head_ = c.tie_word_embeddings ? embed_tokens_ : upload(weights, {"lm_head.weight"});
   layers_.resize(static_cast<std::size_t>(c.num_layers));
   for (int i = 0; i < c.num_layers; ++i) {
     LayerWeights& w = layers_[static_cast<std::size_t>(i)];
-    w.input_norm = upload(weights, layer_name(i, "input_layernorm.weight"));
-    w.q_proj = upload(weights, layer_name(i, "self_attn.q_proj.weight"));
-    w.k_proj = upload(weights, layer_name(i, "self_attn.k_proj.weight"));
-    w.v_proj = upload(weights, layer_name(i, "self_attn.v_proj.weight"));
+    auto name = [i](const char* suffix) { return layer_name(i, suffix); };
+    w.input_norm = upload(weights, {name("input_layernorm.weight")});
+    w.qkv_proj = upload(weights, {name("self_attn.q_proj.weight"), name("self_attn.k_proj.weight"),
+                                  name("self_attn.v_proj.weight")});
     if (c.attention_bias) {
-      w.q_bias = upload(weights, layer_name(i, "self_attn.q_proj.bias"));
-      w.k_bias = upload(weights, layer_name(i, "self_attn.k_proj.bias"));
-      w.v_bias = upload(weights, layer_name(i, "self_attn.v_proj.bias"));
+      w.qkv_bias = upload(weights, {name("self_attn.q_proj.bias"), name("self_attn.k_proj.bias"),
+                                    name("self_attn.v_proj.bias")});
     }
     if (c.qk_norm) {
-      w.q_norm = upload(weights, layer_name(i, "self_attn.q_norm.weight"));
-      w.k_norm = upload(weights, layer_name(i, "self_attn.k_norm.weight"));
+      w.q_norm = upload(weights, {name("self_attn.q_norm.weight")});
+      w.k_norm = upload(weights, {name("self_attn.k_norm.weight")});
     }
-    w.o_proj = upload(weights, layer_name(i, "self_attn.o_proj.weight"));
-    w.post_norm = upload(weights, layer_name(i, "post_attention_layernorm.weight"));
-    w.gate_proj = upload(weights, layer_name(i, "mlp.gate_proj.weight"));
-    w.up_proj = upload(weights, layer_name(i, "mlp.up_proj.weight"));
-    w.down_proj = upload(weights, layer_name(i, "mlp.down_proj.weight"));
+    w.o_proj = upload(weights, {name("self_attn.o_proj.weight")});
+    w.post_norm = upload(weights, {name("post_attention_layernorm.weight")});
+    w.gate_up_proj = upload(weights, {name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")});
+    w.down_proj = upload(weights, {name("mlp.down_proj.weight")});
   }
   backend_.set_rope_table(model_inv_freq(c), options.max_model_len);
 
-  // The paged KV pool: one K and one V buffer per layer.
-  const std::size_t pool_elems = static_cast<std::size_t>(options.num_blocks) *
-                                 static_cast<std::size_t>(options.block_size) *
-                                 static_cast<std::size_t>(c.num_kv_heads) * static_cast<std::size_t>(c.head_dim);
-  const std::size_t pool_bytes = pool_elems * kv_dtype_size(options.kv_dtype);
-  for (int i = 0; i < c.num_layers; ++i) {
-    DeviceBuffer k(backend_, pool_bytes);
-    DeviceBuffer v(backend_, pool_bytes);
-    kv_views_.push_back(make_paged_kv_view(k.data(), v.data(), options.kv_dtype, options.num_blocks,
-                                           options.block_size, c.num_kv_heads, c.head_dim));
-    kv_buffers_.push_back(std::move(k));
-    kv_buffers_.push_back(std::move(v));
-    kv_cache_bytes_ += 2 * pool_bytes;
-  }
-
-  // Activations for the largest step.
+  // Activations for the largest step, in the backend's activation dtype; logits in fp32.
   const auto rows = static_cast<std::size_t>(options.max_num_tokens);
   const auto seqs = static_cast<std::size_t>(options.max_num_seqs);
   const auto hidden = static_cast<std::size_t>(c.hidden_size);
   const auto q_width = static_cast<std::size_t>(c.num_heads * c.head_dim);
   const auto qkv_width = static_cast<std::size_t>((c.num_heads + 2 * c.num_kv_heads) * c.head_dim);
-  hidden_ = device_array<float>(backend_, rows * hidden);
-  normed_ = device_array<float>(backend_, rows * hidden);
-  qkv_ = device_array<float>(backend_, rows * qkv_width);
-  attn_out_ = device_array<float>(backend_, rows * q_width);
-  proj_out_ = device_array<float>(backend_, rows * hidden);
-  gate_up_ = device_array<float>(backend_, rows * 2 * static_cast<std::size_t>(c.intermediate_size));
-  sampled_ = device_array<float>(backend_, seqs * hidden);
+  auto activations = [&](std::size_t count) { return DeviceBuffer(backend_, count * act_bytes_); };
+  hidden_ = activations(rows * hidden);
+  normed_ = activations(rows * hidden);
+  qkv_ = activations(rows * qkv_width);
+  attn_out_ = activations(rows * q_width);
+  proj_out_ = activations(rows * hidden);
+  gate_up_ = activations(rows * 2 * static_cast<std::size_t>(c.intermediate_size));
+  sampled_ = activations(seqs * hidden);
   logits_ = device_array<float>(backend_, seqs * static_cast<std::size_t>(c.vocab_size));
 
   const auto max_blocks = static_cast<std::size_t>((options.max_model_len + options.block_size - 1) /
@@ -123,13 +104,42 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
   calibrate_ = device_array<uint8_t>(backend_, seqs);
   sample_rows_ = device_array<int32_t>(backend_, seqs);
   counts_ = device_array<KvWriteCounts>(backend_, layers);
+
+  if (options.num_blocks > 0) allocate_kv_cache(options.num_blocks);
 }
 
-const std::uint16_t* Transformer::upload(const ModelWeights& weights, const std::string& name) {
-  const HostTensor& tensor = weights.at(name);
-  const std::size_t bytes = tensor.data.size() * sizeof(std::uint16_t);
+void Transformer::allocate_kv_cache(int num_blocks) {
+  if (has_kv_cache()) throw std::logic_error("Transformer: the KV pool is already allocated");
+  if (num_blocks < 1) throw std::invalid_argument("Transformer: the KV pool needs num_blocks >= 1");
+  const ModelConfig& c = config_;
+  options_.num_blocks = num_blocks;
+  // One K and one V buffer per layer.
+  const std::size_t pool_elems = static_cast<std::size_t>(num_blocks) * static_cast<std::size_t>(options_.block_size) *
+                                 static_cast<std::size_t>(c.num_kv_heads) * static_cast<std::size_t>(c.head_dim);
+  const std::size_t pool_bytes = pool_elems * kv_dtype_size(options_.kv_dtype);
+  for (int i = 0; i < c.num_layers; ++i) {
+    DeviceBuffer k(backend_, pool_bytes);
+    DeviceBuffer v(backend_, pool_bytes);
+    kv_views_.push_back(make_paged_kv_view(k.data(), v.data(), options_.kv_dtype, num_blocks,
+                                           options_.block_size, c.num_kv_heads, c.head_dim));
+    kv_buffers_.push_back(std::move(k));
+    kv_buffers_.push_back(std::move(v));
+    kv_cache_bytes_ += 2 * pool_bytes;
+  }
+}
+
+const std::uint16_t* Transformer::upload(const ModelWeights& weights, std::initializer_list<std::string> names) {
+  std::size_t bytes = 0;
+  for (const std::string& name : names) bytes += weights.at(name).data.size() * sizeof(std::uint16_t);
   DeviceBuffer buffer(backend_, bytes);
-  backend_.copy_to_device(buffer.data(), tensor.data.data(), bytes, stream_);
+  std::size_t offset = 0;
+  for (const std::string& name : names) {
+    const HostTensor& tensor = weights.at(name);
+    const std::size_t part = tensor.data.size() * sizeof(std::uint16_t);
+    backend_.copy_to_device(static_cast<char*>(buffer.data()) + offset, tensor.data.data(), part, stream_);
+    offset += part;
+  }
+  backend_.synchronize(stream_);  // the host tensors may go once the constructor returns
   weight_bytes_ += bytes;
   const auto* ptr = buffer.as<const std::uint16_t>();
   weight_buffers_.push_back(std::move(buffer));
@@ -183,6 +193,7 @@ void Transformer::upload_batch(const ForwardBatch& b) {
 }
 
 void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::span<KvWriteCounts> counts) {
+  if (!has_kv_cache()) throw std::logic_error("Transformer::forward: allocate_kv_cache() was not called");
   validate(b, logits);
   upload_batch(b);
   const ModelConfig& c = config_;
@@ -195,15 +206,20 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
   const int64_t qkv_width = q_width + 2 * kv_width;
   const int64_t inter = c.intermediate_size;
 
-  float* x = hidden_.as<float>();       // [num_tokens, hidden] residual stream
-  float* normed = normed_.as<float>();  // [num_tokens, hidden]
-  float* q = qkv_.as<float>();          // [num_tokens, num_heads, head_dim] (row stride qkv_width)
-  float* k = q + q_width;               // [num_tokens, num_kv_heads, head_dim]
-  float* v = k + kv_width;              // [num_tokens, num_kv_heads, head_dim]
-  float* attn = attn_out_.as<float>();  // [num_tokens, num_heads, head_dim]
-  float* proj = proj_out_.as<float>();  // [num_tokens, hidden]
-  float* gate = gate_up_.as<float>();   // [num_tokens, intermediate] (row stride 2 * intermediate)
-  float* up = gate + inter;             // [num_tokens, intermediate]
+  // Activation pointers; `at` offsets one by a number of elements of the activation dtype.
+  auto at = [this](const DeviceBuffer& buffer, int64_t elements) {
+    return static_cast<char*>(buffer.data()) + elements * static_cast<int64_t>(act_bytes_);
+  };
+  void* x = hidden_.data();        // [num_tokens, hidden] residual stream
+  void* normed = normed_.data();   // [num_tokens, hidden]
+  void* qkv = qkv_.data();         // [num_tokens, qkv_width]: q | k | v per row
+  void* q = qkv;                   // [num_tokens, num_heads, head_dim] (row stride qkv_width)
+  void* k = at(qkv_, q_width);     // [num_tokens, num_kv_heads, head_dim]
+  void* v = at(qkv_, q_width + kv_width);  // [num_tokens, num_kv_heads, head_dim]
+  void* attn = attn_out_.data();   // [num_tokens, num_heads, head_dim]
+  void* proj = proj_out_.data();   // [num_tokens, hidden]
+  void* gate = gate_up_.data();    // [num_tokens, intermediate] (row stride 2 * intermediate)
+  void* up = at(gate_up_, inter);  // [num_tokens, intermediate]
 
   const bool track_counts = !counts.empty();
   if (track_counts) {
@@ -251,7 +267,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     p.eps = c.rms_norm_eps;
     backend_.rms_norm(p, stream_);
   };
-  auto residual_add = [&](const float* delta) {
+  auto residual_add = [&](const void* delta) {
     ResidualAddParams p;
     p.residual = x;
     p.x = delta;
@@ -275,9 +291,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
 
     // Attention block: norm -> q, k, v -> (q/k norm) -> rope -> kv_write -> attention -> o_proj.
     rms_norm(x, normed, w.input_norm, 1, hidden, hidden);
-    linear(normed, hidden, w.q_proj, w.q_bias, q, qkv_width, hidden, q_width);
-    linear(normed, hidden, w.k_proj, w.k_bias, k, qkv_width, hidden, kv_width);
-    linear(normed, hidden, w.v_proj, w.v_bias, v, qkv_width, hidden, kv_width);
+    linear(normed, hidden, w.qkv_proj, w.qkv_bias, qkv, qkv_width, hidden, qkv_width);
     if (c.qk_norm) {
       rms_norm(q, q, w.q_norm, c.num_heads, head_dim, qkv_width);
       rms_norm(k, k, w.k_norm, c.num_kv_heads, head_dim, qkv_width);
@@ -321,8 +335,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
 
     // MLP block: norm -> gate, up -> silu(gate) * up -> down_proj.
     rms_norm(x, normed, w.post_norm, 1, hidden, hidden);
-    linear(normed, hidden, w.gate_proj, nullptr, gate, 2 * inter, hidden, inter);
-    linear(normed, hidden, w.up_proj, nullptr, up, 2 * inter, hidden, inter);
+    linear(normed, hidden, w.gate_up_proj, nullptr, gate, 2 * inter, hidden, 2 * inter);
     SiluMulParams swiglu;
     swiglu.gate = gate;
     swiglu.up = up;
@@ -365,6 +378,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     head.num_tokens = num_rows;
     head.in_features = hidden;
     head.out_features = c.vocab_size;
+    head.y_fp32 = true;
     backend_.linear(head, stream_);
     backend_.copy_to_host(logits.data(), logits_.data(), logits.size_bytes(), stream_);
   }

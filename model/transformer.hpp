@@ -4,12 +4,16 @@
 // differ only by config flags: QKV bias (Qwen2), per-head q/k RMSNorm (Qwen3), llama3 rope
 // scaling, tied embeddings.
 //
-// The Transformer owns the model's device state: the bf16 weights (uploaded once), the paged
-// KV pool (one K and one V buffer per layer, kernels/paged_kv.hpp layout), the activation
-// buffers sized for the largest step, and the step's metadata buffers. It does not know which
-// block belongs to whom: the engine passes block tables, slots and scales in a ForwardBatch.
+// The Transformer owns the model's device state: the bf16 weights (uploaded once; q, k and v
+// concatenated into one qkv projection, gate and up into one gate_up projection, as every
+// serious engine fuses them), the paged KV pool (one K and one V buffer per layer,
+// kernels/paged_kv.hpp layout), the activation buffers sized for the largest step (in the
+// backend's activation dtype), and the step's metadata buffers. It does not know which block
+// belongs to whom: the engine passes block tables, slots and scales in a ForwardBatch.
 #include <cstdint>
+#include <initializer_list>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cache/block_manager.hpp"
@@ -24,7 +28,10 @@ namespace fp8serve {
 struct TransformerOptions {
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
   int block_size = 16;
-  int num_blocks = 0;          // of the KV pool (KvCacheSpec::num_blocks_for_budget)
+  // Blocks of the KV pool (KvCacheSpec::num_blocks_for_budget). 0: the constructor allocates no
+  // pool, and allocate_kv_cache() must be called before forward() - the GPU engine sizes the pool
+  // from the memory left once the weights and activation buffers are in place.
+  int num_blocks = 0;
   int max_num_tokens = 2048;   // per step (--max-num-batched-tokens)
   int max_num_seqs = 64;       // per step
   int max_model_len = 0;       // positions the rope table covers; block tables' width
@@ -56,6 +63,10 @@ class Transformer {
   Transformer(const ModelConfig& config, const ModelWeights& weights, Backend& backend,
               const TransformerOptions& options);
 
+  // Allocates the KV pool when the options said num_blocks = 0. Once only.
+  void allocate_kv_cache(int num_blocks);
+  bool has_kv_cache() const { return !kv_views_.empty(); }
+
   // Runs the step and writes [sample_rows.size(), vocab_size] fp32 logits to `logits`.
   // counts (optional, [num_layers]) accumulates kv_write's saturation counts per layer.
   void forward(const ForwardBatch& batch, std::span<float> logits,
@@ -72,22 +83,18 @@ class Transformer {
  private:
   struct LayerWeights {
     const std::uint16_t* input_norm = nullptr;
-    const std::uint16_t* q_proj = nullptr;
-    const std::uint16_t* k_proj = nullptr;
-    const std::uint16_t* v_proj = nullptr;
-    const std::uint16_t* q_bias = nullptr;  // Qwen2
-    const std::uint16_t* k_bias = nullptr;
-    const std::uint16_t* v_bias = nullptr;
-    const std::uint16_t* q_norm = nullptr;  // Qwen3
+    const std::uint16_t* qkv_proj = nullptr;  // [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
+    const std::uint16_t* qkv_bias = nullptr;  // Qwen2
+    const std::uint16_t* q_norm = nullptr;    // Qwen3
     const std::uint16_t* k_norm = nullptr;
     const std::uint16_t* o_proj = nullptr;
     const std::uint16_t* post_norm = nullptr;
-    const std::uint16_t* gate_proj = nullptr;
-    const std::uint16_t* up_proj = nullptr;
+    const std::uint16_t* gate_up_proj = nullptr;  // [2 * intermediate, hidden]: gate rows, then up
     const std::uint16_t* down_proj = nullptr;
   };
 
-  const std::uint16_t* upload(const ModelWeights& weights, const std::string& name);
+  // Uploads the named tensors concatenated along their first dimension (one name: as it is).
+  const std::uint16_t* upload(const ModelWeights& weights, std::initializer_list<std::string> names);
   void validate(const ForwardBatch& batch, std::span<float> logits) const;
   void upload_batch(const ForwardBatch& batch);
 
@@ -106,6 +113,7 @@ class Transformer {
   std::vector<DeviceBuffer> kv_buffers_;  // [num_layers * 2]: K then V of each layer
   std::vector<PagedKvView> kv_views_;     // [num_layers]
   uint64_t kv_cache_bytes_ = 0;
+  std::size_t act_bytes_ = 4;  // bytes per activation element (fp32 or bf16)
 
   // Activations, sized for max_num_tokens rows (act = the backend's activation dtype).
   DeviceBuffer hidden_;    // [max_tokens, hidden] the residual stream

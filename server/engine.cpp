@@ -24,10 +24,9 @@ std::string mib(uint64_t bytes) {
 }  // namespace
 
 EngineOptions engine_options_from_config(const Config& config) {
-  if (config.device == "cuda") {
-    throw ConfigError("--device cuda: this build has only the CPU engine; use --device cpu or auto");
-  }
   EngineOptions options;
+  options.device = config.device;
+  options.gpu_memory_utilization = config.gpu_memory_utilization;
   const std::optional<KvDtype> dtype = parse_kv_dtype(config.kv_cache_dtype);
   if (!dtype) throw ConfigError("--kv-cache-dtype: expected fp8_e4m3 or bf16");
   options.kv_dtype = *dtype;
@@ -50,10 +49,8 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   const ModelConfig& c = model_.config;
   if (options_.max_model_len <= 0) options_.max_model_len = c.max_position_embeddings;
   if (options_.max_model_len <= 0) throw std::invalid_argument("the model declares no context length: set --max-model-len");
-  const int threads = options_.threads > 0 ? options_.threads
-                                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  pool_ = std::make_unique<cpu::ThreadPool>(threads);
-  backend_ = std::make_unique<cpu::CpuBackend>(*pool_);
+  device_ = make_device(options_.device, options_.threads);
+  Backend& backend = *device_.backend;
 
   KvCacheSpec spec;
   spec.block_size = options_.block_size;
@@ -62,23 +59,45 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   spec.head_dim = c.head_dim;
   spec.dtype = options_.kv_dtype;
   spec.validate();
-  const int num_blocks = spec.num_blocks_for_budget(options_.kv_cache_memory);
-  if (num_blocks < 1) {
-    throw std::invalid_argument("--kv-cache-memory " + std::to_string(options_.kv_cache_memory) +
-                                " bytes holds no block of " + std::to_string(spec.bytes_per_block()) +
-                                " bytes: raise it");
-  }
 
   TransformerOptions topts;
   topts.kv_dtype = options_.kv_dtype;
   topts.block_size = options_.block_size;
-  topts.num_blocks = num_blocks;
+  topts.num_blocks = 0;  // sized below, from what the weights and buffers left
   topts.max_num_tokens = options_.max_num_batched_tokens;
   topts.max_num_seqs = options_.max_num_seqs;
   topts.max_model_len = options_.max_model_len;
   topts.kv_scale_margin = options_.kv_scale_margin;
-  transformer_ = std::make_unique<Transformer>(c, model_.weights, *backend_, topts);
+  transformer_ = std::make_unique<Transformer>(c, model_.weights, backend, topts);
   model_.weights = ModelWeights{};  // the backend holds its own copy now
+
+  uint64_t budget = options_.kv_cache_memory;
+  std::string budget_source = "--kv-cache-memory";
+  if (budget == 0) {
+    if (const std::optional<DeviceMemory> memory = backend.memory_info()) {
+      // vLLM's rule: the pool gets what is left of utilization x total once everything else
+      // (weights, activation buffers, workspaces - all allocated by now - and other processes)
+      // is counted as used.
+      const double allowed = options_.gpu_memory_utilization * static_cast<double>(memory->total);
+      const double used = static_cast<double>(memory->total - memory->free);
+      budget = allowed > used ? static_cast<uint64_t>(allowed - used) : 0;
+      budget_source = "--gpu-memory-utilization " + std::to_string(options_.gpu_memory_utilization).substr(0, 4) +
+                      " of " + mib(memory->total) + ", " + mib(memory->total - memory->free) + " in use";
+      if (budget == 0) {
+        throw std::invalid_argument("the weights and buffers leave no room for the KV cache under " + budget_source +
+                                    ": raise --gpu-memory-utilization, or lower --max-num-batched-tokens");
+      }
+    } else {
+      budget = kDefaultCpuKvCacheMemory;
+      budget_source = "default for the CPU";
+    }
+  }
+  const int num_blocks = spec.num_blocks_for_budget(budget);
+  if (num_blocks < 1) {
+    throw std::invalid_argument("a KV budget of " + std::to_string(budget) + " bytes (" + budget_source +
+                                ") holds no block of " + std::to_string(spec.bytes_per_block()) + " bytes: raise it");
+  }
+  transformer_->allocate_kv_cache(num_blocks);
 
   BlockManagerOptions bopts;
   bopts.block_size = options_.block_size;
@@ -95,13 +114,15 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   }
   step_counts_.resize(static_cast<std::size_t>(c.num_layers));
 
-  spdlog::info("device: {}", backend_->describe());
-  spdlog::info("attention: {} kernels for head_dim {}", cpu::cpu_isa_name(cpu::resolve_cpu_isa(cpu::CpuIsa::best, c.head_dim)),
-               c.head_dim);
+  spdlog::info("device: {}", backend.describe());
+  if (device_.kind == "cpu") {
+    spdlog::info("attention: {} kernels for head_dim {}",
+                 cpu::cpu_isa_name(cpu::resolve_cpu_isa(cpu::CpuIsa::best, c.head_dim)), c.head_dim);
+  }
   spdlog::info("model: {} ({}, {}, {} layers), weights {} bf16", model_.name, model_.format,
                family_name(c.family), c.num_layers, mib(transformer_->weight_bytes()));
-  spdlog::info("KV cache: {}, {} bytes/token, margin {}{}, max model len {}", spec.describe(num_blocks),
-               spec.bytes_per_token(), options_.kv_scale_margin,
+  spdlog::info("KV cache: {} ({}), {} bytes/token, margin {}{}, max model len {}", spec.describe(num_blocks),
+               budget_source, spec.bytes_per_token(), options_.kv_scale_margin,
                kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (unused for bf16)", options_.max_model_len);
 }
 

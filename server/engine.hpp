@@ -22,11 +22,11 @@
 #include "cache/kv_scales.hpp"
 #include "config/config.hpp"
 #include "kernels/backend.hpp"
-#include "kernels/cpu/thread_pool.hpp"
 #include "model/loader.hpp"
 #include "model/tokenizer/detokenizer.hpp"
 #include "model/transformer.hpp"
 #include "server/api/engine_client.hpp"
+#include "server/device.hpp"
 #include "server/engine_api.hpp"
 #include "server/sampling.hpp"
 #include "server/scheduler.hpp"
@@ -35,10 +35,14 @@
 namespace fp8serve {
 
 struct EngineOptions {
+  std::string device = "cpu";  // auto | cpu | cuda (server/device.hpp); the CLI's default is auto
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
   float kv_scale_margin = kDefaultKvScaleMargin;
   int block_size = 16;
-  uint64_t kv_cache_memory = 1ull << 30;  // bytes of K + V pool
+  // Bytes of K + V pool; 0 = derive: on a GPU gpu_memory_utilization of its memory minus what
+  // the weights and buffers took, on the CPU kDefaultCpuKvCacheMemory.
+  uint64_t kv_cache_memory = 0;
+  double gpu_memory_utilization = 0.9;
   int max_model_len = 0;                  // 0 = the model's max_position_embeddings
   int max_num_seqs = 64;
   int max_num_batched_tokens = 2048;
@@ -46,8 +50,9 @@ struct EngineOptions {
   int threads = 0;                        // CPU threads, 0 = all cores
 };
 
-// The engine's part of the configuration (config/ validated it). Throws ConfigError for a
-// combination only the engine can judge (an unknown --device).
+constexpr uint64_t kDefaultCpuKvCacheMemory = 1ull << 30;
+
+// The engine's part of the configuration (config/ validated it).
 EngineOptions engine_options_from_config(const Config& config);
 
 class Engine {
@@ -108,8 +113,7 @@ class Engine {
 
   LoadedModel model_;
   EngineOptions options_;
-  std::unique_ptr<cpu::ThreadPool> pool_;
-  std::unique_ptr<Backend> backend_;
+  Device device_;
   std::unique_ptr<Transformer> transformer_;
   std::unique_ptr<BlockManager> blocks_;
   std::unique_ptr<Scheduler> scheduler_;

@@ -73,6 +73,9 @@ void validate_kv_write(const KvWriteParams& params) {
   const PagedBatch& batch = params.batch;
   validate_paged_kv_view(cache);
   validate_query_starts(batch);
+  if (batch.has_tail()) {
+    throw std::invalid_argument("the bf16 recent window (PagedBatch::fp8_lens) is not implemented by the CPU kernels yet");
+  }
   if (batch.num_tokens == 0) return;
   const int64_t row = static_cast<int64_t>(cache.num_kv_heads) * cache.head_dim;
   auto bad_stride = [row](int64_t stride) { return stride != 0 && stride < row; };

@@ -193,6 +193,9 @@ CpuIsa parse_cpu_isa(const std::string& name) {
 void validate_paged_attention(const PagedAttentionParams& params) {
   validate_paged_kv_view(params.cache);
   validate_query_starts(params.batch);
+  if (params.batch.has_tail()) {
+    throw std::invalid_argument("the bf16 recent window (PagedBatch::fp8_lens) is not implemented by the CPU kernels yet");
+  }
   if (params.num_heads <= 0 || params.num_heads % params.cache.num_kv_heads != 0) {
     throw std::invalid_argument("paged attention: num_heads must be a positive multiple of num_kv_heads");
   }
