@@ -178,9 +178,10 @@ void Engine::add_request(GenerationRequest request, OutputSink sink) {
     state.seq_ids.push_back(seq_id);
     SamplingParams params = request.sampling;
     params.seed = seed + static_cast<uint64_t>(i);  // choices differ, and repeat with the seed
-    seqs_.emplace(seq_id, SeqState{id, i, Sampler(params, request.prompt_tokens, seed),
-                                   IncrementalDetokenizer(*model_.tokenizer, request.skip_special_tokens),
-                                   StopChecker(request.stop), 0});
+    auto [it, inserted] = seqs_.emplace(seq_id, SeqState{id, i, Sampler(params, request.prompt_tokens, seed),
+                                                         IncrementalDetokenizer(*model_.tokenizer, request.skip_special_tokens),
+                                                         StopChecker(request.stop), 0});
+    if (request.grammar) it->second.matcher = std::make_unique<grammar::GrammarMatcher>(request.grammar, !request.ignore_eos);
   }
   const std::vector<SeqId> forks(state.seq_ids.begin() + 1, state.seq_ids.end());
   scheduler_->add(state.seq_ids.front(), request.prompt_tokens, forks);
@@ -256,6 +257,15 @@ void Engine::on_token(SeqId id, const SampleResult& sample) {
   const StopChecker::Result text = seq.stop_checker.push(seq.detokenizer.push(sample.token));
   out.text_delta = text.emit;
   if (text.stopped) {
+    finish_seq(id, out, FinishReason::stop);
+    return;
+  }
+  if (seq.matcher && seq.matcher->is_terminated()) {
+    // The structured output is complete and nothing may follow: end here, without waiting
+    // for an EOS the mask would force.
+    const StopChecker::Result tail = seq.stop_checker.push(seq.detokenizer.flush());
+    out.text_delta += tail.emit;
+    if (!tail.stopped) out.text_delta += seq.stop_checker.flush();
     finish_seq(id, out, FinishReason::stop);
     return;
   }
@@ -376,10 +386,34 @@ void Engine::run_step(const StepPlan& plan) {
       const auto it = seqs_.find(id);
       if (it == seqs_.end()) continue;
       row_.assign(logits.begin(), logits.end());  // the sampler uses its row as scratch
-      const SampleResult sample = it->second.sampler.sample(row_);
+      SeqState& seq = it->second;
+      if (seq.matcher && !apply_grammar(seq, row_)) {
+        RequestOutput out;
+        out.error = "structured output: no token can continue the text the schema requires";
+        finish_seq(id, out, FinishReason::error);
+        continue;
+      }
+      const SampleResult sample = seq.sampler.sample(row_);
+      if (seq.matcher && !seq.matcher->accept_token(sample.token)) {
+        RequestOutput out;  // a masked token was sampled: a bug, not the client's doing
+        out.error = "structured output: the sampler chose a token the grammar does not allow";
+        finish_seq(id, out, FinishReason::error);
+        continue;
+      }
       on_token(id, sample);
     }
   }
+}
+
+bool Engine::apply_grammar(SeqState& seq, std::span<float> row) {
+  const auto t0 = std::chrono::steady_clock::now();
+  token_mask_.resize(static_cast<size_t>(seq.matcher->grammar().vocab().mask_words()));
+  seq.matcher->fill_next_token_bitmask(token_mask_);
+  const bool any = grammar::bitmask_count(token_mask_) > 0;
+  grammar::apply_token_bitmask(token_mask_, row);
+  grammar_mask_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++grammar_mask_count_;
+  return any;
 }
 
 void Engine::fail_all(const std::string& message) {

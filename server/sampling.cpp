@@ -122,7 +122,11 @@ int32_t Sampler::draw(std::span<const float> logits) {
     acc += weight(order_[i]);
     if (u < acc) return order_[i];
   }
-  return order_[count - 1];  // rounding left u at the very top
+  // Rounding left u at the very top: the last candidate with any weight (a masked -inf logit
+  // has none, and must never be drawn).
+  for (size_t i = count; i-- > 0;)
+    if (weight(order_[i]) > 0) return order_[i];
+  return order_[0];
 }
 
 SampleResult Sampler::sample(std::span<float> logits) {

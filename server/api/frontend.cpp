@@ -158,8 +158,12 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
   // Tokenized prompts and, for echo, their text.
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> texts;
+  ToolSetup tools;
   if (kind == ApiKind::chat) {
-    auto rendered = render_chat(r.messages, r.tools, r.add_generation_prompt, r.template_kwargs);
+    auto prepared = prepare_tools(r, model_->tool_support, model_->structured);
+    if (auto* error = std::get_if<ApiError>(&prepared)) return error_reply(*error);
+    tools = std::move(std::get<ToolSetup>(prepared));
+    auto rendered = render_chat(tools.messages, tools.tools, r.add_generation_prompt, r.template_kwargs);
     if (auto* error = std::get_if<ApiError>(&rendered)) return error_reply(*error);
     // The template already wrote the special tokens (BOS) it wants, as vLLM does for chat.
     prompts.push_back(tokenizer.encode(std::get<std::string>(rendered), /*add_special_tokens=*/false));
@@ -178,6 +182,20 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
         prompts.push_back(p.tokens);
         texts.push_back(tokenizer.decode(p.tokens, /*skip_special_tokens=*/false));
       }
+    }
+  }
+  GrammarPtr grammar = tools.grammar;
+  if (!r.response_format.is_null()) {
+    if (model_->structured == nullptr)
+      return error_reply(bad_request("'response_format' needs structured outputs, which this server has not set up.", "response_format"));
+    auto format = model_->structured->for_response_format(r.response_format);
+    if (auto* error = std::get_if<ApiError>(&format)) return error_reply(*error);
+    if (GrammarPtr g = std::get<GrammarPtr>(format)) {
+      if (grammar)
+        return error_reply(bad_request("'response_format' and 'tool_choice' (required or a named function) cannot both "
+                                       "constrain one answer; use one of them.",
+                                       "response_format"));
+      grammar = std::move(g);
     }
   }
   for (int32_t id : r.stop_token_ids)
@@ -214,6 +232,7 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
   meta.stream = r.stream;
   meta.include_usage = r.include_usage;
   meta.num_logprobs = r.sampling.num_logprobs;
+  meta.tool_parser = tools.parse;
   if (r.echo) meta.echo_texts = texts;
   for (const auto& p : prompts) meta.prompt_tokens.push_back(static_cast<int>(p.size()));
 
@@ -238,6 +257,7 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
     g.ignore_eos = r.ignore_eos;
     g.n = r.n;
     g.skip_special_tokens = r.skip_special_tokens;
+    g.grammar = grammar;
     job.requests.push_back(std::move(g));
   }
   return job;
@@ -257,13 +277,20 @@ HttpReply ApiFrontend::handle_tokenize(const HttpRequestIn& request) {
   std::string text;
   bool add_special = true;
   if (body.contains("messages")) {
-    // Validate through the chat parser so /tokenize accepts exactly what chat accepts.
+    // Validate through the chat parser so /tokenize accepts exactly what chat accepts, and
+    // render tools as chat would (the prompt a tool request really sends).
     Json chat = {{"messages", body["messages"]}};
+    if (body.contains("tools")) chat["tools"] = body["tools"];
+    // required / named constrain the answer, not the prompt: render them as auto.
+    if (body.contains("tool_choice")) chat["tool_choice"] = body["tool_choice"] == "none" ? Json("none") : Json("auto");
     auto parsed = parse_api_request(dump_json(chat), ApiKind::chat, options_.limits);
     if (auto* error = std::get_if<ApiError>(&parsed)) return error_reply(*error);
     auto gen = flag("add_generation_prompt", true);
     if (auto* error = std::get_if<ApiError>(&gen)) return error_reply(*error);
-    auto rendered = render_chat(std::get<ApiRequest>(parsed).messages, nullptr, std::get<bool>(gen), Json::object());
+    auto prepared = prepare_tools(std::get<ApiRequest>(parsed), model_->tool_support, /*structured=*/nullptr);
+    if (auto* error = std::get_if<ApiError>(&prepared)) return error_reply(*error);
+    const ToolSetup& tools = std::get<ToolSetup>(prepared);
+    auto rendered = render_chat(tools.messages, tools.tools, std::get<bool>(gen), Json::object());
     if (auto* error = std::get_if<ApiError>(&rendered)) return error_reply(*error);
     text = std::get<std::string>(rendered);
     add_special = false;

@@ -214,6 +214,8 @@ ApiRequest parse_fields(const Json& body, ApiKind kind, const ApiLimits& limits)
       if (!tools->is_array()) reject("tools", "'tools' must be a list.");
       r.tools = *tools;
     }
+    if (const Json* choice = f.find("tool_choice")) r.tool_choice = *choice;
+    r.parallel_tool_calls = f.boolean("parallel_tool_calls").value_or(true);
     if (const Json* kwargs = f.find("chat_template_kwargs")) {
       if (!kwargs->is_object()) reject("chat_template_kwargs", "'chat_template_kwargs' must be an object.");
       r.template_kwargs = *kwargs;
@@ -264,6 +266,7 @@ ApiRequest parse_fields(const Json& body, ApiKind kind, const ApiLimits& limits)
     if (!r.stream) reject("stream_options", "'stream_options' is only allowed when 'stream' is true.");
     r.include_usage = Fields(*options).boolean("include_usage").value_or(false);
   }
+  if (const Json* format = f.find("response_format")) r.response_format = *format;
   r.ignore_eos = f.boolean("ignore_eos").value_or(false);
   r.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);
   (void)f.string("user");  // accepted and type-checked; not used

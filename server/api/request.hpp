@@ -42,6 +42,9 @@ struct ApiRequest {
   std::vector<PromptInput> prompts;         // completion
   nlohmann::ordered_json messages;          // chat: array of message objects (text content)
   nlohmann::ordered_json tools;             // chat: null when absent
+  nlohmann::ordered_json tool_choice;       // chat: null when absent (validated in tool_calls.cpp)
+  bool parallel_tool_calls = true;          // chat
+  nlohmann::ordered_json response_format;   // null when absent (validated in structured_output.cpp)
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs
   bool add_generation_prompt = true;        // chat
   std::optional<int> max_tokens;            // unset: completion 16, chat the rest of the context

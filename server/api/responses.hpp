@@ -13,6 +13,7 @@
 
 #include "server/api/errors.hpp"
 #include "server/api/request.hpp"
+#include "server/api/tool_parser.hpp"
 #include "server/engine_api.hpp"
 
 namespace fp8serve {
@@ -40,6 +41,7 @@ struct ResponseMeta {
   int num_logprobs = -1;      // -1: logprobs not requested
   std::vector<std::string> echo_texts;  // completion echo: the prompt text of each prompt
   std::vector<int> prompt_tokens;       // per prompt
+  std::optional<ToolCallFormat> tool_parser;  // chat with tools: calls are read out of the text
 };
 
 struct Usage {
@@ -78,6 +80,7 @@ class ResponseBuilder {
     std::optional<FinishReason> finish;
     int completion_tokens = 0;
     int text_offset = 0;              // completion logprobs: bytes of token text so far
+    std::shared_ptr<ToolCallStream> tools;  // streaming with a tool parser
   };
 
   nlohmann::ordered_json chunk_base() const;
