@@ -109,6 +109,7 @@ class Engine {
     int num_generated = 0;
     bool scheduled = false;  // has run in a step (its request's queue time is then known)
     std::unique_ptr<grammar::GrammarMatcher> matcher;  // structured output, else null
+    bool closing = false;  // the token budget left only suffices to finish the document
   };
 
   void reject(const GenerationRequest& request, const OutputSink& sink, const std::string& message);
@@ -116,7 +117,10 @@ class Engine {
   void run_step(const StepPlan& plan);
   void on_token(SeqId id, const SampleResult& sample);
   // Masks `row` to the tokens the sequence's grammar allows; false when none is (a dead end).
-  bool apply_grammar(SeqState& seq, std::span<float> row);
+  // With `budget` tokens left (this one included) and no more than the document needs to be
+  // finished, only the shortest way to finish it is allowed.
+  bool apply_grammar(SeqState& seq, int64_t budget, std::span<float> row);
+  int64_t token_budget(const SeqState& seq) const;  // tokens the sequence may still generate
   void finish_seq(SeqId id, RequestOutput& out, FinishReason reason);
   void fail_all(const std::string& message);
 

@@ -140,6 +140,11 @@ SampleResult Sampler::sample(std::span<float> logits) {
   return result;
 }
 
+void Sampler::forget(int32_t token) {
+  const auto it = output_counts_.find(token);
+  if (it != output_counts_.end() && --it->second == 0) output_counts_.erase(it);
+}
+
 float raw_logprobs(std::span<const float> logits, int32_t token, int n, std::vector<TokenLogprob>& top) {
   const float max_logit = *std::max_element(logits.begin(), logits.end());
   double sum = 0;

@@ -48,6 +48,10 @@ class Sampler {
   // Picks the next token from `logits` ([vocab_size], overwritten as scratch) and records it.
   SampleResult sample(std::span<float> logits);
 
+  // Un-records a token sample() chose and the caller then refused (structured outputs' budget
+  // check), so the penalties count only tokens really generated.
+  void forget(int32_t token);
+
   const SamplingParams& params() const { return params_; }
 
  private:

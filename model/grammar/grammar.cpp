@@ -1,5 +1,7 @@
 #include "model/grammar/grammar.hpp"
 
+#include <algorithm>
+#include <climits>
 #include <functional>
 
 namespace fp8serve::grammar {
@@ -203,7 +205,40 @@ Grammar GrammarBuilder::build(RuleId root) {
       }
     }
   }
+  compute_min_bytes(g, live_order);
   return g;
+}
+
+void compute_min_bytes(Grammar& g, const std::vector<RuleId>& rules) {
+  constexpr int32_t kInf = INT32_MAX / 4;
+  g.min_bytes.assign(g.rules.size(), {});
+  for (const RuleId r : rules) g.min_bytes[static_cast<size_t>(r)].assign(static_cast<size_t>(g.rules[static_cast<size_t>(r)].num_states), kInf);
+  auto rule_min = [&](RuleId r) {
+    const Dfa& d = g.rules[static_cast<size_t>(r)];
+    return d.num_states > 0 ? g.min_bytes[static_cast<size_t>(r)][static_cast<size_t>(d.start)] : kInf;
+  };
+  // Bellman-Ford over all rules at once; states are numbered breadth-first from the start, so
+  // relaxing them in reverse settles most of a chain in one pass.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const RuleId r : rules) {
+      const Dfa& d = g.rules[static_cast<size_t>(r)];
+      std::vector<int32_t>& m = g.min_bytes[static_cast<size_t>(r)];
+      for (int32_t s = d.num_states - 1; s >= 0; --s) {
+        int32_t best = d.is_final[static_cast<size_t>(s)] ? 0 : kInf;
+        for (int32_t c = 0; c < d.num_classes; ++c) {
+          const int32_t t = d.next[static_cast<size_t>(s) * static_cast<size_t>(d.num_classes) + static_cast<size_t>(c)];
+          if (t >= 0) best = std::min(best, 1 + m[static_cast<size_t>(t)]);
+        }
+        for (const DfaCall& call : d.calls_of(s)) best = std::min(best, rule_min(call.rule) + m[static_cast<size_t>(call.target)]);
+        best = std::min(best, kInf);
+        if (best < m[static_cast<size_t>(s)]) {
+          m[static_cast<size_t>(s)] = best;
+          changed = true;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace fp8serve::grammar

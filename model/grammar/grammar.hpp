@@ -45,8 +45,14 @@ struct Grammar {
   std::vector<std::string> names;
   RuleId root = 0;
   std::vector<ByteSet> follow;    // [rule]: bytes that may follow the rule's end
+  // [rule][state]: the fewest bytes that take the rule from the state to its end (callees
+  // included). With the stack, the fewest bytes that finish the whole text.
+  std::vector<std::vector<int32_t>> min_bytes;
   int64_t total_states() const;
 };
+
+// Fills g.min_bytes for `rules` (those reachable from the root); build() calls it.
+void compute_min_bytes(Grammar& g, const std::vector<RuleId>& rules);
 
 class GrammarBuilder {
  public:

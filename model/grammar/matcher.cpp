@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <climits>
 #include <limits>
 
 namespace fp8serve::grammar {
@@ -95,6 +96,64 @@ void GrammarMatcher::fill_next_token_bitmask(std::span<uint64_t> mask) {
   if (allow_end_tokens_ && state_.can_end)
     for (const int32_t id : vocab.end_tokens()) bitmask_set(mask, id);
   machine_.truncate(pool_mark);
+}
+
+int64_t GrammarMatcher::bytes_to_end(const StackSet& set) const {
+  if (set.can_end) return 0;
+  const Grammar& g = grammar_->grammar();
+  int64_t best = INT64_MAX;
+  for (const Frame& top : set.tops) {
+    int64_t d = g.min_bytes[static_cast<size_t>(top.rule)][static_cast<size_t>(top.state)];
+    for (int32_t p = top.parent; p >= 0;) {
+      const Frame& f = machine_.node(p);
+      d += g.min_bytes[static_cast<size_t>(f.rule)][static_cast<size_t>(f.state)];
+      p = f.parent;
+    }
+    best = std::min(best, d);
+  }
+  return best;
+}
+
+int64_t GrammarMatcher::bytes_to_end() const { return ended_ ? 0 : bytes_to_end(state_); }
+
+void GrammarMatcher::fill_closing_bitmask(std::span<uint64_t> mask) {
+  std::fill(mask.begin(), mask.end(), 0);
+  if (ended_) return;
+  const TokenVocabulary& vocab = grammar_->vocab();
+  if (state_.can_end) {
+    if (allow_end_tokens_)
+      for (const int32_t id : vocab.end_tokens()) bitmask_set(mask, id);
+    return;
+  }
+  const int64_t now = bytes_to_end(state_);
+  const size_t pool_mark = machine_.mark();
+  for (int b = 0; b < 256; ++b) {
+    const int32_t id = vocab.byte_token(static_cast<uint8_t>(b));
+    if (id < 0) continue;
+    machine_.step(state_, static_cast<uint8_t>(b), scratch_a_);
+    if ((!scratch_a_.tops.empty() || scratch_a_.can_end) && bytes_to_end(scratch_a_) == now - 1) bitmask_set(mask, id);
+  }
+  machine_.truncate(pool_mark);
+}
+
+bool GrammarMatcher::can_finish_after(int32_t token, int64_t budget) {
+  const TokenVocabulary& vocab = grammar_->vocab();
+  if (vocab.is_end_token(token)) return true;
+  if (!vocab.usable(token)) return false;
+  const std::string_view bytes = vocab.bytes(token);
+  const size_t pool_mark = machine_.mark();
+  const StackSet* cur = &state_;
+  StackSet* next = &scratch_a_;
+  bool ok = true;
+  for (size_t i = 0; i < bytes.size() && ok; ++i) {
+    machine_.step(*cur, static_cast<uint8_t>(bytes[i]), *next);
+    ok = !next->tops.empty() || (i + 1 == bytes.size() && next->can_end);
+    cur = next;
+    next = next == &scratch_a_ ? &scratch_b_ : &scratch_a_;
+  }
+  ok = ok && bytes_to_end(*cur) <= budget;
+  machine_.truncate(pool_mark);
+  return ok;
 }
 
 void apply_token_bitmask(std::span<const uint64_t> mask, std::span<float> logits) {

@@ -35,6 +35,15 @@ class GrammarMatcher {
   // Text straight into the grammar (tests, tools): false and unchanged if not allowed.
   bool accept_bytes(std::string_view bytes);
 
+  // The fewest bytes that complete the text from here (0 when it may end now).
+  int64_t bytes_to_end() const;
+  // Budget-aware closing: only single-byte tokens on a shortest way to the end (and the end
+  // tokens once complete). Following it, the text completes in exactly bytes_to_end() tokens.
+  void fill_closing_bitmask(std::span<uint64_t> mask);
+  // Whether, after `token` (which the mask allowed), the text can still be completed within
+  // `budget` more tokens (one byte each at worst).
+  bool can_finish_after(int32_t token, int64_t budget);
+
   bool can_end() const { return state_.can_end; }
   // Complete, and no byte may follow: the sequence should end now.
   bool is_terminated() const { return ended_ || (state_.can_end && state_.tops.empty()); }
@@ -45,6 +54,7 @@ class GrammarMatcher {
  private:
   // Runs `bytes` from the current state without committing; true when they are a valid prefix.
   bool check_bytes(std::string_view bytes);
+  int64_t bytes_to_end(const StackSet& set) const;
   bool advance(std::string_view bytes);
 
   std::shared_ptr<const CompiledGrammar> grammar_;

@@ -56,6 +56,7 @@ class StackMachine {
   // Committed steps intern return frames; speculative ones (the default) do not.
   void set_committing(bool committing) { committing_ = committing; }
   size_t pool_size() const { return pool_.size(); }
+  const Frame& node(int32_t id) const { return pool_[static_cast<size_t>(id)]; }
 
  private:
   int32_t push_return(int32_t parent, RuleId rule, int32_t state);

@@ -57,6 +57,10 @@ TokenVocabulary::TokenVocabulary(std::vector<std::string> token_bytes, std::vect
   end_tokens_.erase(std::remove_if(end_tokens_.begin(), end_tokens_.end(),
                                    [&](int32_t id) { return id < 0 || id >= mask_size_; }),
                     end_tokens_.end());
+  byte_tokens_.fill(-1);
+  for (int32_t id = static_cast<int32_t>(usable_.size()) - 1; id >= 0; --id)
+    if (usable_[static_cast<size_t>(id)] && token_bytes_[static_cast<size_t>(id)].size() == 1)
+      byte_tokens_[static_cast<uint8_t>(token_bytes_[static_cast<size_t>(id)][0])] = id;
   std::vector<int32_t> all, non_plain;
   plain_slice_.assign(static_cast<size_t>(mask_words()), 0);
   for (int32_t id = 0; id < static_cast<int32_t>(usable_.size()); ++id) {

@@ -13,6 +13,7 @@
 // kPlainSliceChars characters that JSON strings hold unescaped. Inside a string, a state that
 // takes any such run accepts the whole slice at once, and only the other tokens (a second,
 // smaller trie) are walked.
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -60,6 +61,8 @@ class TokenVocabulary {
   const std::vector<int32_t>& end_tokens() const { return end_tokens_; }
   bool is_end_token(int32_t id) const;
 
+  // The token that writes exactly `byte`, or -1 (byte-level vocabularies have all 256).
+  int32_t byte_token(uint8_t byte) const { return byte_tokens_[byte]; }
   const TokenTrie& trie() const { return trie_; }
   const TokenTrie& non_plain_trie() const { return non_plain_trie_; }  // usable tokens outside the plain slice
   const std::vector<uint64_t>& plain_slice() const { return plain_slice_; }  // bitmask of the slice
@@ -78,6 +81,7 @@ class TokenVocabulary {
   std::vector<int32_t> end_tokens_;
   int32_t mask_size_;
   TokenTrie trie_, non_plain_trie_;
+  std::array<int32_t, 256> byte_tokens_;
   std::vector<uint64_t> plain_slice_;
   int32_t max_token_bytes_ = 0;
   std::vector<std::pair<int32_t, std::string>> first_variants_;

@@ -111,3 +111,34 @@ TEST_CASE("constrained decoding: a length limit cuts the document, a stop string
   CHECK(c.text.rfind("{", 0) == 0);
   CHECK(engine->block_manager().num_free_blocks() == engine->block_manager().num_blocks());
 }
+
+TEST_CASE("constrained decoding: a tight max_tokens still ends in a complete document", "[engine][structured]") {
+  auto engine = make_engine(fixture("models/tiny-qwen3"), small_options(KvDtype::bf16));
+  const auto vocab = grammar::TokenVocabulary::from_tokenizer(engine->tokenizer(), engine->model_config().vocab_size,
+                                                              engine->stop_token_ids());
+  const auto compiled = std::make_shared<const grammar::CompiledGrammar>(
+      grammar::json_schema_grammar(nlohmann::ordered_json::parse(kSchema)), vocab);
+  const int64_t shortest = grammar::GrammarMatcher(compiled).bytes_to_end();
+  REQUIRE(shortest > 20);
+  Outputs outputs;
+  for (int extra : {0, 1, 5, 20}) {
+    GenerationRequest r;
+    r.request_id = "tight" + std::to_string(extra);
+    r.prompt_tokens = engine->tokenizer().encode("JSON:", false);
+    r.sampling.temperature = 1.5f;  // a wandering sampler: the budget, not the model, must close it
+    r.sampling.seed = static_cast<uint64_t>(extra);
+    r.max_tokens = static_cast<int>(shortest) + extra;
+    r.n = 2;
+    r.grammar = compiled;
+    engine->add_request(r, collect(outputs));
+  }
+  run_to_completion(*engine);
+  for (const auto& [id, choices] : outputs)
+    for (const auto& [index, choice] : choices) {
+      INFO(id << " " << choice.text);
+      check_document(choice.text);
+      CHECK(choice.tokens.size() <= static_cast<size_t>(shortest + 20));
+    }
+  CHECK(outputs["tight0"][0].finish == FinishReason::length);  // the budget, not the model, ended it
+  CHECK(engine->block_manager().num_free_blocks() == engine->block_manager().num_blocks());
+}
