@@ -152,7 +152,7 @@ Grammar GrammarBuilder::build(RuleId root) {
     color[static_cast<size_t>(r)] = 1;
     for (const RuleId c : left_calls[static_cast<size_t>(r)]) {
       if (color[static_cast<size_t>(c)] == 1)
-        throw GrammarError("the schema refers to itself before any value is written ('" + names_[static_cast<size_t>(c)] +
+        throw GrammarError("'$ref': the schema refers to itself before any value is written ('" + names_[static_cast<size_t>(c)] +
                                "' can contain itself with nothing in front), which describes no finite JSON value",
                            "$ref");
       if (color[static_cast<size_t>(c)] == 0) visit(c);

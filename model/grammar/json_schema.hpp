@@ -28,6 +28,7 @@ struct SchemaLimits {
   int max_enum_values = 1'024;      // members of one enum
   int64_t max_enum_bytes = 65'536;  // their JSON text, summed
   int max_items = 256;              // minItems, maxItems, prefixItems
+  int max_properties = 256;         // properties of one object (a run of optional ones costs n^2 to compile)
   int max_string_length = 2'048;    // minLength, maxLength
   RegexLimits regex;
   GrammarLimits grammar;

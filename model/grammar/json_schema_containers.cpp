@@ -1,14 +1,17 @@
 // Objects and arrays.
 //
 // An object's members are written in the schema's property order, each optional one may be
-// left out, and commas go only between members that are there. The automaton has two states
-// per position, "nothing written yet" and "something written", and one shared copy of each
-// member:
+// left out, and commas go only between members that are there. Per position i there are three
+// states, "nothing written yet", "something written" and "just after a separator", and one
+// shared copy of each member and of each separator:
 //
-//   first[i] --member_i--------> rest[i+1]        (optional: first[i] --> first[i+1])
-//   rest[i]  --", " member_i---> rest[i+1]        (optional: rest[i]  --> rest[i+1])
+//   first[i] --member_i--> rest[i+1]     (optional: first[i] --> first[i+1])
+//   rest[i]  --", "------> pick[i]       (rest[i] may close when every member from i is optional)
+//   pick[i]  --member_i--> rest[i+1]     (optional: pick[i]  --> pick[i+1])
 //
-// so the size is linear in the number of properties.
+// Optional members are skipped after the separator, not before it, so the states after a
+// value do not carry the whole chain of later members: the determinized object stays small and
+// compiles fast even with hundreds of optional properties.
 #include <map>
 
 #include "model/grammar/json_schema_impl.hpp"
@@ -99,6 +102,10 @@ Frag JsonSchemaCompiler::Impl::object_body(const Json& schema) {
   for (const auto& [name, sub] : props.items()) members.push_back({name, &sub, is_required(name)});
   for (const std::string& name : required)
     if (!props.contains(name)) members.push_back({name, &kAnything, true});
+  if (static_cast<int>(members.size()) > limits_.max_properties)
+    throw GrammarError("'properties': an object with " + std::to_string(members.size()) + " properties; at most " +
+                           std::to_string(limits_.max_properties) + " are supported",
+                       "properties");
 
   // additionalProperties: absent means none are written when properties are listed (a
   // narrowing), any when the schema lists none ({"type": "object"}).
@@ -125,42 +132,49 @@ Frag JsonSchemaCompiler::Impl::object_body(const Json& schema) {
   auto separator = [&] { return nfa.seq({ws_inline(nfa), nfa.literal(","), ws_break(nfa)}); };
 
   const Frag open = nfa.seq({nfa.literal("{"), ws_break(nfa)});
+  const Frag close = nfa.seq({ws_break(nfa), nfa.literal("}")});
   const size_t n = members.size();
-  std::vector<int32_t> first(n + 1), rest(n + 1);
+  std::vector<int32_t> first(n + 1), rest(n + 1), pick(n + 1);
   for (size_t i = 0; i <= n; ++i) {
     first[i] = nfa.add_state();
     rest[i] = nfa.add_state();
+    pick[i] = nfa.add_state();
   }
+  // tail_optional[i]: every member from position i on may be left out.
+  std::vector<uint8_t> tail_optional(n + 1, 1);
+  for (size_t i = n; i-- > 0;) tail_optional[i] = tail_optional[i + 1] && !members[i].required;
   nfa.add_epsilon(open.out, first[0]);
   for (size_t i = 0; i < n; ++i) {
     const Member& m = members[i];
     const bool never = m.schema->is_boolean() && !m.schema->get<bool>();
     if (!never) {
       const Frag member = member_frag(nfa.literal(json_literal_text(Json(m.name))), *m.schema);
-      const Frag sep = separator();
       nfa.add_epsilon(first[i], member.in);
-      nfa.add_epsilon(rest[i], sep.in);
-      nfa.add_epsilon(sep.out, member.in);
+      nfa.add_epsilon(pick[i], member.in);
       nfa.add_epsilon(member.out, rest[i + 1]);
     }
     if (!m.required) {
       nfa.add_epsilon(first[i], first[i + 1]);
-      nfa.add_epsilon(rest[i], rest[i + 1]);
+      nfa.add_epsilon(pick[i], pick[i + 1]);
     }
+  }
+  for (size_t i = 0; i <= n; ++i) {  // rest[0] is reached only through additional members
+    if (i < n || additional != nullptr) {
+      const Frag sep = separator();
+      nfa.add_epsilon(rest[i], sep.in);
+      nfa.add_epsilon(sep.out, pick[i]);
+    }
+    if (tail_optional[i]) nfa.add_epsilon(rest[i], close.in);
   }
   if (additional != nullptr) {
     std::vector<std::string> names;
     for (const Member& m : members) names.push_back(m.name);
     const Frag extra = member_frag(key_excluding(names), *additional);
-    const Frag sep = separator();
     nfa.add_epsilon(first[n], extra.in);
-    nfa.add_epsilon(rest[n], sep.in);
-    nfa.add_epsilon(sep.out, extra.in);
+    nfa.add_epsilon(pick[n], extra.in);
     nfa.add_epsilon(extra.out, rest[n]);
   }
-  const Frag close = nfa.seq({ws_break(nfa), nfa.literal("}")});
   nfa.add_epsilon(first[n], close.in);
-  nfa.add_epsilon(rest[n], close.in);
   return {open.in, close.out};
 }
 
