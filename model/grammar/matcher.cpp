@@ -162,9 +162,13 @@ void apply_token_bitmask(std::span<const uint64_t> mask, std::span<float> logits
   for (size_t w = 0; w * 64 < n; ++w) {
     const uint64_t bits = w < mask.size() ? mask[w] : 0;
     if (bits == ~0ull) continue;
-    const size_t end = std::min(n, w * 64 + 64);
-    for (size_t i = w * 64; i < end; ++i)
-      if (!((bits >> (i - w * 64)) & 1)) logits[i] = kNegInf;
+    const size_t begin = w * 64, end = std::min(n, begin + 64);
+    if (bits == 0) {  // the common case of a sparse mask: a whole word masked
+      std::fill(logits.begin() + static_cast<std::ptrdiff_t>(begin), logits.begin() + static_cast<std::ptrdiff_t>(end), kNegInf);
+      continue;
+    }
+    for (size_t i = begin; i < end; ++i)
+      if (!((bits >> (i - begin)) & 1)) logits[i] = kNegInf;
   }
 }
 

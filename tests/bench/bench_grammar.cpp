@@ -25,13 +25,17 @@
 #include "model/formats/gguf.hpp"
 #include "model/grammar/json_schema.hpp"
 #include "model/grammar/matcher.hpp"
+#include "model/loader.hpp"
 #include "model/tokenizer/tokenizer.hpp"
+#include "server/engine.hpp"
 
 using namespace fp8serve;
 using namespace fp8serve::grammar;
 using Json = nlohmann::ordered_json;
 
 namespace {
+
+using GrammarPtrLike = std::shared_ptr<const CompiledGrammar>;
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -123,16 +127,106 @@ void bench_masks(const Loaded& l, const Json& cases) {
               percentile(any_us, 0.5), percentile(any_us, 0.99));
 }
 
+// Compile times of objects with n optional properties: the one shape whose compile grows
+// quadratically (each position must know which keys may still come).
+void bench_wide_objects() {
+  for (int n : {20, 100, 256}) {
+    Json schema = {{"type", "object"}, {"properties", Json::object()}, {"required", Json::array({"field_0"})},
+                   {"additionalProperties", false}};
+    for (int i = 0; i < n; ++i) schema["properties"]["field_" + std::to_string(i)] = {{"type", "integer"}};
+    const double t0 = now_s();
+    const Grammar g = json_schema_grammar(schema);
+    std::printf("wide object  %d optional properties: compile %.1f ms (%lld DFA states)\n", n, (now_s() - t0) * 1e3,
+                static_cast<long long>(g.total_states()));
+  }
+}
+
+struct EngineRun {
+  double step_s = 0;        // mean time of a decode step
+  double steps = 0;
+  double mask_us = 0;       // mean mask time per sequence-step (compute + apply), as the engine measured
+  double mean_batch = 0;    // sequences per decode step
+};
+
+// Decodes `prompts` together (greedy); every sequence constrained by its grammar when given.
+EngineRun run_engine(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                     const std::vector<GrammarPtrLike>& grammars, int max_tokens, const std::string& tag) {
+  const double mask_s0 = engine.grammar_mask_seconds();
+  const int64_t masks0 = engine.grammar_mask_count();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest r;
+    r.request_id = tag + std::to_string(i);
+    r.prompt_tokens = prompts[i];
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    if (!grammars.empty()) r.grammar = grammars[i % grammars.size()];
+    engine.add_request(std::move(r), [](RequestOutput&&) {});
+  }
+  engine.step();  // prefill
+  EngineRun run;
+  double batch = 0;
+  while (engine.has_work()) {
+    const int running = engine.stats().num_running;
+    const double t0 = now_s();
+    engine.step();
+    run.step_s += now_s() - t0;
+    run.steps += 1;
+    batch += running;
+  }
+  run.step_s /= std::max(1.0, run.steps);
+  run.mean_batch = batch / std::max(1.0, run.steps);
+  const int64_t masks = engine.grammar_mask_count() - masks0;
+  run.mask_us = masks > 0 ? (engine.grammar_mask_seconds() - mask_s0) * 1e6 / static_cast<double>(masks) : 0;
+  return run;
+}
+
+void bench_engine(const Json& cases, int threads) {
+  EngineOptions options;
+  options.kv_cache_memory = 512ull << 20;
+  options.max_model_len = 2048;
+  options.max_num_seqs = 16;
+  options.threads = threads;
+  Engine engine(load_model(bench::default_model_path()), options);
+  const auto vocab = TokenVocabulary::from_tokenizer(engine.tokenizer(), engine.model_config().vocab_size, engine.stop_token_ids());
+  std::vector<GrammarPtrLike> grammars;
+  std::vector<std::vector<int32_t>> prompts;
+  for (const Json& c : cases) {
+    grammars.push_back(std::make_shared<const CompiledGrammar>(json_schema_grammar(c["schema"]), vocab));
+    prompts.push_back(engine.tokenizer().encode("<|im_start|>user\nGive an example of a " + c["name"].get<std::string>() +
+                                                    " as JSON.<|im_end|>\n<|im_start|>assistant\n",
+                                                false));
+  }
+  std::printf("engine       SmolLM2-135M on the CPU, %d threads, greedy, 64 new tokens per sequence\n", threads);
+  for (const int batch : {1, 16}) {
+    const std::vector<std::vector<int32_t>> p(prompts.begin(), prompts.begin() + batch);
+    const EngineRun free_run = run_engine(engine, p, {}, 64, "free");
+    std::vector<GrammarPtrLike> g(grammars.begin() + (batch == 1 ? 0 : 16), grammars.begin() + (batch == 1 ? 1 : 32));
+    const EngineRun cold = run_engine(engine, p, g, 64, "cold");
+    const EngineRun warm = run_engine(engine, p, g, 64, "warm");
+    std::printf("batch %-2d     free step %.2f ms | constrained step %.2f ms (batch %.1f) | mask per sequence-step: warm %.1f us "
+                "= %.2f%% of the free step at this batch, cold %.1f us\n",
+                batch, free_run.step_s * 1e3, warm.step_s * 1e3, warm.mean_batch, warm.mask_us,
+                100.0 * warm.mask_us * 1e-6 * warm.mean_batch / free_run.step_s, cold.mask_us);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string which = "smollm2";
+  bool engine = false;
+  int threads = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--vocab" && i + 1 < argc) which = argv[++i];
+    if (a == "--engine") engine = true;
+    if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
   }
   const Json cases = fixture_schemas();
   const Loaded l = load_vocab(which);
   bench_masks(l, cases);
+  bench_wide_objects();
+  if (engine) bench_engine(cases, threads);
   return 0;
 }
