@@ -190,7 +190,8 @@ void JsonSchemaCompiler::Impl::check_keywords(const Json& schema) {
 
 void JsonSchemaCompiler::Impl::require_only_annotations(const Json& schema, const char* combinator,
                                                         std::initializer_list<const char*> also_allowed) {
-  for (const auto& [key, v] : schema.items()) {
+  for (const auto& item : schema.items()) {
+    const std::string& key = item.key();
     if (key == combinator || annotations().count(key)) continue;
     if (std::find_if(also_allowed.begin(), also_allowed.end(), [&](const char* k) { return key == k; }) != also_allowed.end())
       continue;

@@ -15,6 +15,7 @@
 #include <map>
 
 #include "model/grammar/json_schema_impl.hpp"
+#include "model/tokenizer/utf8.hpp"
 
 namespace fp8serve::grammar {
 
@@ -49,13 +50,11 @@ Frag JsonSchemaCompiler::Impl::key_excluding(const std::vector<std::string>& nam
     // Names are valid UTF-8 (they came from JSON): walk them by code point.
     std::string prefix;
     int32_t node = chars.start;
-    for (size_t i = 0; i < name.size();) {
-      const auto c = static_cast<unsigned char>(name[i]);
-      const size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-      char32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
-      for (size_t k = 1; k < n && i + k < name.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(name[i + k]) & 0x3F);
+    char32_t cp;
+    size_t n;
+    for (size_t i = 0; i < name.size(); i += n) {
+      if (!utf8::decode(name, i, cp, n)) cp = 0xFFFD;
       prefix += name.substr(i, n);
-      i += n;
       auto [it, inserted] = nodes.try_emplace(prefix, -1);
       if (inserted) {
         it->second = chars.add_state();

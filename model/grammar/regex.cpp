@@ -1,5 +1,7 @@
 #include "model/grammar/regex.hpp"
 
+#include "model/tokenizer/utf8.hpp"
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,15 +30,10 @@ class Parser {
  public:
   Parser(std::string_view text, const RegexLimits& limits, const char* keyword)
       : limits_(limits), keyword_(keyword) {
-    // The pattern came from a JSON string, so it is valid UTF-8.
-    for (size_t i = 0; i < text.size();) {
-      const auto c = static_cast<unsigned char>(text[i]);
-      const int n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-      char32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
-      for (int k = 1; k < n && i + static_cast<size_t>(k) < text.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(text[i + static_cast<size_t>(k)]) & 0x3F);
-      cps_.push_back(cp);
-      i += static_cast<size_t>(n);
-    }
+    // The pattern came from a JSON string, so it is valid UTF-8 (an invalid byte would be U+FFFD).
+    char32_t cp;
+    size_t len;
+    for (size_t i = 0; i < text.size(); i += len) cps_.push_back(utf8::decode(text, i, cp, len) ? cp : char32_t{0xFFFD});
   }
 
   NodePtr parse(bool& anchored_start, bool& anchored_end) {

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "model/tokenizer/tokenizer.hpp"
+#include "model/tokenizer/utf8.hpp"
 
 namespace fp8serve::grammar {
 
@@ -14,32 +15,10 @@ namespace {
 // no '"', no '\\', no control character); 0 otherwise.
 int plain_chars(std::string_view bytes) {
   int n = 0;
-  for (size_t i = 0; i < bytes.size();) {
-    const auto c = static_cast<unsigned char>(bytes[i]);
-    size_t len = 0;
-    char32_t cp = 0;
-    if (c < 0x80) {
-      if (c < 0x20 || c == '"' || c == '\\') return 0;
-      len = 1;
-      cp = c;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-      len = 2, cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3, cp = c & 0x0F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4, cp = c & 0x07;
-    } else {
-      return 0;
-    }
-    if (i + len > bytes.size()) return 0;
-    for (size_t k = 1; k < len; ++k) {
-      const auto cc = static_cast<unsigned char>(bytes[i + k]);
-      if ((cc & 0xC0) != 0x80) return 0;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    static constexpr char32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    i += len;
+  char32_t cp;
+  size_t len;
+  for (size_t i = 0; i < bytes.size(); i += len) {
+    if (!utf8::decode(bytes, i, cp, len) || cp < 0x20 || cp == '"' || cp == '\\') return 0;
     ++n;
   }
   return n;

@@ -213,6 +213,10 @@ def main():
                     "invalid": [json.dumps(v, ensure_ascii=False) for v in invalid]})
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    seeds = OUT.parent / "fuzz_seeds"  # one schema per file, for the fuzz_json_schema corpus
+    seeds.mkdir(exist_ok=True)
+    for case in out:
+        (seeds / f"{case['name']}.json").write_text(json.dumps(case["schema"], ensure_ascii=False))
     print(f"wrote {OUT} ({len(out)} schemas)")
 
 

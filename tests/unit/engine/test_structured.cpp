@@ -38,14 +38,19 @@ void check_document(const std::string& text) {
   }
 }
 
+// kSchema compiled for the engine's vocabulary.
+std::shared_ptr<const grammar::CompiledGrammar> compile_for(const Engine& engine) {
+  const auto vocab = grammar::TokenVocabulary::from_tokenizer(engine.tokenizer(), engine.model_config().vocab_size,
+                                                              engine.stop_token_ids());
+  return std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(nlohmann::ordered_json::parse(kSchema)),
+                                                          vocab);
+}
+
 }  // namespace
 
 TEST_CASE("constrained decoding: every sampling mode ends in a valid document", "[engine][structured]") {
   auto engine = make_engine(fixture("models/tiny-qwen3"), small_options(KvDtype::bf16));
-  const auto vocab = grammar::TokenVocabulary::from_tokenizer(engine->tokenizer(), engine->model_config().vocab_size,
-                                                              engine->stop_token_ids());
-  const auto compiled = std::make_shared<const grammar::CompiledGrammar>(
-      grammar::json_schema_grammar(nlohmann::ordered_json::parse(kSchema)), vocab);
+  const auto compiled = compile_for(*engine);
   const std::vector<int32_t> prompt = engine->tokenizer().encode("Describe an item as JSON:", false);
 
   struct Mode {
@@ -96,10 +101,7 @@ TEST_CASE("constrained decoding: every sampling mode ends in a valid document", 
 
 TEST_CASE("constrained decoding: a length limit cuts the document, a stop string still applies", "[engine][structured]") {
   auto engine = make_engine(fixture("models/tiny-qwen3"), small_options(KvDtype::bf16));
-  const auto vocab = grammar::TokenVocabulary::from_tokenizer(engine->tokenizer(), engine->model_config().vocab_size,
-                                                              engine->stop_token_ids());
-  const auto compiled = std::make_shared<const grammar::CompiledGrammar>(
-      grammar::json_schema_grammar(nlohmann::ordered_json::parse(kSchema)), vocab);
+  const auto compiled = compile_for(*engine);
   Outputs outputs;
   GenerationRequest r = greedy_request("short", engine->tokenizer().encode("JSON:", false), 3);
   r.grammar = compiled;
@@ -114,10 +116,7 @@ TEST_CASE("constrained decoding: a length limit cuts the document, a stop string
 
 TEST_CASE("constrained decoding: a tight max_tokens still ends in a complete document", "[engine][structured]") {
   auto engine = make_engine(fixture("models/tiny-qwen3"), small_options(KvDtype::bf16));
-  const auto vocab = grammar::TokenVocabulary::from_tokenizer(engine->tokenizer(), engine->model_config().vocab_size,
-                                                              engine->stop_token_ids());
-  const auto compiled = std::make_shared<const grammar::CompiledGrammar>(
-      grammar::json_schema_grammar(nlohmann::ordered_json::parse(kSchema)), vocab);
+  const auto compiled = compile_for(*engine);
   const int64_t shortest = grammar::GrammarMatcher(compiled).bytes_to_end();
   REQUIRE(shortest > 20);
   Outputs outputs;
