@@ -167,8 +167,7 @@ void apply_token_bitmask(std::span<const uint64_t> mask, std::span<float> logits
       std::fill(logits.begin() + static_cast<std::ptrdiff_t>(begin), logits.begin() + static_cast<std::ptrdiff_t>(end), kNegInf);
       continue;
     }
-    for (size_t i = begin; i < end; ++i)
-      if (!((bits >> (i - begin)) & 1)) logits[i] = kNegInf;
+    for (size_t i = begin; i < end; ++i) logits[i] = ((bits >> (i - begin)) & 1) ? logits[i] : kNegInf;  // branchless
   }
 }
 

@@ -107,6 +107,21 @@ void bench_masks(const Loaded& l, const Json& cases) {
   std::printf("masks warm   %zu masks: mean %.1f us, p50 %.1f us, p99 %.1f us, max %.1f us\n", warm_us.size(), mean(warm_us),
               percentile(warm_us, 0.5), percentile(warm_us, 0.99), percentile(warm_us, 1.0));
 
+  // Applying a mask to the logits: a sparse one (between keys) and a dense one (inside a string).
+  {
+    auto g = std::make_shared<const CompiledGrammar>(json_object_grammar(), l.vocab);
+    std::vector<float> logits(static_cast<size_t>(l.vocab->mask_size()), 1.0f);
+    for (const char* prefix : {"{", "{\"ab"}) {
+      GrammarMatcher m(g);
+      m.accept_bytes(prefix);
+      m.fill_next_token_bitmask(mask);
+      const double t0 = now_s();
+      for (int i = 0; i < 1000; ++i) apply_token_bitmask(mask, logits);
+      std::printf("apply        %s mask (%lld tokens allowed): %.1f us per %d logits\n", prefix[1] ? "dense" : "sparse",
+                  static_cast<long long>(bitmask_count(mask)), (now_s() - t0) * 1e3, l.vocab->mask_size());
+    }
+  }
+
   // json_object mode: arbitrary JSON objects.
   auto any = std::make_shared<const CompiledGrammar>(json_object_grammar(), l.vocab);
   std::vector<double> any_us;
