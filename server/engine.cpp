@@ -134,6 +134,10 @@ std::string Engine::validate(const GenerationRequest& r) const {
   if (r.prompt_tokens.empty()) return "the prompt is empty";
   for (const int32_t id : r.prompt_tokens)
     if (id < 0 || id >= c.vocab_size) return "prompt token id " + std::to_string(id) + " is outside the vocabulary";
+  for (const auto& [id, bias] : r.sampling.logit_bias)
+    if (id < 0 || id >= c.vocab_size) return "logit_bias token id " + std::to_string(id) + " is outside the vocabulary";
+  for (const int32_t id : r.sampling.allowed_token_ids)
+    if (id < 0 || id >= c.vocab_size) return "allowed_token_ids token id " + std::to_string(id) + " is outside the vocabulary";
   if (r.max_tokens < 1) return "max_tokens must be >= 1";
   if (r.n < 1 || r.n > options_.max_num_seqs)
     return "n must be in [1, " + std::to_string(options_.max_num_seqs) + "] (--max-num-seqs)";
@@ -178,9 +182,10 @@ void Engine::add_request(GenerationRequest request, OutputSink sink) {
     state.seq_ids.push_back(seq_id);
     SamplingParams params = request.sampling;
     params.seed = seed + static_cast<uint64_t>(i);  // choices differ, and repeat with the seed
-    auto [it, inserted] = seqs_.emplace(seq_id, SeqState{id, i, Sampler(params, request.prompt_tokens, seed),
-                                                         IncrementalDetokenizer(*model_.tokenizer, request.skip_special_tokens),
-                                                         StopChecker(request.stop), 0});
+    auto [it, inserted] = seqs_.emplace(
+        seq_id, SeqState{id, i, Sampler(params, request.prompt_tokens, seed),
+                         IncrementalDetokenizer(*model_.tokenizer, request.skip_special_tokens),
+                         StopChecker(request.stop, request.include_stop_str_in_output), 0});
     if (request.grammar) it->second.matcher = std::make_unique<grammar::GrammarMatcher>(request.grammar, !request.ignore_eos);
   }
   const std::vector<SeqId> forks(state.seq_ids.begin() + 1, state.seq_ids.end());
@@ -212,11 +217,9 @@ void Engine::finish_seq(SeqId id, RequestOutput& out, FinishReason reason) {
   SeqState& seq = seqs_.at(id);
   RequestState& request = requests_.at(seq.request_id);
   if (reason == FinishReason::length) {
-    // Release what the detokenizer and the stop checker held back (a stop that matches only
-    // now still ends the text there).
-    const StopChecker::Result tail = seq.stop_checker.push(seq.detokenizer.flush());
-    out.text_delta += tail.emit;
-    if (!tail.stopped) out.text_delta += seq.stop_checker.flush();
+    // Release what the stop checker held back; a character the sequence ended inside is dropped.
+    seq.detokenizer.finish();
+    out.text_delta += seq.stop_checker.flush();
   }
   out.request_id = seq.request_id;
   out.index = seq.index;
@@ -247,10 +250,10 @@ void Engine::on_token(SeqId id, const SampleResult& sample) {
   const bool is_eos = !r.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), sample.token) != stop_ids_.end();
   const bool is_stop_id = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), sample.token) != r.stop_token_ids.end();
   if (is_eos || is_stop_id) {
-    // The stop token's own text is not emitted; what was held back before it is.
-    const StopChecker::Result tail = seq.stop_checker.push(seq.detokenizer.flush());
-    out.text_delta = tail.emit;
-    if (!tail.stopped) out.text_delta += seq.stop_checker.flush();
+    // The stop token's own text is not emitted; what was held back before it is (but not a
+    // character the sequence ended inside).
+    seq.detokenizer.finish();
+    out.text_delta = seq.stop_checker.flush();
     finish_seq(id, out, FinishReason::stop);
     return;
   }
@@ -263,9 +266,8 @@ void Engine::on_token(SeqId id, const SampleResult& sample) {
   if (seq.matcher && (seq.matcher->is_terminated() || (seq.closing && seq.matcher->can_end()))) {
     // The structured output is complete and nothing may follow (or the budget says stop): end
     // here, without waiting for an EOS the mask would force.
-    const StopChecker::Result tail = seq.stop_checker.push(seq.detokenizer.flush());
-    out.text_delta += tail.emit;
-    if (!tail.stopped) out.text_delta += seq.stop_checker.flush();
+    seq.detokenizer.finish();  // a complete document ends on a whole character: nothing is held
+    out.text_delta += seq.stop_checker.flush();
     finish_seq(id, out, seq.closing ? FinishReason::length : FinishReason::stop);
     return;
   }

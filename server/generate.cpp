@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -48,7 +50,8 @@ int run_generate(const Config& config) {
   });
   while (engine.has_work()) engine.step();
   const Clock::time_point end = Clock::now();
-  std::fputc('\n', stdout);
+  // stdout holds exactly the generated text, for pipes and scripts; a terminal gets a newline.
+  if (isatty(fileno(stdout))) std::fputc('\n', stdout);
   std::fflush(stdout);
   if (finish == FinishReason::error) {
     std::fprintf(stderr, "fp8serve: %s\n", error.c_str());

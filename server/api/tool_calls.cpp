@@ -205,7 +205,9 @@ std::variant<ToolSetup, ApiError> prepare_tools(const ApiRequest& r, const ToolT
     ToolSetup setup;
     const bool inject = !support.renders_tools && choice != Choice::none;
     setup.messages = prepare_messages(r.messages, r.tools, inject, support.format);
-    if (support.renders_tools && have_tools) setup.tools = r.tools;
+    // With "none" the model does not see the tools (so it has no reason to write a call, which
+    // would reach the client as text), as OpenAI's "will not call any tool" reads.
+    if (support.renders_tools && have_tools && choice != Choice::none) setup.tools = r.tools;
     if (have_tools && choice != Choice::none) setup.parse = support.format;
     if (choice == Choice::required || choice == Choice::named) {
       if (structured == nullptr)
