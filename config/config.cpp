@@ -183,6 +183,10 @@ const std::vector<FlagSpec>& flag_specs() {
     s.push_back(choice_flag("kv-cache-dtype", "KV cache storage type", {"fp8_e4m3", "bf16"}, &Config::kv_cache_dtype));
     s.push_back(real_flag("kv-scale-margin", "FP8 scale headroom: scale = amax * margin / 448", 1.0, 64.0,
                           &Config::kv_scale_margin));
+    s.push_back(integer_flag("kv-bf16-window", "FP8 KV: each sequence's newest tokens kept exact in bf16, quantized "
+                             "as whole blocks leave (a multiple of --block-size; 0 = off)", 0, 4096, &Config::kv_bf16_window));
+    s.push_back(choice_flag("kv-bf16-window-tensors", "what the bf16 window keeps exact (k: keys only, half the memory)",
+                            {"k", "kv"}, &Config::kv_bf16_window_tensors));
     s.push_back(integer_flag("block-size", "tokens per KV block (8, 16 or 32)", 8, 32, &Config::block_size));
     s.push_back(bytes_flag("kv-cache-memory", "KV cache budget in bytes, e.g. 4GiB (0 = default)", 0, 1e15,
                            &Config::kv_cache_memory));
@@ -384,6 +388,9 @@ Config parse_command_line(const std::vector<std::string>& args, const Environmen
 
   if (config.block_size != 8 && config.block_size != 16 && config.block_size != 32)
     fail("block-size", "must be 8, 16 or 32, got " + std::to_string(config.block_size));
+  if (config.kv_bf16_window % config.block_size != 0)
+    fail("kv-bf16-window", "must be a multiple of --block-size (" + std::to_string(config.block_size) + "), got " +
+                               std::to_string(config.kv_bf16_window));
   if (config.command == Command::generate && config.prompt.empty())
     fail("prompt", "generate needs a non-empty --prompt");
   return config;

@@ -27,6 +27,8 @@ struct Config {
   std::string device = "auto";            // auto | cpu | cuda
   std::string kv_cache_dtype = "fp8_e4m3";  // fp8_e4m3 | bf16
   double kv_scale_margin = 2.0;           // calibrated scale = amax * margin / 448 (see README)
+  int kv_bf16_window = 64;                // newest tokens kept exact in bf16 (multiple of block_size; README)
+  std::string kv_bf16_window_tensors = "k";   // k | kv: what the window keeps exact
   int block_size = 16;
   int64_t kv_cache_memory = 0;            // bytes; 0 = derive (CPU: 1 GiB; CUDA: utilization)
   double gpu_memory_utilization = 0.9;

@@ -7,6 +7,7 @@
 #include "kernels/cpu/cpu_backend.hpp"
 #if FP8SERVE_WITH_CUDA
 #include "kernels/cuda/device.hpp"
+#include "kernels/cuda/make_cuda_backend.hpp"
 #endif
 
 namespace fp8serve {
@@ -46,8 +47,11 @@ Device make_device(const std::string& device, int threads) {
       throw ConfigError("--device cuda: no CUDA device is visible (driver missing, or CUDA_VISIBLE_DEVICES "
                         "empty); use --device cpu");
     }
-    // The CUDA backend's kernels are being written (issue 12); until they land, say so.
-    throw ConfigError("--device cuda: the CUDA backend is not complete in this build yet; use --device cpu");
+#if FP8SERVE_WITH_CUDA
+    d.kind = "cuda";
+    d.backend = cuda::make_cuda_backend(0);
+    return d;
+#endif
   }
   d.kind = "cpu";
   const int n = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -31,6 +31,9 @@ EngineOptions engine_options_from_config(const Config& config) {
   if (!dtype) throw ConfigError("--kv-cache-dtype: expected fp8_e4m3 or bf16");
   options.kv_dtype = *dtype;
   options.kv_scale_margin = static_cast<float>(config.kv_scale_margin);
+  // A bf16 pool is exact already: the window applies to FP8 KV alone (the start-up log says so).
+  options.kv_bf16_window = options.kv_dtype == KvDtype::fp8_e4m3 ? config.kv_bf16_window : 0;
+  options.kv_bf16_window_values = config.kv_bf16_window_tensors == "kv";
   options.block_size = config.block_size;
   if (config.kv_cache_memory > 0) options.kv_cache_memory = static_cast<uint64_t>(config.kv_cache_memory);
   options.max_model_len = config.max_model_len;
@@ -58,6 +61,7 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   spec.num_kv_heads = c.num_kv_heads;
   spec.head_dim = c.head_dim;
   spec.dtype = options_.kv_dtype;
+  spec.window = KvWindow{options_.kv_bf16_window, options_.kv_bf16_window_values, options_.block_size};
   spec.validate();
 
   TransformerOptions topts;
@@ -68,6 +72,7 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   topts.max_num_seqs = options_.max_num_seqs;
   topts.max_model_len = options_.max_model_len;
   topts.kv_scale_margin = options_.kv_scale_margin;
+  topts.window = spec.window;
   transformer_ = std::make_unique<Transformer>(c, model_.weights, backend, topts);
   model_.weights = ModelWeights{};  // the backend holds its own copy now
 
@@ -92,10 +97,19 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
       budget_source = "default for the CPU";
     }
   }
-  const int num_blocks = spec.num_blocks_for_budget(budget);
+  // The bf16 window's tail pool comes out of the same budget: one ring per sequence that may run.
+  const uint64_t tail_bytes = spec.tail_bytes(options_.max_num_seqs);
+  if (tail_bytes >= budget) {
+    throw std::invalid_argument("a KV budget of " + std::to_string(budget) + " bytes (" + budget_source +
+                                ") is spent on the bf16 window's tail pool (" + std::to_string(tail_bytes) +
+                                " bytes for --max-num-seqs " + std::to_string(options_.max_num_seqs) +
+                                "): raise it, or lower --kv-bf16-window or --max-num-seqs");
+  }
+  const int num_blocks = spec.num_blocks_for_budget(budget - tail_bytes);
   if (num_blocks < 1) {
     throw std::invalid_argument("a KV budget of " + std::to_string(budget) + " bytes (" + budget_source +
-                                ") holds no block of " + std::to_string(spec.bytes_per_block()) + " bytes: raise it");
+                                ") holds no block of " + std::to_string(spec.bytes_per_block()) + " bytes" +
+                                (tail_bytes > 0 ? " next to the bf16 window's tail pool" : "") + ": raise it");
   }
   transformer_->allocate_kv_cache(num_blocks);
 
@@ -104,6 +118,8 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   bopts.num_layers = c.num_layers;
   bopts.num_blocks = num_blocks;
   bopts.enable_prefix_caching = options_.enable_prefix_caching;
+  bopts.window = spec.window;
+  bopts.num_tail_rings = options_.max_num_seqs;
   blocks_ = std::make_unique<BlockManager>(bopts);
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerOptions{options_.max_num_seqs, options_.max_num_batched_tokens}, *blocks_);
@@ -124,6 +140,9 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   spdlog::info("KV cache: {} ({}), {} bytes/token, margin {}{}, max model len {}", spec.describe(num_blocks),
                budget_source, spec.bytes_per_token(), options_.kv_scale_margin,
                kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (unused for bf16)", options_.max_model_len);
+  spdlog::info("KV {}{}; pool + tail {} of the {} budget", spec.describe_tail(options_.max_num_seqs),
+               kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (a bf16 pool is exact: no window)",
+               mib(transformer_->kv_cache_bytes() + transformer_->tail_bytes()), mib(budget));
 }
 
 Engine::~Engine() = default;
@@ -311,6 +330,10 @@ void Engine::run_step(const StepPlan& plan) {
   context_lens_.clear();
   sample_rows_.clear();
   calibrate_.clear();
+  fp8_lens_.clear();
+  spill_starts_.clear();
+  tail_slots_.clear();
+  const bool window = blocks_->window().enabled();
   int32_t max_blocks = 1;
   for (const ScheduledSeq& s : plan.seqs)
     max_blocks = std::max(max_blocks, static_cast<int32_t>(blocks_->block_table(s.id).size()));
@@ -334,6 +357,11 @@ void Engine::run_step(const StepPlan& plan) {
     }
     query_start_loc_.push_back(static_cast<int32_t>(token_ids_.size()));
     context_lens_.push_back(s.start + s.num_tokens);
+    if (window) {
+      fp8_lens_.push_back(blocks_->fp8_len_after(s.id, s.start + s.num_tokens, s.fp8_floor));
+      spill_starts_.push_back(blocks_->num_fp8_tokens(s.id));
+      tail_slots_.push_back(blocks_->tail_ring(s.id));
+    }
     if (s.samples) sample_rows_.push_back(static_cast<int32_t>(token_ids_.size()) - 1);
     calibrate_.push_back(s.calibrate ? 1 : 0);
     const std::span<const int32_t> table = blocks_->block_table(s.id);
@@ -360,6 +388,9 @@ void Engine::run_step(const StepPlan& plan) {
   batch.v_scales = v_scales_;
   batch.calibrate = calibrate_;
   batch.sample_rows = sample_rows_;
+  batch.fp8_lens = fp8_lens_;
+  batch.spill_starts = spill_starts_;
+  batch.tail_slots = tail_slots_;
   std::fill(step_counts_.begin(), step_counts_.end(), KvWriteCounts{});
   transformer_->forward(batch, logits_, step_counts_);
   for (int layer = 0; layer < num_layers; ++layer) saturation_.add(layer, step_counts_[static_cast<std::size_t>(layer)]);
@@ -376,6 +407,13 @@ void Engine::run_step(const StepPlan& plan) {
     }
   }
   scheduler_->on_step_done(plan);
+  if (window) {  // a fork owns a ring of its own: the parent's window, copied
+    tail_copies_.clear();
+    for (const ScheduledSeq& s : plan.seqs) {
+      for (const SeqId child : s.forks) tail_copies_.push_back({blocks_->tail_ring(s.id), blocks_->tail_ring(child)});
+    }
+    transformer_->copy_tail_rings(tail_copies_);
+  }
 
   std::size_t row = 0;
   for (const ScheduledSeq& s : plan.seqs) {
@@ -462,6 +500,9 @@ EngineStats Engine::stats() const {
   s.num_waiting = scheduler_->num_waiting();
   const int total = blocks_->num_blocks();
   s.kv_usage = total > 0 ? static_cast<double>(total - blocks_->num_free_blocks()) / total : 0.0;
+  if (const int rings = blocks_->num_tail_rings(); rings > 0) {
+    s.kv_tail_usage = static_cast<double>(rings - blocks_->num_free_tail_rings()) / rings;
+  }
   s.num_preemptions = scheduler_->num_preemptions();
   const PrefixCacheStats prefix = blocks_->prefix_cache_stats();
   s.prefix_queries = prefix.num_queried_tokens;
@@ -472,6 +513,9 @@ EngineStats Engine::stats() const {
   }
   for (const auto& [id, seq] : seqs_) {
     if (!blocks_->contains(id)) continue;
+    if (blocks_->window().enabled()) {
+      s.kv_tail_tokens += static_cast<uint64_t>(blocks_->num_computed_tokens(id) - blocks_->num_fp8_tokens(id));
+    }
     const KvScales& scales = blocks_->scales(id);
     if (!scales.frozen) continue;
     s.k_scales.insert(s.k_scales.end(), scales.k.begin(), scales.k.end());

@@ -39,9 +39,12 @@ struct EngineOptions {
   std::string device = "cpu";  // auto | cpu | cuda (server/device.hpp); the CLI's default is auto
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
   float kv_scale_margin = kDefaultKvScaleMargin;
+  int kv_bf16_window = 64;             // --kv-bf16-window tokens (FP8 pool only; 0 = off)
+  bool kv_bf16_window_values = false;  // --kv-bf16-window-tensors kv (true) or k (false)
   int block_size = 16;
-  // Bytes of K + V pool; 0 = derive: on a GPU gpu_memory_utilization of its memory minus what
-  // the weights and buffers took, on the CPU kDefaultCpuKvCacheMemory.
+  // Bytes of K + V pool, the bf16 window's tail pool included; 0 = derive: on a GPU
+  // gpu_memory_utilization of its memory minus what the weights and buffers took, on the CPU
+  // kDefaultCpuKvCacheMemory.
   uint64_t kv_cache_memory = 0;
   double gpu_memory_utilization = 0.9;
   int max_model_len = 0;                  // 0 = the model's max_position_embeddings
@@ -83,7 +86,9 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   const BlockManager& block_manager() const { return *blocks_; }
   const KvSaturationCounters& saturation() const { return saturation_; }
-  uint64_t kv_cache_bytes() const { return transformer_->kv_cache_bytes(); }
+  uint64_t kv_cache_bytes() const { return transformer_->kv_cache_bytes(); }  // the main pool
+  uint64_t kv_tail_bytes() const { return transformer_->tail_bytes(); }       // the bf16 window's
+  const Transformer& transformer() const { return *transformer_; }
   uint64_t weight_bytes() const { return transformer_->weight_bytes(); }
   int num_requests() const { return static_cast<int>(requests_.size()); }
   // The ids that end a sequence (the model's EOS): structured outputs allow them once complete.
@@ -140,6 +145,8 @@ class Engine {
 
   // Step scratch, reused so a decode step allocates little.
   std::vector<int32_t> token_ids_, positions_, query_start_loc_, context_lens_, block_tables_;
+  std::vector<int32_t> fp8_lens_, spill_starts_, tail_slots_;
+  std::vector<BlockCopy> tail_copies_;
   std::vector<int32_t> sample_rows_;
   std::vector<int64_t> slot_mapping_;
   std::vector<float> k_scales_, v_scales_, logits_, row_;

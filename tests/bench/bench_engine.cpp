@@ -2,7 +2,9 @@
 // runs), FP8 KV next to bf16 KV, each figure next to the machine limit it chases, all measured in
 // this run with the same threads (issue 4's speed targets).
 //
-//   bench_engine [MODEL] [--threads N] [--quick]
+//   bench_engine [MODEL] [--threads N] [--quick] [--window W [--window-tensors kv|k]]
+//
+//   (--window adds a third row: FP8 KV with a bf16 recent window of W tokens; the FP8 row has none)
 //
 //   machine        streaming read bandwidth (1 GiB) and fp32 FMA peak
 //   prefill        one 1000-token prompt (best of 3, prefix cache off): tokens/s, and GFLOP/s
@@ -109,16 +111,22 @@ int main(int argc, char** argv) {
   std::string model_path = bench::default_model_path();
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool quick = false;
+  int window = 0;
+  bool window_values = true;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--threads" && i + 1 < argc) {
       threads = std::stoi(argv[++i]);
     } else if (arg == "--quick") {
       quick = true;
+    } else if (arg == "--window" && i + 1 < argc) {
+      window = std::stoi(argv[++i]);
+    } else if (arg == "--window-tensors" && i + 1 < argc) {
+      window_values = std::string(argv[++i]) == "kv";
     } else if (arg.rfind("--", 0) != 0) {
       model_path = arg;
     } else {
-      std::fprintf(stderr, "usage: bench_engine [MODEL] [--threads N] [--quick]\n");
+      std::fprintf(stderr, "usage: bench_engine [MODEL] [--threads N] [--quick] [--window W [--window-tensors kv|k]]\n");
       return 2;
     }
   }
@@ -157,9 +165,18 @@ int main(int argc, char** argv) {
   std::printf("%-4s | %8s %8s %7s | %8s %8s %7s %7s | %8s %6s %6s | %8s %8s\n", "", "tok/s",
               "GFLOP/s", "%peak", "tok/s", "ms/tok", "bound", "%bound", "tok/s", "x b=1", "", "tok/s",
               "ms/tok");
-  for (const KvDtype dtype : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+  struct Row {
+    KvDtype dtype;
+    int window;
+  };
+  std::vector<Row> rows{{KvDtype::bf16, 0}, {KvDtype::fp8_e4m3, 0}};
+  if (window > 0) rows.push_back({KvDtype::fp8_e4m3, window});
+  for (const Row& row : rows) {
+    const KvDtype dtype = row.dtype;
     EngineOptions options;
     options.kv_dtype = dtype;
+    options.kv_bf16_window = row.window;
+    options.kv_bf16_window_values = window_values;
     options.threads = threads;
     options.enable_prefix_caching = false;  // every run computes its prompt
     options.max_num_batched_tokens = 4096;
@@ -188,13 +205,15 @@ int main(int argc, char** argv) {
     const RunTimes lng = run(engine, {take(corpus, 7, long_len)}, long_gen, "long");
     const double long_tok_s = lng.decode_tokens / lng.decode_s;
 
+    const std::string name = dtype == KvDtype::bf16 ? "bf16" : row.window == 0 ? "fp8" : "fp8w";
     std::printf("%-4s | %8.0f %8.1f %6.1f%% | %8.1f %8.2f %7.2f %6.1f%% | %8.1f %5.1fx %6s | %8.1f %8.2f\n",
-                dtype == KvDtype::bf16 ? "bf16" : "fp8", prefill_len / prefill_s, prefill_gflops,
+                name.c_str(), prefill_len / prefill_s, prefill_gflops,
                 100.0 * prefill_gflops * 1e9 / peak, one_tok_s, 1e3 * step_s, 1e3 * bound_s,
                 100.0 * bound_s / step_s, many_tok_s, many_tok_s / one_tok_s, "", long_tok_s,
                 1e3 / long_tok_s);
     std::fflush(stdout);
   }
+  if (window > 0) std::printf("\nfp8w: FP8 KV with a bf16 window of %d tokens (%s)\n", window, window_values ? "K+V" : "K only");
   std::printf("\n%%bound = (weight + KV bytes per token / measured bandwidth) / measured time per token\n"
               "targets (issue 4): b=1 decode >= 85%% of the bound; b=16 >= 8x b=1; FP8 decode no slower "
               "than bf16 at short contexts, faster at long ones\n");

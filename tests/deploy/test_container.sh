@@ -174,7 +174,7 @@ podman stop -t 60 "$prefix-single" > /dev/null 2>&1
 podman logs "$prefix-single" > "$tmp/single.log" 2>&1
 check "SIGTERM to PID 1: drained and stopped" contains "$tmp/single.log" "SIGTERM received: draining"
 check "exit code 0 after SIGTERM" equals "$(podman inspect -f '{{.State.ExitCode}}' "$prefix-single")" 0
-check "FP8SERVE_KV_CACHE_DTYPE from the environment" contains "$tmp/single.log" "KV cache: .*, bf16,"
+check "FP8SERVE_KV_CACHE_DTYPE from the environment" contains "$tmp/single.log" "KV cache: .*, bf16[ ,]"
 
 echo "== 4. two replicas behind haproxy: a burst, then SIGTERM to one under load"
 p1=$(free_port)

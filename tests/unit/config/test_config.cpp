@@ -36,6 +36,8 @@ TEST_CASE("defaults and flags of every kind parse", "[config]") {
   CHECK(parse_command_line({"generate", "m", "--prompt", "p", "--seed", "18446744073709551615"}).seed == 18446744073709551615ull);
   CHECK(c.host == "127.0.0.1");  // loopback unless told otherwise
   CHECK(c.block_size == 16);
+  CHECK(c.kv_bf16_window == 64);  // the README's choice: 64 tokens, K only
+  CHECK(c.kv_bf16_window_tensors == "k");
 }
 
 TEST_CASE("bad values name the flag and the accepted range", "[config]") {
@@ -44,6 +46,12 @@ TEST_CASE("bad values name the flag and the accepted range", "[config]") {
   CHECK(message_of({"serve", "m", "--kv-cache-dtype", "fp16"}) ==
         "--kv-cache-dtype: must be one of fp8_e4m3, bf16, got 'fp16'");
   CHECK(message_of({"serve", "m", "--block-size", "12"}) == "--block-size: must be 8, 16 or 32, got 12");
+  CHECK(message_of({"serve", "m", "--kv-bf16-window", "24"}) ==
+        "--kv-bf16-window: must be a multiple of --block-size (16), got 24");
+  CHECK(message_of({"serve", "m", "--kv-bf16-window", "24", "--block-size", "8"}) == "no error");
+  CHECK(message_of({"serve", "m", "--kv-bf16-window", "-16"}) == "--kv-bf16-window: must be in [0, 4096], got -16");
+  CHECK(message_of({"serve", "m", "--kv-bf16-window-tensors", "v"}) ==
+        "--kv-bf16-window-tensors: must be one of k, kv, got 'v'");
   CHECK(message_of({"serve", "m", "--kv-scale-margin", "nan"}).rfind("--kv-scale-margin: expected a number", 0) == 0);
   CHECK(message_of({"serve", "m", "--bogus"}) == "unknown flag --bogus (see fp8serve --help)");
   CHECK(message_of({"serve"}) == "missing MODEL: a Hugging Face model folder or a .gguf file");
