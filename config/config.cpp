@@ -208,6 +208,8 @@ const std::vector<FlagSpec>& flag_specs() {
     s.push_back(integer_flag("max-waiting-requests", "sequences that may wait for a slot; beyond it 503 (a request larger than max-num-seqs + this: 400)", 1, 1 << 20, &Config::max_waiting_requests));
     s.push_back(real_flag("shutdown-timeout", "seconds to drain on SIGTERM", 0, 3600, &Config::shutdown_timeout));
     s.push_back(text_flag("chat-template", "Jinja chat template file; replaces the model's own template, or gives one to a model without", &Config::chat_template_file));
+    s.push_back(choice_flag("tool-call-parser", "how tool calls are written and read (auto: from the chat template)",
+                            {"auto", "hermes", "llama3_json"}, &Config::tool_call_parser));
     s.push_back(bool_flag("metrics-public", "serve /metrics without the API key", &Config::metrics_public, true));
     s.push_back(bytes_flag("max-body-bytes", "request body limit (e.g. 8MiB); larger gets 413", 1024, 1 << 30, &Config::max_body_bytes));
     s.push_back(integer_flag("max-header-bytes", "request header limit; larger gets 431", 1024, 1 << 20,

@@ -48,6 +48,7 @@ struct Config {
   int max_waiting_requests = 256;
   double shutdown_timeout = 30.0;
   std::string chat_template_file;
+  std::string tool_call_parser = "auto";  // auto | hermes | llama3_json (vLLM's names)
   bool metrics_public = false;
   int64_t max_body_bytes = 4 << 20;       // larger request bodies get 413
   int max_header_bytes = 16 << 10;        // larger request headers get 431

@@ -211,9 +211,11 @@ void Engine::add_request(GenerationRequest request, OutputSink sink) {
     state.seq_ids.push_back(seq_id);
     SamplingParams params = request.sampling;
     params.seed = seed + static_cast<uint64_t>(i);  // choices differ, and repeat with the seed
-    seqs_.emplace(seq_id, SeqState{id, i, Sampler(params, request.prompt_tokens, seed),
-                                   IncrementalDetokenizer(*model_.tokenizer, request.skip_special_tokens),
-                                   StopChecker(request.stop, request.include_stop_str_in_output), 0});
+    auto [it, inserted] = seqs_.emplace(
+        seq_id, SeqState{id, i, Sampler(params, request.prompt_tokens, seed),
+                         IncrementalDetokenizer(*model_.tokenizer, request.skip_special_tokens),
+                         StopChecker(request.stop, request.include_stop_str_in_output), 0});
+    if (request.grammar) it->second.matcher = std::make_unique<grammar::GrammarMatcher>(request.grammar, !request.ignore_eos);
   }
   const std::vector<SeqId> forks(state.seq_ids.begin() + 1, state.seq_ids.end());
   scheduler_->add(state.seq_ids.front(), request.prompt_tokens, forks);
@@ -288,6 +290,14 @@ void Engine::on_token(SeqId id, const SampleResult& sample) {
   out.text_delta = text.emit;
   if (text.stopped) {
     finish_seq(id, out, FinishReason::stop);
+    return;
+  }
+  if (seq.matcher && (seq.matcher->is_terminated() || (seq.closing && seq.matcher->can_end()))) {
+    // The structured output is complete and nothing may follow (or the budget says stop): end
+    // here, without waiting for an EOS the mask would force.
+    seq.detokenizer.finish();  // a complete document ends on a whole character: nothing is held
+    out.text_delta += seq.stop_checker.flush();
+    finish_seq(id, out, seq.closing ? FinishReason::length : FinishReason::stop);
     return;
   }
   const int total = static_cast<int>(r.prompt_tokens.size()) + seq.num_generated;
@@ -426,10 +436,62 @@ void Engine::run_step(const StepPlan& plan) {
       const auto it = seqs_.find(id);
       if (it == seqs_.end()) continue;
       row_.assign(logits.begin(), logits.end());  // the sampler uses its row as scratch
-      const SampleResult sample = it->second.sampler.sample(row_);
+      SeqState& seq = it->second;
+      const int64_t budget = seq.matcher ? token_budget(seq) : 0;
+      if (seq.matcher && !apply_grammar(seq, budget, row_)) {
+        RequestOutput out;
+        out.error = "structured output: no token can continue the text the schema requires";
+        finish_seq(id, out, FinishReason::error);
+        continue;
+      }
+      SampleResult sample = seq.sampler.sample(row_);
+      if (seq.matcher && !seq.closing && !seq.matcher->can_finish_after(sample.token, budget - 1)) {
+        // That token would open more than the budget can close: take the shortest way to the
+        // end instead, so the document still completes.
+        seq.sampler.forget(sample.token);
+        seq.closing = true;
+        if (seq.matcher->can_end()) {  // already complete: the budget ends it here
+          RequestOutput out;
+          finish_seq(id, out, FinishReason::length);
+          continue;
+        }
+        row_.assign(logits.begin(), logits.end());
+        apply_grammar(seq, budget, row_);
+        sample = seq.sampler.sample(row_);
+      }
+      if (seq.matcher && !seq.matcher->accept_token(sample.token)) {
+        RequestOutput out;  // a masked token was sampled: a bug, not the client's doing
+        out.error = "structured output: the sampler chose a token the grammar does not allow";
+        finish_seq(id, out, FinishReason::error);
+        continue;
+      }
       on_token(id, sample);
     }
   }
+}
+
+int64_t Engine::token_budget(const SeqState& seq) const {
+  const GenerationRequest& r = requests_.at(seq.request_id).request;
+  const int64_t by_length = static_cast<int64_t>(options_.max_model_len) - static_cast<int64_t>(r.prompt_tokens.size()) - seq.num_generated;
+  return std::min<int64_t>(r.max_tokens - seq.num_generated, by_length);
+}
+
+bool Engine::apply_grammar(SeqState& seq, int64_t budget, std::span<float> row) {
+  const auto t0 = std::chrono::steady_clock::now();
+  token_mask_.resize(static_cast<size_t>(seq.matcher->grammar().vocab().mask_words()));
+  // A structured output is never cut short when the budget can finish it: once what is left
+  // only just suffices, decoding takes the shortest way to the end (reported as "length").
+  if (!seq.closing && seq.matcher->bytes_to_end() >= budget) seq.closing = true;
+  if (seq.closing) {
+    seq.matcher->fill_closing_bitmask(token_mask_);
+  } else {
+    seq.matcher->fill_next_token_bitmask(token_mask_);
+  }
+  const bool any = grammar::bitmask_count(token_mask_) > 0;
+  grammar::apply_token_bitmask(token_mask_, row);
+  grammar_mask_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++grammar_mask_count_;
+  return any;
 }
 
 void Engine::fail_all(const std::string& message) {

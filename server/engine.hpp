@@ -22,6 +22,7 @@
 #include "cache/kv_scales.hpp"
 #include "config/config.hpp"
 #include "kernels/backend.hpp"
+#include "model/grammar/matcher.hpp"
 #include "model/loader.hpp"
 #include "model/tokenizer/detokenizer.hpp"
 #include "model/transformer.hpp"
@@ -91,6 +92,11 @@ class Engine {
   const Transformer& transformer() const { return *transformer_; }
   uint64_t weight_bytes() const { return transformer_->weight_bytes(); }
   int num_requests() const { return static_cast<int>(requests_.size()); }
+  // The ids that end a sequence (the model's EOS): structured outputs allow them once complete.
+  const std::vector<int32_t>& stop_token_ids() const { return stop_ids_; }
+  // Time spent computing and applying token masks (structured outputs), and how many.
+  double grammar_mask_seconds() const { return grammar_mask_seconds_; }
+  int64_t grammar_mask_count() const { return grammar_mask_count_; }
 
  private:
   struct RequestState {
@@ -108,12 +114,19 @@ class Engine {
     StopChecker stop_checker;
     int num_generated = 0;
     bool scheduled = false;  // has run in a step (its request's queue time is then known)
+    std::unique_ptr<grammar::GrammarMatcher> matcher;  // structured output, else null
+    bool closing = false;  // the token budget left only suffices to finish the document
   };
 
   void reject(const GenerationRequest& request, const OutputSink& sink, const std::string& message);
   std::string validate(const GenerationRequest& request) const;
   void run_step(const StepPlan& plan);
   void on_token(SeqId id, const SampleResult& sample);
+  // Masks `row` to the tokens the sequence's grammar allows; false when none is (a dead end).
+  // With `budget` tokens left (this one included) and no more than the document needs to be
+  // finished, only the shortest way to finish it is allowed.
+  bool apply_grammar(SeqState& seq, int64_t budget, std::span<float> row);
+  int64_t token_budget(const SeqState& seq) const;  // tokens the sequence may still generate
   void finish_seq(SeqId id, RequestOutput& out, FinishReason reason);
   void fail_all(const std::string& message);
 
@@ -138,6 +151,9 @@ class Engine {
   std::vector<int32_t> sample_rows_;
   std::vector<int64_t> slot_mapping_;
   std::vector<float> k_scales_, v_scales_, logits_, row_;
+  std::vector<uint64_t> token_mask_;
+  double grammar_mask_seconds_ = 0;
+  int64_t grammar_mask_count_ = 0;
   std::vector<uint8_t> calibrate_;
   std::vector<KvWriteCounts> step_counts_;
 };

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "model/grammar/compiled_grammar.hpp"
 #include "server/sampling.hpp"
 
 namespace fp8serve {
@@ -28,6 +29,10 @@ struct GenerationRequest {
   bool ignore_eos = false;
   int n = 1;                            // parallel samples; they share the prompt's blocks
   bool skip_special_tokens = true;      // in the returned text
+  // Structured output: every token is sampled from those the grammar allows (the rest of the
+  // logits masked to -inf before penalties, temperature, top-k/p and min-p), and the sequence
+  // ends once the grammar is complete. Null: unconstrained.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
   // When the request reached the server (the front end sets it; unset = when add_request ran).
   std::chrono::steady_clock::time_point arrival{};
 };

@@ -133,7 +133,11 @@ int32_t Sampler::draw(std::span<const float> logits) {
     acc += weight(order_[i]);
     if (u < acc) return order_[i];
   }
-  return order_[count - 1];  // rounding left u at the very top
+  // Rounding left u at the very top: the last candidate with any weight (a masked -inf logit
+  // has none, and must never be drawn).
+  for (size_t i = count; i-- > 0;)
+    if (weight(order_[i]) > 0) return order_[i];
+  return order_[0];
 }
 
 SampleResult Sampler::sample(std::span<float> logits) {
@@ -146,6 +150,11 @@ SampleResult Sampler::sample(std::span<float> logits) {
   if (params_.num_logprobs >= 0) result.logprob = raw_logprobs(raw, result.token, params_.num_logprobs, result.top_logprobs);
   ++output_counts_[result.token];
   return result;
+}
+
+void Sampler::forget(int32_t token) {
+  const auto it = output_counts_.find(token);
+  if (it != output_counts_.end() && --it->second == 0) output_counts_.erase(it);
 }
 
 float raw_logprobs(std::span<const float> logits, int32_t token, int n, std::vector<TokenLogprob>& top) {

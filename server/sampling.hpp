@@ -51,6 +51,10 @@ class Sampler {
   // PRECOND: every id of params().logit_bias and allowed_token_ids is < vocab_size.
   SampleResult sample(std::span<float> logits);
 
+  // Un-records a token sample() chose and the caller then refused (structured outputs' budget
+  // check), so the penalties count only tokens really generated.
+  void forget(int32_t token);
+
   const SamplingParams& params() const { return params_; }
 
  private:

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "model/grammar/token_vocab.hpp"
 #include "model/loader.hpp"
 #include "server/api/frontend.hpp"
 #include "server/async_engine.hpp"
@@ -136,6 +137,16 @@ int run_serve(const Config& config) {
   engine.start();
   const Engine& core = engine.engine();
 
+  // Structured outputs: the vocabulary's byte trie once, and a cache of compiled schemas.
+  const auto vocab_start = std::chrono::steady_clock::now();
+  StructuredOutputs structured(
+      grammar::TokenVocabulary::from_tokenizer(core.tokenizer(), core.model_config().vocab_size, core.stop_token_ids()));
+  const ToolTemplateSupport tool_support = tool_template_support(template_source, parse_tool_call_format(config.tool_call_parser));
+  spdlog::info("structured outputs: vocabulary of {} tokens ready in {:.0f} ms; tool calls {} ({})", structured.vocab().num_usable(),
+               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - vocab_start).count(),
+               tool_call_format_name(tool_support.format),
+               tool_support.renders_tools ? "the chat template renders tools" : "tools described in a system message");
+
   ModelContext ctx;
   ctx.served_model_name = name;
   ctx.max_model_len = core.options().max_model_len;
@@ -146,6 +157,8 @@ int run_serve(const Config& config) {
   ctx.chat_template = chat_template.get();
   ctx.template_extras = special_token_extras(core.tokenizer());
   ctx.engine = &engine;
+  ctx.structured = &structured;
+  ctx.tool_support = tool_support;
   frontend.set_ready(std::move(ctx));
   spdlog::info("ready: model '{}' served at http://{}:{}/v1 (max model len {}, api key {})", name, config.host, server.port(),
                core.options().max_model_len, config.api_key.empty() ? "off" : "on");

@@ -229,7 +229,13 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
   // Tokenized prompts and, for echo, their text.
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> texts;
+  ToolSetup tools;
   if (kind == ApiKind::chat) {
+    auto prepared = prepare_tools(r, model_->tool_support, model_->structured);
+    if (auto* error = std::get_if<ApiError>(&prepared)) return error_reply(*error);
+    tools = std::move(std::get<ToolSetup>(prepared));
+    r.messages = std::move(tools.messages);  // as the template renders them (tool_calls.hpp)
+    r.tools = std::move(tools.tools);
     auto rendered = render_chat(r);
     if (auto* error = std::get_if<ApiError>(&rendered)) return error_reply(*error);
     // The template already wrote the special tokens (BOS) it wants, as vLLM does for chat.
@@ -252,6 +258,20 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
       if (static_cast<int>(prompts[p].size()) <= *r.truncate_prompt_tokens) continue;
       prompts[p].erase(prompts[p].begin(), prompts[p].end() - *r.truncate_prompt_tokens);
       texts[p] = tokenizer.decode(prompts[p], /*skip_special_tokens=*/false);
+    }
+  }
+  GrammarPtr grammar = tools.grammar;
+  if (!r.response_format.is_null()) {
+    if (model_->structured == nullptr)
+      return error_reply(bad_request("'response_format' needs structured outputs, which this server has not set up.", "response_format"));
+    auto format = model_->structured->for_response_format(r.response_format);
+    if (auto* error = std::get_if<ApiError>(&format)) return error_reply(*error);
+    if (GrammarPtr g = std::get<GrammarPtr>(format)) {
+      if (grammar)
+        return error_reply(bad_request("'response_format' and 'tool_choice' (required or a named function) cannot both "
+                                       "constrain one answer; use one of them.",
+                                       "response_format"));
+      grammar = std::move(g);
     }
   }
 
@@ -295,6 +315,7 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
   meta.include_usage = r.include_usage;
   meta.num_logprobs = r.sampling.num_logprobs;
   meta.tokens_as_ids = r.return_tokens_as_token_ids;
+  meta.tool_parser = tools.parse;
   if (r.echo) meta.echo_texts = texts;
   for (const auto& p : prompts) meta.prompt_tokens.push_back(static_cast<int>(p.size()));
 
@@ -320,6 +341,7 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
     g.ignore_eos = r.ignore_eos;
     g.n = r.best_of;
     g.skip_special_tokens = r.skip_special_tokens;
+    g.grammar = grammar;
     job.requests.push_back(std::move(g));
   }
   return job;
@@ -346,18 +368,26 @@ HttpReply ApiFrontend::handle_tokenize(const HttpRequestIn& request) {
   const Json& body = std::get<Json>(doc);
   const bool chat = body.is_object() && body.contains("messages");
   static const std::vector<std::string> kChatFields = {"model", "messages", "add_generation_prompt", "continue_final_message",
-                                                       "chat_template_kwargs", "add_special_tokens"};
+                                                       "chat_template_kwargs", "add_special_tokens", "tools", "tool_choice"};
   static const std::vector<std::string> kPromptFields = {"model", "prompt", "add_special_tokens"};
   if (auto error = check_utility_body(body, chat ? kChatFields : kPromptFields)) return error_reply(*error);
   std::string text;
   bool add_special = true;
   if (chat) {
-    // Validate and render through the chat parser, so /tokenize accepts exactly what chat does.
+    // Validate and render through the chat parser, so /tokenize accepts exactly what chat does,
+    // tools included (the prompt a tool request really sends).
     Json chat_body = body;
     chat_body.erase("add_special_tokens");
+    // required / named constrain the answer, not the prompt: rendered as auto.
+    if (chat_body.contains("tool_choice") && chat_body["tool_choice"] != "none") chat_body["tool_choice"] = "auto";
     auto parsed = parse_api_request(dump_json(chat_body), ApiKind::chat, options_.limits);
     if (auto* error = std::get_if<ApiError>(&parsed)) return error_reply(*error);
-    auto rendered = render_chat(std::get<ApiRequest>(parsed));
+    ApiRequest& chat_request = std::get<ApiRequest>(parsed);
+    auto prepared = prepare_tools(chat_request, model_->tool_support, /*structured=*/nullptr);
+    if (auto* error = std::get_if<ApiError>(&prepared)) return error_reply(*error);
+    chat_request.messages = std::move(std::get<ToolSetup>(prepared).messages);
+    chat_request.tools = std::move(std::get<ToolSetup>(prepared).tools);
+    auto rendered = render_chat(chat_request);
     if (auto* error = std::get_if<ApiError>(&rendered)) return error_reply(*error);
     text = std::get<std::string>(rendered);
     add_special = false;

@@ -20,6 +20,8 @@
 #include "server/api/errors.hpp"
 #include "server/api/request.hpp"
 #include "server/api/responses.hpp"
+#include "server/api/structured_output.hpp"
+#include "server/api/tool_calls.hpp"
 #include "server/metrics.hpp"
 
 namespace fp8serve {
@@ -53,6 +55,9 @@ struct ModelContext {
   const ChatTemplate* chat_template = nullptr;  // null: the model ships none
   nlohmann::ordered_json template_extras = nlohmann::ordered_json::object();  // bos_token, eos_token
   EngineClient* engine = nullptr;
+  // Structured outputs (response_format, tool_choice required / named); null: those get a 400.
+  StructuredOutputs* structured = nullptr;
+  ToolTemplateSupport tool_support;  // from the chat template and --tool-call-parser
 };
 
 struct FrontendOptions {

@@ -183,7 +183,11 @@ void parse_chat_fields(const Fields& f, ApiRequest& r) {
   r.add_generation_prompt = generation_prompt.value_or(!r.continue_final_message);
   if (r.continue_final_message && !r.messages.back().contains("content"))
     reject("continue_final_message", "'continue_final_message' needs a last message with text content.");
-  // tools / tool_choice were judged by check_request_fields: tools are not rendered (r.tools null).
+  // tools / tool_choice have their shape checked by check_request_fields; the rest (names,
+  // parameters, the named function) is tool_calls.cpp's.
+  if (const Json* tools = f.find("tools")) r.tools = *tools;
+  if (const Json* choice = f.find("tool_choice")) r.tool_choice = *choice;
+  r.parallel_tool_calls = f.boolean("parallel_tool_calls").value_or(true);
 }
 
 ApiRequest parse_fields(const Json& body, ApiKind kind, const ApiLimits& limits) {
@@ -251,6 +255,7 @@ ApiRequest parse_fields(const Json& body, ApiKind kind, const ApiLimits& limits)
     reject("best_of", "'best_of' greater than 'n' cannot be streamed: which choices are best is known only when all "
                       "are done.");
   parse_stream_options(f, r);
+  if (const Json* format = f.find("response_format")) r.response_format = *format;
   r.ignore_eos = f.boolean("ignore_eos").value_or(false);
   r.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);
   return r;

@@ -43,10 +43,11 @@ struct ApiRequest {
   std::string model;                        // empty when the client did not name one
   std::vector<PromptInput> prompts;         // completion
   nlohmann::ordered_json messages;          // chat: array of message objects (text content)
-  // chat: tools to render into the prompt; null while tool calling is not supported (tools are
-  // accepted only with tool_choice "none" and then not shown to the model: request_features.cpp).
-  nlohmann::ordered_json tools;
+  nlohmann::ordered_json tools;             // chat: null when absent (validated in tool_calls.cpp)
+  nlohmann::ordered_json tool_choice;       // chat: null when absent (validated in tool_calls.cpp)
+  bool parallel_tool_calls = true;          // chat
   nlohmann::ordered_json documents;         // chat: null when absent
+  nlohmann::ordered_json response_format;   // null when absent (compiled in structured_output.cpp)
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs
   bool add_generation_prompt = true;        // chat
   bool continue_final_message = false;      // chat: the prompt ends inside the last message

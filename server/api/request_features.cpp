@@ -52,10 +52,10 @@ const RequestFieldSpec kFields[] = {
      R"("n": 1, "best_of": 2)", R"("n": 2, "best_of": 1)"},
     {"user", CH, IGN, Refuse::never, STR, "OpenAI", "no per-user accounting or abuse monitoring here", R"("user": "u")",
      R"("user": 3)"},
-    {"response_format", CH, NO, Refuse::custom, OBJ, "OpenAI, vLLM",
-     "`{\"type\": \"text\"}` is accepted; `json_object`, `json_schema` and `structural_tag` need structured output, "
-     "which is not supported yet; any other type is invalid",
-     R"("response_format": {"type": "text"})", R"("response_format": {"type": "json_object"})"},
+    {"response_format", CH, OK, Refuse::custom, OBJ, "OpenAI, vLLM",
+     "`text`, `json_object` and `json_schema` (`name`, `schema`, `strict`): grammar-constrained decoding, README "
+     "\"Structured outputs\"; a schema keyword that is not enforced is a 400 naming it; `structural_tag` is rejected",
+     R"("response_format": {"type": "json_object"})", R"("response_format": {"type": "xml"})"},
     // --- OpenAI, completions
     {"prompt", C, OK, Refuse::never, ANY, "OpenAI", "a string, strings, token ids, or lists of token ids (up to 64 prompts)",
      R"("prompt": "hello")", R"("prompt": 5)"},
@@ -74,17 +74,18 @@ const RequestFieldSpec kFields[] = {
      R"("logprobs": 1)"},
     {"top_logprobs", H, OK, Refuse::never, NUM, "OpenAI", "[0, 20], needs logprobs: true",
      R"("logprobs": true, "top_logprobs": 2)", R"("top_logprobs": 2)"},
-    {"tools", H, NO, Refuse::custom, ARR, "OpenAI, vLLM",
-     "tool calling is not supported yet: tools are accepted only with `tool_choice: \"none\"`, and are then not shown "
-     "to the model, so it answers in text; with `auto` (the default when tools are given) a 400",
-     R"("tools": )" "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]" R"(, "tool_choice": "none")",
-     R"("tools": [{"type": "function", "function": {"name": "f"}}])"},
-    {"tool_choice", H, NO, Refuse::custom, ANY, "OpenAI, vLLM",
-     "`none`, and `auto` without tools, are accepted; `required` and a named function force a tool call, which is "
-     "not supported yet",
-     R"("tool_choice": "none")", R"("tool_choice": "required")"},
-    {"parallel_tool_calls", H, IGN, Refuse::never, BOOL, "OpenAI, vLLM", "no tool calls are ever returned",
-     R"("parallel_tool_calls": true)", R"("parallel_tool_calls": "x")"},
+    {"tools", H, OK, Refuse::custom, ARR, "OpenAI, vLLM",
+     "function tools, rendered by the chat template (or a system message when it ignores tools); the model's calls "
+     "come back in `message.tool_calls` (README \"Structured outputs and tool calling\")",
+     R"("tools": [{"type": "function", "function": {"name": "f"}}])", R"("tools": [{"type": "code_interpreter"}])"},
+    {"tool_choice", H, OK, Refuse::custom, ANY, "OpenAI, vLLM",
+     "`none`, `auto`, `required` and a named function; the last two constrain the answer to calls whose arguments "
+     "satisfy the tool's parameters",
+     R"("tools": )" "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]" R"(, "tool_choice": "required")",
+     R"("tool_choice": "sometimes")"},
+    {"parallel_tool_calls", H, OK, Refuse::never, BOOL, "OpenAI, vLLM",
+     "default true; false makes tool_choice required produce exactly one call", R"("parallel_tool_calls": false)",
+     R"("parallel_tool_calls": "x")"},
     {"functions", H, NO, Refuse::any_value, ARR, "OpenAI", "deprecated function calling is not supported",
      R"("functions": null)", R"("functions": [{"name": "f"}])"},
     {"function_call", H, NO, Refuse::custom, ANY, "OpenAI", "deprecated function calling is not supported; \"none\" is accepted",
@@ -163,19 +164,19 @@ const RequestFieldSpec kFields[] = {
      R"("kv_transfer_params": {})"},
     {"vllm_xargs", CH, NO, Refuse::any_value, OBJ, "vLLM", "no custom extensions", R"("vllm_xargs": null)",
      R"("vllm_xargs": {"a": 1})"},
-    {"guided_json", CH, NO, Refuse::any_value, ANY, "vLLM", "structured output is not supported yet",
+    {"guided_json", CH, NO, Refuse::any_value, ANY, "vLLM", "vLLM's guided decoding is not supported; use response_format json_schema",
      R"("guided_json": null)", R"("guided_json": {"type": "object"})"},
-    {"guided_regex", CH, NO, Refuse::any_value, STR, "vLLM", "structured output is not supported yet",
+    {"guided_regex", CH, NO, Refuse::any_value, STR, "vLLM", "vLLM's guided decoding is not supported; use response_format json_schema (pattern)",
      R"("guided_regex": null)", R"("guided_regex": "a+")"},
-    {"guided_choice", CH, NO, Refuse::any_value, ARR, "vLLM", "structured output is not supported yet",
+    {"guided_choice", CH, NO, Refuse::any_value, ARR, "vLLM", "vLLM's guided decoding is not supported; use response_format json_schema (enum)",
      R"("guided_choice": null)", R"("guided_choice": ["a", "b"])"},
-    {"guided_grammar", CH, NO, Refuse::any_value, STR, "vLLM", "structured output is not supported yet",
+    {"guided_grammar", CH, NO, Refuse::any_value, STR, "vLLM", "grammars other than JSON Schema are not supported",
      R"("guided_grammar": null)", R"("guided_grammar": "root ::= \"a\"")"},
-    {"structured_outputs", CH, NO, Refuse::any_value, OBJ, "vLLM", "structured output is not supported yet",
+    {"structured_outputs", CH, NO, Refuse::any_value, OBJ, "vLLM", "vLLM's structured_outputs object is not supported; use response_format",
      R"("structured_outputs": null)", R"("structured_outputs": {"choice": ["a"]})"},
-    {"guided_decoding_backend", CH, IGN, Refuse::never, STR, "vLLM", "only picks the backend of guided decoding, which is rejected",
+    {"guided_decoding_backend", CH, IGN, Refuse::never, STR, "vLLM", "only picks the backend of guided decoding; response_format has one backend",
      R"("guided_decoding_backend": "xgrammar")", R"("guided_decoding_backend": 5)"},
-    {"guided_whitespace_pattern", CH, IGN, Refuse::never, STR, "vLLM", "only used by guided decoding, which is rejected",
+    {"guided_whitespace_pattern", CH, IGN, Refuse::never, STR, "vLLM", "only used by vLLM's guided decoding; whitespace in structured outputs is bounded (README)",
      R"("guided_whitespace_pattern": " ")", R"("guided_whitespace_pattern": 5)"},
     // --- vLLM, completions
     {"prompt_embeds", C, NO, Refuse::any_value, ANY, "vLLM", "prompts are text or token ids", R"("prompt_embeds": null)",
@@ -202,7 +203,7 @@ const RequestFieldSpec kFields[] = {
      R"("chat_template": "{{ messages }}")"},
     {"mm_processor_kwargs", H, NO, Refuse::any_value, OBJ, "vLLM", "no multimodal input", R"("mm_processor_kwargs": null)",
      R"("mm_processor_kwargs": {})"},
-    {"structural_tag", H, NO, Refuse::any_value, STR, "vLLM", "structured output is not supported yet",
+    {"structural_tag", H, NO, Refuse::any_value, STR, "vLLM", "structural tags are not supported",
      R"("structural_tag": null)", R"("structural_tag": "{}")"},
 };
 
@@ -242,21 +243,23 @@ const RequestFieldSpec* find_spec(const std::string& name, ApiKind kind) {
 }
 
 void check_response_format(const Json& format) {
+  // A supported field: the table's type check is skipped for it, so the shape is checked here.
+  if (!format.is_object())
+    reject("response_format", "'response_format' must be an object, e.g. {\"type\": \"json_object\"}, got " +
+                                  type_name(format) + ".");
   const Json* type = format.contains("type") ? &format["type"] : nullptr;
   if (type == nullptr || !type->is_string())
     reject("response_format.type", "'response_format.type' must be a string: text, json_object or json_schema.");
   const std::string& name = type->get_ref<const std::string&>();
-  if (name == "text") return;
-  if (name == "json_object" || name == "json_schema" || name == "structural_tag")
-    reject("response_format",
-           "response_format type '" + name +
-               "' asks for structured output, which this server does not support yet; omit response_format or "
-               "send {\"type\": \"text\"}.",
-           "unsupported_parameter");
+  // json_object and json_schema are compiled (and their schema judged) in structured_output.cpp.
+  if (name == "text" || name == "json_object" || name == "json_schema") return;
+  if (name == "structural_tag")
+    reject("response_format", "response_format type 'structural_tag' is not supported; use json_schema.", "unsupported_parameter");
   reject("response_format.type", "'response_format.type' must be one of text, json_object, json_schema, got '" + name + "'.");
 }
 
 void check_tools(const Json& tools) {
+  if (!tools.is_array()) reject("tools", "'tools' must be a list, got " + type_name(tools) + ".");
   for (size_t i = 0; i < tools.size(); ++i) {
     const Json& tool = tools[i];
     const std::string param = "tools[" + std::to_string(i) + "]";
@@ -266,38 +269,25 @@ void check_tools(const Json& tools) {
   }
 }
 
-// Tool calling is not implemented: no request may leave it to the model to answer with a call.
-// With "none" the tools are accepted but not rendered into the prompt: a model that sees them may
-// still write a call in its own syntax, which would reach the client as plain text.
+// The shape of tools and tool_choice; tool_calls.cpp checks the rest (names, parameters, that
+// a named function is among the tools).
 void check_tool_choice(const Json* tools, const Json* choice) {
   const bool has_tools = tools != nullptr && !tools->empty();
   if (tools != nullptr) check_tools(*tools);
-  std::string mode = has_tools ? "auto" : "none";
-  if (choice != nullptr) {
-    if (choice->is_string()) {
-      mode = choice->get<std::string>();
-      if (mode != "none" && mode != "auto" && mode != "required")
-        reject("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or a named function, got '" + mode + "'.");
-    } else if (choice->is_object()) {
-      const std::string name = choice->contains("function") && (*choice)["function"].is_object()
-                                   ? (*choice)["function"].value("name", "")
-                                   : std::string();
-      reject("tool_choice", "'tool_choice' names the function '" + name +
-                                "': forcing a tool call is not supported by this server yet (no tool calling).",
-             "unsupported_parameter");
-    } else {
-      reject("tool_choice", "'tool_choice' must be a string or an object, got " + type_name(*choice) + ".");
-    }
+  if (choice == nullptr) return;
+  if (choice->is_string()) {
+    const std::string mode = choice->get<std::string>();
+    if (mode != "none" && mode != "auto" && mode != "required")
+      reject("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or a named function, got '" + mode + "'.");
+    if (mode == "required" && !has_tools) reject("tool_choice", "'tool_choice': \"required\" needs 'tools'.");
+  } else if (choice->is_object()) {
+    if (choice->value("type", "") != "function" || !choice->contains("function") || !(*choice)["function"].is_object() ||
+        !(*choice)["function"].contains("name") || !(*choice)["function"]["name"].is_string())
+      reject("tool_choice", "'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": ...}}.");
+    if (!has_tools) reject("tool_choice", "'tool_choice' names a function, but there are no 'tools'.");
+  } else {
+    reject("tool_choice", "'tool_choice' must be a string or an object, got " + type_name(*choice) + ".");
   }
-  if (mode == "required")
-    reject("tool_choice", "'tool_choice': \"required\" forces a tool call, which this server does not support yet.",
-           "unsupported_parameter");
-  if (mode == "auto" && has_tools)
-    reject("tools",
-           "tool calling is not supported by this server yet: with 'tools' and tool_choice \"auto\" (the default "
-           "when tools are given) a tool call could not be returned. Send \"tool_choice\": \"none\" to have the "
-           "model answer in text (the tools are then not shown to it), or omit 'tools'.",
-           "unsupported_parameter");
 }
 
 void check_rule(const RequestFieldSpec& spec, const Json& v) {

@@ -6,8 +6,8 @@
 // silently fall back to the default), check_request_fields() turns each rejection rule into a
 // 400 here and nowhere else, and a unit test keeps the README's table equal to it.
 //
-// Structured output and tool calling are not implemented yet: their rejections (response_format,
-// guided_*, tools, tool_choice) live in this file, so the work that adds them changes one place.
+// Structured output and tool calling: the shape of response_format, tools and tool_choice is
+// checked here; structured_output.cpp and tool_calls.cpp do the rest.
 #include <span>
 
 #include <nlohmann/json.hpp>

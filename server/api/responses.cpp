@@ -75,7 +75,11 @@ ResponseBuilder::ResponseBuilder(ResponseMeta meta, TokenBytesFn token_bytes)
   choices_.resize(static_cast<size_t>(meta_.num_prompts) * static_cast<size_t>(meta_.best_of));
   cached_tokens_.assign(static_cast<size_t>(meta_.num_prompts), 0);
   if (meta_.prompt_tokens.size() < static_cast<size_t>(meta_.num_prompts)) meta_.prompt_tokens.resize(meta_.num_prompts, 0);
-  for (auto& c : choices_) c.logprobs = nullptr;
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    choices_[i].logprobs = nullptr;
+    if (meta_.stream && meta_.tool_parser)
+      choices_[i].tools = std::make_shared<ToolCallStream>(*meta_.tool_parser, meta_.id + ":" + std::to_string(i));
+  }
   for (int p = 0; p < meta_.num_prompts && !meta_.echo_texts.empty(); ++p)
     for (int i = 0; i < meta_.best_of; ++i) choices_[p * meta_.best_of + i].text = meta_.echo_texts[p];
 }
@@ -172,13 +176,22 @@ std::vector<std::string> ResponseBuilder::on_output(int prompt_index, const Requ
 
   Json c;
   c["index"] = choice_index;
-  if (meta_.kind == ApiKind::chat) {
+  if (choice.tools) {
+    // Text through the tool-call parser: content, and the calls as OpenAI's deltas.
+    ToolCallDelta d = choice.tools->push(output.text_delta);
+    if (output.finish) d.append(choice.tools->finish());
+    if (d.empty() && lp.is_null() && !output.finish) return events;
+    c["delta"] = Json::object();
+    if (!d.content.empty()) c["delta"]["content"] = d.content;
+    if (!d.tool_calls.empty()) c["delta"]["tool_calls"] = std::move(d.tool_calls);
+  } else if (meta_.kind == ApiKind::chat) {
     c["delta"] = output.text_delta.empty() ? Json::object() : Json{{"content", output.text_delta}};
   } else {
     c["text"] = output.text_delta;
   }
   c["logprobs"] = std::move(lp);
   c["finish_reason"] = finish_json(output.finish);
+  if (choice.tools && choice.tools->num_calls() > 0 && output.finish == FinishReason::stop) c["finish_reason"] = "tool_calls";
   Json chunk = chunk_base();
   chunk["choices"].push_back(std::move(c));
   if (meta_.include_usage) chunk["usage"] = nullptr;
@@ -258,16 +271,29 @@ Json ResponseBuilder::final_body() const {
   for (int p = 0; p < meta_.num_prompts; ++p) {
     const std::vector<int> returned = returned_choices(p);
     for (int rank = 0; rank < meta_.n; ++rank) {
-      const Choice& choice = choices_[static_cast<size_t>(returned[static_cast<size_t>(rank)])];
+      const int i = returned[static_cast<size_t>(rank)];
+      const Choice& choice = choices_[static_cast<size_t>(i)];
       Json c;
       c["index"] = p * meta_.n + rank;
-      if (meta_.kind == ApiKind::chat) {
+      Json finish = finish_json(choice.finish);
+      if (meta_.kind == ApiKind::chat && meta_.tool_parser) {
+        // The same parser as streaming, over the whole text.
+        ToolCallStream parser(*meta_.tool_parser, meta_.id + ":" + std::to_string(i));
+        parser.push(choice.text);
+        parser.finish();
+        c["message"] = {{"role", "assistant"}, {"content", parser.content()}};
+        if (parser.num_calls() > 0) {
+          if (parser.content().empty()) c["message"]["content"] = nullptr;
+          c["message"]["tool_calls"] = parser.tool_calls();
+          if (choice.finish == FinishReason::stop) finish = "tool_calls";
+        }
+      } else if (meta_.kind == ApiKind::chat) {
         c["message"] = {{"role", "assistant"}, {"content", choice.text}};
       } else {
         c["text"] = choice.text;
       }
       c["logprobs"] = choice.logprobs;
-      c["finish_reason"] = finish_json(choice.finish);
+      c["finish_reason"] = std::move(finish);
       body["choices"].push_back(std::move(c));
     }
   }

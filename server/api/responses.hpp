@@ -13,6 +13,7 @@
 
 #include "server/api/errors.hpp"
 #include "server/api/request.hpp"
+#include "server/api/tool_parser.hpp"
 #include "server/engine_api.hpp"
 
 namespace fp8serve {
@@ -42,6 +43,7 @@ struct ResponseMeta {
   bool tokens_as_ids = false; // logprobs tokens as "token_id:N" (vLLM's return_tokens_as_token_ids)
   std::vector<std::string> echo_texts;  // completion echo: the prompt text of each prompt
   std::vector<int> prompt_tokens;       // per prompt
+  std::optional<ToolCallFormat> tool_parser;  // chat with tools: calls are read out of the text
 };
 
 struct Usage {
@@ -82,6 +84,7 @@ class ResponseBuilder {
     int completion_tokens = 0;
     int text_offset = 0;              // completion logprobs: bytes of token text so far
     double cumulative_logprob = 0;    // of the chosen tokens (best_of ranks by it)
+    std::shared_ptr<ToolCallStream> tools;  // streaming with a tool parser
   };
 
   nlohmann::ordered_json chunk_base() const;

@@ -3,28 +3,19 @@
 // rendering recorded in the chat-template fixtures), context-length errors.
 #include <catch2/catch.hpp>
 
-#include <fstream>
-#include <sstream>
-
 #include "fake_engine.hpp"
 #include "server/api/frontend.hpp"
+#include "tests/unit/chat_template/fixture_util.hpp"
 
 using namespace fp8serve;
 using Json = nlohmann::ordered_json;
 
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 struct Fixture {
   Fixture(FrontendOptions options = {}) : frontend(std::move(options), metrics) {
     tokenizer = load_tokenizer_dir(FP8SERVE_FIXTURES_DIR "/models/tiny-qwen3");
-    chat_template = std::make_unique<ChatTemplate>(ChatTemplate::parse(read_file(FP8SERVE_FIXTURES_DIR "/chat_templates/qwen3.jinja")));
+    chat_template = std::make_unique<ChatTemplate>(ChatTemplate::parse(test::read_fixture_file(FP8SERVE_FIXTURES_DIR "/chat_templates/qwen3.jinja")));
   }
   void ready(int max_model_len = 64, int max_num_seqs = 4) {
     ModelContext m;
@@ -151,7 +142,7 @@ TEST_CASE("completions: prompts are tokenized with special tokens; n and ids car
 TEST_CASE("chat: the prompt is the template's rendering, as jinja2 renders it") {
   Fixture f;
   f.ready(/*max_model_len=*/512);
-  const Json cases = Json::parse(read_file(FP8SERVE_FIXTURES_DIR "/chat_templates/qwen3.cases.json"));
+  const Json cases = Json::parse(test::read_fixture_file(FP8SERVE_FIXTURES_DIR "/chat_templates/qwen3.cases.json"));
   const Json& c = cases["cases"][0];  // single user message, generation prompt
   REQUIRE(c["extra"]["eos_token"] == "<|im_end|>");
   Json body = {{"messages", c["messages"]}, {"add_generation_prompt", c["add_generation_prompt"]}};
@@ -332,14 +323,14 @@ TEST_CASE("prompt options: truncate_prompt_tokens, add_special_tokens, continue_
   CHECK(plain.requests[0].prompt_tokens == f.tokenizer->encode("Hello", false));
   f.frontend.release(plain.num_seqs);
   // continue_final_message against the transformers rendering recorded in the fixtures.
-  const Json cases = Json::parse(read_file(FP8SERVE_FIXTURES_DIR "/chat_templates/qwq_32b.cases.json"));
+  const Json cases = Json::parse(test::read_fixture_file(FP8SERVE_FIXTURES_DIR "/chat_templates/qwq_32b.cases.json"));
   size_t checked = 0;
   for (const Json& c : cases["cases"]) {
     if (!c.value("continue_final_message", false) || !c.contains("expected") || c["messages"].back()["content"].is_array())
       continue;
     Json body = {{"messages", c["messages"]}, {"continue_final_message", true}};
     Fixture g;
-    g.chat_template = std::make_unique<ChatTemplate>(ChatTemplate::parse(read_file(FP8SERVE_FIXTURES_DIR "/chat_templates/qwq_32b.jinja")));
+    g.chat_template = std::make_unique<ChatTemplate>(ChatTemplate::parse(test::read_fixture_file(FP8SERVE_FIXTURES_DIR "/chat_templates/qwq_32b.jinja")));
     g.ready(/*max_model_len=*/4096);
     GenerationJob job = g.job("/v1/chat/completions", body.dump());
     INFO(c["name"]);

@@ -1,0 +1,247 @@
+// bench_grammar: structured outputs' costs against the decode step they ride on (issue 16's
+// targets: mask time per step under 5% of the step at batch 1 and 16, compile under 50 ms).
+//
+//   bench_grammar [--vocab smollm2|qwen3] [--engine] [--threads N]
+//
+//   vocabulary   building the token trie for the model's vocabulary (once per server)
+//   compile      each of the 50 fixture schemas: JSON Schema -> grammar -> DFAs (median, max)
+//   masks        the tokenizer's own tokenization of every valid fixture instance replayed
+//                through the matcher: time per mask, first use of a compiled schema (cold:
+//                the (rule, state) classifications are computed on the way) and again (warm)
+//   engine       (--engine) the real engine on SmolLM2: decode steps at batch 1 and batch 16,
+//                free and constrained to schemas, side by side; the mask time the engine
+//                measured per sequence-step next to the step time
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench_inputs.hpp"
+#include "model/formats/gguf.hpp"
+#include "model/grammar/json_schema.hpp"
+#include "model/grammar/matcher.hpp"
+#include "model/loader.hpp"
+#include "model/tokenizer/tokenizer.hpp"
+#include "server/engine.hpp"
+
+using namespace fp8serve;
+using namespace fp8serve::grammar;
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+using GrammarPtrLike = std::shared_ptr<const CompiledGrammar>;
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+Json fixture_schemas() {
+  std::ifstream in(bench::repo_root() / "tests/fixtures/grammar/schemas.json");
+  if (!in) throw std::runtime_error("tests/fixtures/grammar/schemas.json is missing");
+  return Json::parse(in);
+}
+
+struct Loaded {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::shared_ptr<const TokenVocabulary> vocab;
+};
+
+Loaded load_vocab(const std::string& which) {
+  Loaded l;
+  if (which == "qwen3") {
+    l.tokenizer = load_tokenizer_dir(bench::repo_root() / ".models/qwen3-tokenizer");
+  } else {
+    l.tokenizer = from_gguf(GgufFile::open(bench::default_model_path()));
+  }
+  const double t0 = now_s();
+  l.vocab = TokenVocabulary::from_tokenizer(*l.tokenizer, l.tokenizer->vocab_size(), {*l.tokenizer->eos_id()});
+  std::printf("vocabulary   %s: %d tokens (%d usable), trie of %zu nodes, built in %.1f ms\n", which.c_str(),
+              l.vocab->mask_size(), l.vocab->num_usable(), l.vocab->trie().nodes.size(), (now_s() - t0) * 1e3);
+  return l;
+}
+
+void bench_masks(const Loaded& l, const Json& cases) {
+  std::vector<double> compile_ms;
+  std::vector<double> cold_us, warm_us;
+  std::vector<uint64_t> mask(static_cast<size_t>(l.vocab->mask_words()));
+  int64_t classified = 0;
+  for (const Json& c : cases) {
+    const double t0 = now_s();
+    auto g = std::make_shared<const CompiledGrammar>(json_schema_grammar(c["schema"]), l.vocab);
+    compile_ms.push_back((now_s() - t0) * 1e3);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (const Json& text : c["valid"]) {
+        const std::vector<int32_t> ids = l.tokenizer->encode(text.get<std::string>(), false);
+        GrammarMatcher m(g);
+        for (const int32_t id : ids) {
+          const double s = now_s();
+          m.fill_next_token_bitmask(mask);
+          (pass == 0 ? cold_us : warm_us).push_back((now_s() - s) * 1e6);
+          if (!m.accept_token(id)) throw std::runtime_error("bench_grammar: a fixture instance was rejected");
+        }
+      }
+    }
+    classified += g->cache_stats().num_classified;
+  }
+  std::printf("compile      50 schemas: median %.2f ms, p90 %.2f ms, max %.2f ms (target < 50 ms)\n", percentile(compile_ms, 0.5),
+              percentile(compile_ms, 0.9), percentile(compile_ms, 1.0));
+  std::printf("masks cold   %zu masks: mean %.1f us, p50 %.1f us, p99 %.1f us, max %.1f us (%lld (rule, state) classifications)\n",
+              cold_us.size(), mean(cold_us), percentile(cold_us, 0.5), percentile(cold_us, 0.99), percentile(cold_us, 1.0),
+              static_cast<long long>(classified));
+  std::printf("masks warm   %zu masks: mean %.1f us, p50 %.1f us, p99 %.1f us, max %.1f us\n", warm_us.size(), mean(warm_us),
+              percentile(warm_us, 0.5), percentile(warm_us, 0.99), percentile(warm_us, 1.0));
+
+  // Applying a mask to the logits: a sparse one (between keys) and a dense one (inside a string).
+  {
+    auto g = std::make_shared<const CompiledGrammar>(json_object_grammar(), l.vocab);
+    std::vector<float> logits(static_cast<size_t>(l.vocab->mask_size()), 1.0f);
+    for (const char* prefix : {"{", "{\"ab"}) {
+      GrammarMatcher m(g);
+      m.accept_bytes(prefix);
+      m.fill_next_token_bitmask(mask);
+      const double t0 = now_s();
+      for (int i = 0; i < 1000; ++i) apply_token_bitmask(mask, logits);
+      std::printf("apply        %s mask (%lld tokens allowed): %.1f us per %d logits\n", prefix[1] ? "dense" : "sparse",
+                  static_cast<long long>(bitmask_count(mask)), (now_s() - t0) * 1e3, l.vocab->mask_size());
+    }
+  }
+
+  // json_object mode: arbitrary JSON objects.
+  auto any = std::make_shared<const CompiledGrammar>(json_object_grammar(), l.vocab);
+  std::vector<double> any_us;
+  for (int pass = 0; pass < 2; ++pass)
+    for (const Json& c : cases)
+      for (const Json& text : c["valid"]) {
+        if (text.get<std::string>().front() != '{') continue;
+        const std::vector<int32_t> ids = l.tokenizer->encode(text.get<std::string>(), false);
+        GrammarMatcher m(any);
+        for (const int32_t id : ids) {
+          const double s = now_s();
+          m.fill_next_token_bitmask(mask);
+          if (pass == 1) any_us.push_back((now_s() - s) * 1e6);
+          if (!m.accept_token(id)) throw std::runtime_error("bench_grammar: json_object rejected a fixture instance");
+        }
+      }
+  std::printf("json_object  %zu masks (warm): mean %.1f us, p50 %.1f us, p99 %.1f us\n", any_us.size(), mean(any_us),
+              percentile(any_us, 0.5), percentile(any_us, 0.99));
+}
+
+// Compile times of objects with n optional properties: the one shape whose compile grows
+// quadratically (each position must know which keys may still come).
+void bench_wide_objects() {
+  for (int n : {20, 100, 256}) {
+    Json schema = {{"type", "object"}, {"properties", Json::object()}, {"required", Json::array({"field_0"})},
+                   {"additionalProperties", false}};
+    for (int i = 0; i < n; ++i) schema["properties"]["field_" + std::to_string(i)] = {{"type", "integer"}};
+    const double t0 = now_s();
+    const Grammar g = json_schema_grammar(schema);
+    std::printf("wide object  %d optional properties: compile %.1f ms (%lld DFA states)\n", n, (now_s() - t0) * 1e3,
+                static_cast<long long>(g.total_states()));
+  }
+}
+
+struct EngineRun {
+  double step_s = 0;        // mean time of a decode step
+  double steps = 0;
+  double mask_us = 0;       // mean mask time per sequence-step (compute + apply), as the engine measured
+  double mean_batch = 0;    // sequences per decode step
+};
+
+// Decodes `prompts` together (greedy); every sequence constrained by its grammar when given.
+EngineRun run_engine(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                     const std::vector<GrammarPtrLike>& grammars, int max_tokens, const std::string& tag) {
+  const double mask_s0 = engine.grammar_mask_seconds();
+  const int64_t masks0 = engine.grammar_mask_count();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest r;
+    r.request_id = tag + std::to_string(i);
+    r.prompt_tokens = prompts[i];
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    if (!grammars.empty()) r.grammar = grammars[i % grammars.size()];
+    engine.add_request(std::move(r), [](RequestOutput&&) {});
+  }
+  engine.step();  // prefill
+  EngineRun run;
+  double batch = 0;
+  while (engine.has_work()) {
+    const int running = engine.stats().num_running;
+    const double t0 = now_s();
+    engine.step();
+    run.step_s += now_s() - t0;
+    run.steps += 1;
+    batch += running;
+  }
+  run.step_s /= std::max(1.0, run.steps);
+  run.mean_batch = batch / std::max(1.0, run.steps);
+  const int64_t masks = engine.grammar_mask_count() - masks0;
+  run.mask_us = masks > 0 ? (engine.grammar_mask_seconds() - mask_s0) * 1e6 / static_cast<double>(masks) : 0;
+  return run;
+}
+
+void bench_engine(const Json& cases, int threads) {
+  EngineOptions options;
+  options.kv_cache_memory = 512ull << 20;
+  options.max_model_len = 2048;
+  options.max_num_seqs = 16;
+  options.threads = threads;
+  Engine engine(load_model(bench::default_model_path()), options);
+  const auto vocab = TokenVocabulary::from_tokenizer(engine.tokenizer(), engine.model_config().vocab_size, engine.stop_token_ids());
+  std::vector<GrammarPtrLike> grammars;
+  std::vector<std::vector<int32_t>> prompts;
+  for (const Json& c : cases) {
+    grammars.push_back(std::make_shared<const CompiledGrammar>(json_schema_grammar(c["schema"]), vocab));
+    prompts.push_back(engine.tokenizer().encode("<|im_start|>user\nGive an example of a " + c["name"].get<std::string>() +
+                                                    " as JSON.<|im_end|>\n<|im_start|>assistant\n",
+                                                false));
+  }
+  std::printf("engine       SmolLM2-135M on the CPU, %d threads, greedy, 64 new tokens per sequence\n", threads);
+  for (const int batch : {1, 16}) {
+    const std::vector<std::vector<int32_t>> p(prompts.begin(), prompts.begin() + batch);
+    const EngineRun free_run = run_engine(engine, p, {}, 64, "free");
+    std::vector<GrammarPtrLike> g(grammars.begin() + (batch == 1 ? 0 : 16), grammars.begin() + (batch == 1 ? 1 : 32));
+    const EngineRun cold = run_engine(engine, p, g, 64, "cold");
+    const EngineRun warm = run_engine(engine, p, g, 64, "warm");
+    std::printf("batch %-2d     free step %.2f ms | constrained step %.2f ms (batch %.1f) | mask per sequence-step: warm %.1f us "
+                "= %.2f%% of the free step at this batch, cold %.1f us\n",
+                batch, free_run.step_s * 1e3, warm.step_s * 1e3, warm.mean_batch, warm.mask_us,
+                100.0 * warm.mask_us * 1e-6 * warm.mean_batch / free_run.step_s, cold.mask_us);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string which = "smollm2";
+  bool engine = false;
+  int threads = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--vocab" && i + 1 < argc) which = argv[++i];
+    if (a == "--engine") engine = true;
+    if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
+  }
+  const Json cases = fixture_schemas();
+  const Loaded l = load_vocab(which);
+  bench_masks(l, cases);
+  bench_wide_objects();
+  if (engine) bench_engine(cases, threads);
+  return 0;
+}
