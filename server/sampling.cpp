@@ -26,7 +26,7 @@ int32_t argmax(std::span<const float> logits) {
 }
 
 // How many of the best candidates are sorted before top-p first looks at the mass: enough for
-// almost every real distribution, so the full vocabulary is sorted only when it must be.
+// almost every real distribution; flatter ones take more rounds.
 constexpr size_t kTopPFirstSort = 1024;
 
 }  // namespace
@@ -76,38 +76,46 @@ int32_t Sampler::draw(std::span<const float> logits) {
   const auto vocab = static_cast<int32_t>(logits.size());
   if (params_.temperature <= 1e-5f) return argmax(logits);
 
-  // Work on temperature-scaled logits relative to the maximum: p_i ∝ exp((l_i - l_max) / T).
-  const float inv_t = 1.0f / params_.temperature;
-  const float max_logit = logits[argmax(logits)];
-  auto weight = [&](int32_t t) { return std::exp(static_cast<double>((logits[t] - max_logit) * inv_t)); };
-
   order_.resize(static_cast<size_t>(vocab));
   for (int32_t i = 0; i < vocab; ++i) order_[static_cast<size_t>(i)] = i;
   const BetterLogit better{logits};
+  auto at = [this](size_t i) { return order_.begin() + static_cast<std::ptrdiff_t>(i); };
 
   // top-k: the k best, in order.
   size_t count = order_.size();
   bool sorted = false;
   if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < count) {
     count = static_cast<size_t>(params_.top_k);
-    std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(count), order_.end(), better);
+    std::nth_element(order_.begin(), at(count), order_.end(), better);
   }
 
-  // top-p: the smallest best-first prefix whose mass reaches top_p of the (top-k) total.
+  // Temperature-scaled weights relative to the maximum, p_i ∝ exp((l_i - l_max) / T), computed
+  // once for each remaining candidate: every stage below reads them.
+  const float inv_t = 1.0f / params_.temperature;
+  const float max_logit = logits[argmax(logits)];
+  weights_.resize(static_cast<size_t>(vocab));
+  for (size_t i = 0; i < count; ++i) {
+    const int32_t t = order_[i];
+    weights_[static_cast<size_t>(t)] = std::exp(static_cast<double>((logits[t] - max_logit) * inv_t));
+  }
+  auto weight = [&](int32_t t) { return weights_[static_cast<size_t>(t)]; };
+
+  // top-p: the smallest best-first prefix whose mass reaches top_p of the (top-k) total. The
+  // best candidates are sorted a chunk at a time (1024, then 4x more each round, each chunk
+  // selected with nth_element), so a flat distribution costs a few linear passes, not a sort
+  // of the vocabulary; the prefix is the one a full sort would give (BetterLogit is total).
   if (params_.top_p < 1.0f) {
     double total = 0;
     for (size_t i = 0; i < count; ++i) total += weight(order_[i]);
     const double target = static_cast<double>(params_.top_p) * total;
-    size_t sorted_count = std::min(count, kTopPFirstSort);
-    std::partial_sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(sorted_count),
-                      order_.begin() + static_cast<std::ptrdiff_t>(count), better);
     double mass = 0;
-    size_t keep = 0;
-    while (keep < sorted_count && mass < target) mass += weight(order_[keep++]);
-    if (mass < target && sorted_count < count) {
-      std::sort(order_.begin() + static_cast<std::ptrdiff_t>(sorted_count),
-                order_.begin() + static_cast<std::ptrdiff_t>(count), better);
-      while (keep < count && mass < target) mass += weight(order_[keep++]);
+    size_t keep = 0, sorted_count = 0;
+    for (size_t chunk = kTopPFirstSort; mass < target && sorted_count < count; chunk *= 4) {
+      const size_t end = std::min(count, sorted_count + chunk);
+      if (end < count) std::nth_element(at(sorted_count), at(end), at(count), better);
+      std::sort(at(sorted_count), at(end), better);
+      sorted_count = end;
+      while (keep < sorted_count && mass < target) mass += weight(order_[keep++]);
     }
     count = std::max<size_t>(keep, 1);
     sorted = true;
@@ -123,7 +131,7 @@ int32_t Sampler::draw(std::span<const float> logits) {
   }
   // Any fixed order serves the draw below; only nth_element's order is unspecified, so top-k
   // candidates are put in a defined one.
-  if (!sorted && count < order_.size()) std::sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(count), better);
+  if (!sorted && count < order_.size()) std::sort(order_.begin(), at(count), better);
 
   double total = 0;
   for (size_t i = 0; i < count; ++i) total += weight(order_[i]);

@@ -68,6 +68,7 @@ class Sampler {
   std::vector<int32_t> prompt_tokens_;                // distinct, for the repetition penalty
   std::unordered_map<int32_t, int32_t> output_counts_;  // token -> times generated
   std::vector<int32_t> order_;                        // scratch: candidate ids
+  std::vector<double> weights_;                       // scratch: exp((l - l_max) / T) per id
 };
 
 // log_softmax of one row, for the reported logprobs: returns the log-probability of `token` and
