@@ -4,9 +4,9 @@
 // differ only by config flags: QKV bias (Qwen2), per-head q/k RMSNorm (Qwen3), llama3 rope
 // scaling, tied embeddings.
 //
-// The Transformer owns the model's device state: the bf16 weights (uploaded once; q, k and v
-// concatenated into one qkv projection, gate and up into one gate_up projection, as every
-// serious engine fuses them), the paged KV pool (one K and one V buffer per layer,
+// The Transformer owns the model's device state: the weights (uploaded once by WeightUploader;
+// q, k and v concatenated into one qkv projection, gate and up into one gate_up projection, as
+// every serious engine fuses them; projections bf16 or FP8), the paged KV pool (one K and one V buffer per layer,
 // kernels/paged_kv.hpp layout), the activation buffers sized for the largest step (in the
 // backend's activation dtype), and the step's metadata buffers. It does not know which block
 // belongs to whom: the engine passes block tables, slots and scales in a ForwardBatch.
@@ -22,6 +22,7 @@
 #include "kernels/backend.hpp"
 #include "model/formats/model_config.hpp"
 #include "model/formats/weights.hpp"
+#include "model/weight_upload.hpp"
 
 namespace fp8serve {
 
@@ -36,6 +37,12 @@ struct TransformerOptions {
   int max_num_seqs = 64;       // per step
   int max_model_len = 0;       // positions the rope table covers; block tables' width
   float kv_scale_margin = kDefaultKvScaleMargin;
+  // --quantization fp8: every projection's weights to FP8 E4M3 with one scale per output channel
+  // (FP8 checkpoints load as FP8 whatever this says). Embeddings and norms stay bf16.
+  bool quantize_fp8 = false;
+  // With quantize_fp8, the LM head too (a tied head gets its own FP8 copy; the embedding table
+  // stays bf16). README "FP8 weights" measures both.
+  bool quantize_lm_head = true;
 };
 
 // One step, host side. Sequence s owns tokens [query_start_loc[s], query_start_loc[s + 1]).
@@ -77,24 +84,24 @@ class Transformer {
 
   const ModelConfig& config() const { return config_; }
   const TransformerOptions& options() const { return options_; }
-  uint64_t weight_bytes() const { return weight_bytes_; }
+  uint64_t weight_bytes() const { return weight_bytes_.total(); }
+  const WeightBytes& weight_bytes_by_dtype() const { return weight_bytes_; }
+  // One line for the start-up log: the weights' dtypes and bytes.
+  std::string describe_weights() const;
   uint64_t kv_cache_bytes() const { return kv_cache_bytes_; }
 
  private:
   struct LayerWeights {
     const std::uint16_t* input_norm = nullptr;
-    const std::uint16_t* qkv_proj = nullptr;  // [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
+    DeviceProjection qkv_proj;                // [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
     const std::uint16_t* qkv_bias = nullptr;  // Qwen2
     const std::uint16_t* q_norm = nullptr;    // Qwen3
     const std::uint16_t* k_norm = nullptr;
-    const std::uint16_t* o_proj = nullptr;
+    DeviceProjection o_proj;
     const std::uint16_t* post_norm = nullptr;
-    const std::uint16_t* gate_up_proj = nullptr;  // [2 * intermediate, hidden]: gate rows, then up
-    const std::uint16_t* down_proj = nullptr;
+    DeviceProjection gate_up_proj;  // [2 * intermediate, hidden]: gate rows, then up
+    DeviceProjection down_proj;
   };
-
-  // Uploads the named tensors concatenated along their first dimension (one name: as it is).
-  const std::uint16_t* upload(const ModelWeights& weights, std::initializer_list<std::string> names);
   void validate(const ForwardBatch& batch, std::span<float> logits) const;
   void upload_batch(const ForwardBatch& batch);
 
@@ -107,8 +114,8 @@ class Transformer {
   std::vector<LayerWeights> layers_;
   const std::uint16_t* embed_tokens_ = nullptr;
   const std::uint16_t* final_norm_ = nullptr;
-  const std::uint16_t* lm_head_ = nullptr;  // == embed_tokens_ when tied
-  uint64_t weight_bytes_ = 0;
+  DeviceProjection lm_head_;  // the embedding table itself when tied and bf16
+  WeightBytes weight_bytes_;
 
   std::vector<DeviceBuffer> kv_buffers_;  // [num_layers * 2]: K then V of each layer
   std::vector<PagedKvView> kv_views_;     // [num_layers]

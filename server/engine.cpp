@@ -13,15 +13,6 @@
 
 namespace fp8serve {
 
-namespace {
-
-std::string mib(uint64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return buf;
-}
-
-}  // namespace
 
 EngineOptions engine_options_from_config(const Config& config) {
   if (config.device == "cuda") {
@@ -32,6 +23,7 @@ EngineOptions engine_options_from_config(const Config& config) {
   if (!dtype) throw ConfigError("--kv-cache-dtype: expected fp8_e4m3 or bf16");
   options.kv_dtype = *dtype;
   options.kv_scale_margin = static_cast<float>(config.kv_scale_margin);
+  options.quantize_fp8 = config.quantization == "fp8";
   options.block_size = config.block_size;
   if (config.kv_cache_memory > 0) options.kv_cache_memory = static_cast<uint64_t>(config.kv_cache_memory);
   options.max_model_len = config.max_model_len;
@@ -77,6 +69,8 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   topts.max_num_seqs = options_.max_num_seqs;
   topts.max_model_len = options_.max_model_len;
   topts.kv_scale_margin = options_.kv_scale_margin;
+  topts.quantize_fp8 = options_.quantize_fp8;
+  topts.quantize_lm_head = options_.quantize_lm_head;
   transformer_ = std::make_unique<Transformer>(c, model_.weights, *backend_, topts);
   model_.weights = ModelWeights{};  // the backend holds its own copy now
 
@@ -98,8 +92,9 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   spdlog::info("device: {}", backend_->describe());
   spdlog::info("attention: {} kernels for head_dim {}", cpu::cpu_isa_name(cpu::resolve_cpu_isa(cpu::CpuIsa::best, c.head_dim)),
                c.head_dim);
-  spdlog::info("model: {} ({}, {}, {} layers), weights {} bf16", model_.name, model_.format,
-               family_name(c.family), c.num_layers, mib(transformer_->weight_bytes()));
+  const std::string checkpoint = c.quantization.fp8 ? ", FP8 checkpoint (" + c.quantization.method + ")" : "";
+  spdlog::info("model: {} ({}, {}, {} layers{}), weights {}", model_.name, model_.format, family_name(c.family),
+               c.num_layers, checkpoint, transformer_->describe_weights());
   spdlog::info("KV cache: {}, {} bytes/token, margin {}{}, max model len {}", spec.describe(num_blocks),
                spec.bytes_per_token(), options_.kv_scale_margin,
                kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (unused for bf16)", options_.max_model_len);

@@ -37,6 +37,8 @@ namespace fp8serve {
 struct EngineOptions {
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
   float kv_scale_margin = kDefaultKvScaleMargin;
+  bool quantize_fp8 = false;     // --quantization fp8 (TransformerOptions)
+  bool quantize_lm_head = true;  // with it, the LM head too
   int block_size = 16;
   uint64_t kv_cache_memory = 1ull << 30;  // bytes of K + V pool
   int max_model_len = 0;                  // 0 = the model's max_position_embeddings
@@ -79,6 +81,7 @@ class Engine {
   const KvSaturationCounters& saturation() const { return saturation_; }
   uint64_t kv_cache_bytes() const { return transformer_->kv_cache_bytes(); }
   uint64_t weight_bytes() const { return transformer_->weight_bytes(); }
+  const Transformer& transformer() const { return *transformer_; }
   int num_requests() const { return static_cast<int>(requests_.size()); }
 
  private:
