@@ -1,8 +1,11 @@
 // bench_kv_quality: the seed's FP8-vs-bf16 table (issue 4), reproduced on this machine with the
 // default model: bf16 KV against FP8 KV at several --kv-scale-margin values (and, where the CPU
-// attention runs on bf16 dot products, bf16 KV through the fp32 attention build).
+// attention runs on bf16 dot products, bf16 KV through the fp32 attention build). With
+// --weights, the same for FP8 weights (issue 14): bf16 weights against --quantization fp8 (LM
+// head FP8 or bf16), the fp32-dot projections against the bf16 dot, and FP8 KV on top.
 //
-//   bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] [--text FILE]
+//   bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] [--text FILE] [--weights]
+//                    [--reference NAME]
 //
 // Workloads (prompts are token windows of natural English text, the repository's READMEs by
 // default): one long prompt (1000 tokens) + 256 generated, batch 1; and 50 short prompts
@@ -15,6 +18,10 @@
 //   teacher-forced every FP8 configuration in lockstep with bf16, all fed the bf16 run's tokens,
 //                 so divergence does not compound: KL(p_bf16 || p_fp8) of each next-token
 //                 distribution, mean and max.
+// With a transformers reference for the model (tests/fixtures/engine/NAME.kv-bf16[.act-bf16].json;
+// NAME from --reference, else the model's file or folder name), a third table: each config's 32
+// greedy tokens on the reference's prompts, and where they first differ, the reference's top-2
+// margin there (a near-tie is < 0.01).
 // It drives the Transformer directly (no scheduler): one sequence per contiguous run of blocks,
 // the whole prompt set prefilled in one step, so the FP8 scales are calibrated on each full
 // prompt, as the engine does with an unchunked prefill.
@@ -27,12 +34,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <numeric>
 #include <sstream>
 #include <thread>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "bench_inputs.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
@@ -48,12 +59,17 @@ struct KvConfig {
   KvDtype dtype = KvDtype::bf16;
   float margin = 1.0f;
   cpu::CpuIsa attention_isa = cpu::CpuIsa::best;
+  bool fp8_weights = false;  // --quantization fp8
+  bool fp8_lm_head = true;   // with it, the LM head too
+  cpu::LinearIsa linear_isa = cpu::LinearIsa::best;
   std::string name() const {
     char buf[64];
     if (dtype == KvDtype::bf16) std::snprintf(buf, sizeof buf, "bf16");
     else std::snprintf(buf, sizeof buf, "fp8 m=%.1f", margin);
     std::string out = buf;
     if (attention_isa != cpu::CpuIsa::best) out += std::string(" ") + cpu::cpu_isa_name(attention_isa);
+    if (fp8_weights) out = std::string("W fp8") + (fp8_lm_head ? "" : " (LM head bf16)") + ", KV " + out;
+    if (linear_isa != cpu::LinearIsa::best) out += std::string(", projections ") + cpu::linear_isa_name(linear_isa);
     return out;
   }
 };
@@ -64,7 +80,7 @@ class Stepper {
  public:
   Stepper(const LoadedModel& model, cpu::ThreadPool& pool, const KvConfig& kv,
           const std::vector<std::vector<int32_t>>& prompts, int num_generate)
-      : config_(model.config), backend_(pool, kv.attention_isa), prompts_(prompts) {
+      : config_(model.config), backend_(pool, kv.attention_isa, kv.linear_isa), prompts_(prompts) {
     const auto num_seqs = static_cast<int>(prompts.size());
     int max_prompt = 0, total_prompt = 0;
     for (const auto& p : prompts) {
@@ -80,6 +96,8 @@ class Stepper {
     options.max_num_tokens = std::max(total_prompt, num_seqs);
     options.max_num_seqs = num_seqs;
     options.max_model_len = blocks_per_seq_ * kBlock;
+    options.quantize_fp8 = kv.fp8_weights;
+    options.quantize_lm_head = kv.fp8_lm_head;
     transformer_ = std::make_unique<Transformer>(model.config, model.weights, backend_, options);
     const auto layers = static_cast<std::size_t>(config_.num_layers);
     k_scales_.assign(layers * static_cast<std::size_t>(num_seqs), 1.0f);
@@ -317,7 +335,7 @@ void print_table(const LoadedModel& model, int threads, const std::vector<KvConf
   std::vector<KvConfig> fp8(configs.begin() + 1, configs.end());
   cpu::ThreadPool pool(threads);
   const std::vector<Divergence> kl = teacher_forced(model, pool, fp8, prompts, runs[0].tokens, num_generate);
-  std::printf("| KV | KV MiB | peak RSS MiB | wall s | prefill tok/s | decode tok/s | greedy tokens = bf16 | "
+  std::printf("| config | KV MiB | peak RSS MiB | wall s | prefill tok/s | decode tok/s | greedy tokens = bf16 | "
               "sequences all = bf16 | mean KL | max KL | saturated |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::size_t prompt_tokens = 0;
@@ -346,13 +364,65 @@ void print_table(const LoadedModel& model, int threads, const std::vector<KvConf
   }
 }
 
+// Greedy tokens of every config on the prompts of a transformers reference, against it: the
+// reference of the arithmetic the config runs (bf16 K/V; projections' inputs rounded to bf16 for
+// the bf16 dot where that reference exists).
+void print_reference(const LoadedModel& model, int threads, const std::vector<KvConfig>& configs,
+                     const std::string& name) {
+  const std::filesystem::path dir = bench::repo_root() / "tests/fixtures/engine";
+  auto read = [](const std::filesystem::path& path) {
+    std::ifstream in(path);
+    return in.good() ? nlohmann::json::parse(in) : nlohmann::json();
+  };
+  const nlohmann::json fp32_dot = read(dir / (name + ".kv-bf16.json"));
+  const nlohmann::json bf16_dot = read(dir / (name + ".kv-bf16.act-bf16.json"));
+  if (fp32_dot.is_null()) {
+    std::printf("\n(no transformers reference named %s: pass --reference NAME)\n", name.c_str());
+    return;
+  }
+  std::printf("\n## greedy tokens against the transformers reference %s (%zu prompts x 32 tokens)\n\n", name.c_str(),
+              fp32_dot["prompts"].size());
+  std::printf("| config | reference | tokens = reference | prompts all = | first divergences: reference margin there |\n");
+  std::printf("|---|---|---|---|---|\n");
+  cpu::ThreadPool pool(threads);
+  for (const KvConfig& config : configs) {
+    const cpu::LinearIsa isa = config.linear_isa == cpu::LinearIsa::best ? cpu::linear_best_isa() : config.linear_isa;
+    const bool rounded = isa == cpu::LinearIsa::avx512bf16 && !bf16_dot.is_null();
+    const nlohmann::json& ref = rounded ? bf16_dot : fp32_dot;
+    std::vector<std::vector<int32_t>> prompts;
+    for (const auto& p : ref["prompts"]) prompts.push_back(p["prompt_ids"].get<std::vector<int32_t>>());
+    const FreeRun run = free_run(model, pool, config, prompts, 32);
+    int matched = 0, all = 0;
+    std::string margins;
+    for (std::size_t p = 0; p < prompts.size(); ++p) {
+      const auto expected = ref["prompts"][p]["greedy_ids"].get<std::vector<int32_t>>();
+      std::size_t i = 0;
+      while (i < expected.size() && run.tokens[p][i] == expected[i]) ++i;
+      matched += static_cast<int>(i);
+      if (i == expected.size()) {
+        ++all;
+        continue;
+      }
+      char buf[48];
+      std::snprintf(buf, sizeof buf, "%s%.3g@%zu", margins.empty() ? "" : ", ",
+                    ref["prompts"][p]["greedy_steps"][i]["margin"].get<double>(), i);
+      margins += buf;
+    }
+    std::printf("| %s | %s | %d/%zu | %d/%zu | %s |\n", config.name().c_str(),
+                rounded ? "x rounded to bf16" : "fp32 projections", matched, 32 * prompts.size(), all, prompts.size(),
+                margins.empty() ? "-" : margins.c_str());
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string model_path = bench::default_model_path();
   std::vector<std::string> texts = bench::default_text_files();
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  bool quick = false;
+  bool quick = false, weights = false;
+  std::string reference;
   std::vector<float> margins = {1.0f, 2.0f, 4.0f};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -360,6 +430,10 @@ int main(int argc, char** argv) {
       threads = std::stoi(argv[++i]);
     } else if (arg == "--quick") {
       quick = true;
+    } else if (arg == "--weights") {
+      weights = true;
+    } else if (arg == "--reference" && i + 1 < argc) {
+      reference = argv[++i];
     } else if (arg == "--text" && i + 1 < argc) {
       texts = {argv[++i]};
     } else if (arg == "--margins" && i + 1 < argc) {
@@ -369,7 +443,8 @@ int main(int argc, char** argv) {
     } else if (arg.rfind("--", 0) != 0) {
       model_path = arg;
     } else {
-      std::fprintf(stderr, "usage: bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] [--text FILE]\n");
+      std::fprintf(stderr, "usage: bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] [--text FILE] "
+                           "[--weights] [--reference NAME]\n");
       return 2;
     }
   }
@@ -383,16 +458,41 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<KvConfig> configs{{KvDtype::bf16, 1.0f}};
-  // Where the default attention is the bf16 dot-product build, the fp32 one on the same bf16
-  // KV as well: what the kernel's own rounding of q and p costs, next to what FP8 costs.
-  if (cpu::resolve_cpu_isa(cpu::CpuIsa::best, model.config.head_dim) == cpu::CpuIsa::avx512bf16) {
-    configs.push_back({KvDtype::bf16, 1.0f, cpu::CpuIsa::avx512});
+  if (weights) {
+    // FP8 weights: LM head FP8 and bf16; the bf16 dot's own cost (fp32-dot projections on bf16
+    // weights); FP8 KV on top of FP8 weights and alone, at the default margin.
+    const float m = margins.size() == 1 ? margins[0] : kDefaultKvScaleMargin;
+    KvConfig w{KvDtype::bf16, 1.0f};
+    w.fp8_weights = true;
+    configs.push_back(w);
+    w.fp8_lm_head = false;
+    configs.push_back(w);
+    if (cpu::linear_isa_supported(cpu::LinearIsa::avx512bf16)) {
+      KvConfig fp32_dot{KvDtype::bf16, 1.0f};
+      fp32_dot.linear_isa = cpu::LinearIsa::avx512;
+      configs.push_back(fp32_dot);
+    }
+    configs.push_back({KvDtype::fp8_e4m3, m});
+    KvConfig both{KvDtype::fp8_e4m3, m};
+    both.fp8_weights = true;
+    configs.push_back(both);
+  } else {
+    // Where the default attention is the bf16 dot-product build, the fp32 one on the same bf16
+    // KV as well: what the kernel's own rounding of q and p costs, next to what FP8 costs.
+    if (cpu::resolve_cpu_isa(cpu::CpuIsa::best, model.config.head_dim) == cpu::CpuIsa::avx512bf16) {
+      configs.push_back({KvDtype::bf16, 1.0f, cpu::CpuIsa::avx512});
+    }
+    for (const float m : margins) configs.push_back({KvDtype::fp8_e4m3, m});
   }
-  for (const float m : margins) configs.push_back({KvDtype::fp8_e4m3, m});
+  if (reference.empty()) {
+    const std::filesystem::path path(model_path);
+    reference = path.stem() == "SmolLM2-135M-Instruct.Q4_1" ? "smollm2-135m-q4_1" : path.filename().string();
+  }
 
-  std::printf("# bench_kv_quality: %s, %d threads, %zu text tokens\n", model.name.c_str(), threads, ids.size());
-  std::printf("(peak RSS includes the %.0f MiB host copy of the weights every run inherits from the loader)\n",
-              static_cast<double>(model.weights.num_bytes()) / 1048576.0);
+  std::printf("# bench_kv_quality: %s, %d threads, %zu text tokens, projections %s\n", model.name.c_str(), threads,
+              ids.size(), cpu::linear_isa_name(cpu::LinearIsa::best));
+  std::printf("(peak RSS: of a forked child, after the parent loaded the model - its weights still in the mapped "
+              "file - and the run uploaded them)\n");
   Workload long_workload{"long prompt", {std::vector<int32_t>(ids.begin(), ids.begin() + long_len)}, long_gen, {}};
 
   // Short prompts: windows of 20-100 tokens spread over the text.
@@ -408,5 +508,6 @@ int main(int argc, char** argv) {
   run_free(model, threads, configs, short_workload);
   print_table(model, threads, configs, long_workload);
   print_table(model, threads, configs, short_workload);
+  print_reference(model, threads, configs, reference);
   return 0;
 }
