@@ -49,45 +49,19 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
   validate_kv_scale_margin(options.kv_scale_margin);
   const ModelConfig& c = config_;
 
-  // Weights: uploaded once under the layer's named slots; q/k/v and gate/up fused.
-  WeightUploader up(backend_, stream_, weight_buffers_);
+  // Weights: uploaded once under the layer's named slots; q/k/v and gate/up fused. Twice over the
+  // same calls: a planning pass sizes the one arena they all live in (weight_upload.hpp).
   const bool quantize = options.quantize_fp8;
-  embed_tokens_ = up.bf16(weights, {"model.embed_tokens.weight"});
-  final_norm_ = up.bf16(weights, {"model.norm.weight"});
-  const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  if (c.tie_word_embeddings && !(quantize && options.quantize_lm_head)) {
-    lm_head_.weight = embed_tokens_;  // the table itself
-    lm_head_.out_features = c.vocab_size;
-    lm_head_.in_features = c.hidden_size;
-  } else {
-    lm_head_ = up.projection(weights, {head_name}, quantize && options.quantize_lm_head);
-  }
-  layers_.resize(static_cast<std::size_t>(c.num_layers));
-  for (int i = 0; i < c.num_layers; ++i) {
-    LayerWeights& w = layers_[static_cast<std::size_t>(i)];
-    auto name = [i](const char* suffix) { return layer_name(i, suffix); };
-    w.input_norm = up.bf16(weights, {name("input_layernorm.weight")});
-    w.qkv_proj = up.projection(weights, {name("self_attn.q_proj.weight"), name("self_attn.k_proj.weight"),
-                                         name("self_attn.v_proj.weight")}, quantize);
-    if (c.attention_bias) {
-      w.qkv_bias = up.bf16(weights, {name("self_attn.q_proj.bias"), name("self_attn.k_proj.bias"),
-                                     name("self_attn.v_proj.bias")});
-    }
-    if (c.qk_norm) {
-      w.q_norm = up.bf16(weights, {name("self_attn.q_norm.weight")});
-      w.k_norm = up.bf16(weights, {name("self_attn.k_norm.weight")});
-    }
-    w.o_proj = up.projection(weights, {name("self_attn.o_proj.weight")}, quantize);
-    w.post_norm = up.bf16(weights, {name("post_attention_layernorm.weight")});
-    w.gate_up_proj = up.projection(weights, {name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")}, quantize);
-    w.down_proj = up.projection(weights, {name("mlp.down_proj.weight")}, quantize);
-  }
-  weight_bytes_ = up.bytes();
-  if (weight_bytes_.fp8 > 0 && !backend_.supports_weight_dtype(WeightDtype::fp8_e4m3)) {
+  WeightUploader plan(backend_, stream_, weight_buffers_, /*planning=*/true);
+  upload_weights(weights, plan, quantize);
+  if (plan.bytes().fp8 > 0 && !backend_.supports_weight_dtype(WeightDtype::fp8_e4m3)) {
     throw std::invalid_argument(std::string("the ") + std::string(backend_.name()) +
                                 " backend does not support FP8 weights yet (--quantization fp8, or an FP8 "
                                 "checkpoint): run on --device cpu");
   }
+  WeightUploader up(backend_, stream_, weight_buffers_, /*planning=*/false, plan.bytes().arena);
+  upload_weights(weights, up, quantize);
+  weight_bytes_ = up.bytes();
   backend_.set_rope_table(model_inv_freq(c), options.max_model_len);
 
   // Activations for the largest step, in the backend's activation dtype; logits in fp32.
@@ -122,6 +96,40 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
   counts_ = device_array<KvWriteCounts>(backend_, layers);
 
   if (options.num_blocks > 0) allocate_kv_cache(options.num_blocks);
+}
+
+void Transformer::upload_weights(const ModelWeights& weights, WeightUploader& up, bool quantize) {
+  const ModelConfig& c = config_;
+  embed_tokens_ = up.bf16(weights, {"model.embed_tokens.weight"});
+  final_norm_ = up.bf16(weights, {"model.norm.weight"});
+  const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  if (c.tie_word_embeddings && !(quantize && options_.quantize_lm_head)) {
+    lm_head_.weight = embed_tokens_;  // the table itself
+    lm_head_.out_features = c.vocab_size;
+    lm_head_.in_features = c.hidden_size;
+  } else {
+    lm_head_ = up.projection(weights, {head_name}, quantize && options_.quantize_lm_head);
+  }
+  layers_.resize(static_cast<std::size_t>(c.num_layers));
+  for (int i = 0; i < c.num_layers; ++i) {
+    LayerWeights& w = layers_[static_cast<std::size_t>(i)];
+    auto name = [i](const char* suffix) { return layer_name(i, suffix); };
+    w.input_norm = up.bf16(weights, {name("input_layernorm.weight")});
+    w.qkv_proj = up.projection(weights, {name("self_attn.q_proj.weight"), name("self_attn.k_proj.weight"),
+                                         name("self_attn.v_proj.weight")}, quantize);
+    if (c.attention_bias) {
+      w.qkv_bias = up.bf16(weights, {name("self_attn.q_proj.bias"), name("self_attn.k_proj.bias"),
+                                     name("self_attn.v_proj.bias")});
+    }
+    if (c.qk_norm) {
+      w.q_norm = up.bf16(weights, {name("self_attn.q_norm.weight")});
+      w.k_norm = up.bf16(weights, {name("self_attn.k_norm.weight")});
+    }
+    w.o_proj = up.projection(weights, {name("self_attn.o_proj.weight")}, quantize);
+    w.post_norm = up.bf16(weights, {name("post_attention_layernorm.weight")});
+    w.gate_up_proj = up.projection(weights, {name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")}, quantize);
+    w.down_proj = up.projection(weights, {name("mlp.down_proj.weight")}, quantize);
+  }
 }
 
 void Transformer::allocate_kv_cache(int num_blocks) {

@@ -102,6 +102,8 @@ class Transformer {
     DeviceProjection gate_up_proj;  // [2 * intermediate, hidden]: gate rows, then up
     DeviceProjection down_proj;
   };
+  // Every weight through `up` into the named slots (layers_ sized).
+  void upload_weights(const ModelWeights& weights, WeightUploader& up, bool quantize);
   void validate(const ForwardBatch& batch, std::span<float> logits) const;
   void upload_batch(const ForwardBatch& batch);
 

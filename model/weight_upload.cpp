@@ -22,9 +22,27 @@ std::vector<const HostTensor*> parts_of(const ModelWeights& weights, std::initia
 
 }  // namespace
 
+WeightUploader::WeightUploader(Backend& backend, Stream stream, std::vector<DeviceBuffer>& buffers, bool planning,
+                               std::size_t arena_bytes)
+    : backend_(backend), stream_(stream), buffers_(buffers), planning_(planning) {
+  if (!planning && arena_bytes > 0) {
+    buffers_.emplace_back(backend_, arena_bytes);
+    arena_ = static_cast<char*>(buffers_.back().data());
+    arena_size_ = arena_bytes;
+  }
+}
+
 void* WeightUploader::allocate(std::size_t bytes) {
-  buffers_.emplace_back(backend_, bytes);
-  return buffers_.back().data();
+  constexpr std::size_t kAlignment = 256;  // every tensor starts on its own cache lines
+  const std::size_t offset = bytes_.arena;
+  bytes_.arena += (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (planning_) return nullptr;
+  if (arena_ == nullptr) {
+    buffers_.emplace_back(backend_, bytes);
+    return buffers_.back().data();
+  }
+  if (bytes_.arena > arena_size_) throw std::logic_error("WeightUploader: the arena is smaller than planned");
+  return arena_ + offset;
 }
 
 const std::uint16_t* WeightUploader::bf16(const ModelWeights& weights, std::initializer_list<std::string> names) {
@@ -32,6 +50,8 @@ const std::uint16_t* WeightUploader::bf16(const ModelWeights& weights, std::init
   std::size_t elements = 0;
   for (const HostTensor* t : parts) elements += static_cast<std::size_t>(t->num_elements());
   auto* device = static_cast<std::uint16_t*>(allocate(elements * sizeof(std::uint16_t)));
+  bytes_.bf16 += elements * sizeof(std::uint16_t);
+  if (planning_) return device;
   std::size_t offset = 0;
   std::vector<float> rows;
   std::vector<std::uint16_t> staged;
@@ -49,7 +69,6 @@ const std::uint16_t* WeightUploader::bf16(const ModelWeights& weights, std::init
       offset += n;
     }
   }
-  bytes_.bf16 += elements * sizeof(std::uint16_t);
   return device;
 }
 
@@ -83,6 +102,13 @@ DeviceProjection WeightUploader::projection(const ModelWeights& weights, std::in
   const int64_t num_k_blocks = weight_num_k_blocks(in, p.block_k);
   auto* codes = static_cast<std::uint8_t*>(allocate(static_cast<std::size_t>(p.out_features * in)));
   std::vector<float> scales(static_cast<std::size_t>(p.out_features * num_k_blocks));
+  bytes_.fp8 += static_cast<uint64_t>(p.out_features * in);
+  bytes_.fp8_scales += scales.size() * sizeof(float);
+  bytes_.fp8_as_bf16 += static_cast<uint64_t>(p.out_features * in) * sizeof(std::uint16_t);
+  if (planning_) {
+    (void)allocate(scales.size() * sizeof(float));
+    return p;
+  }
   int64_t row = 0;
   std::vector<float> rows;
   std::vector<std::uint8_t> staged;
@@ -127,9 +153,6 @@ DeviceProjection WeightUploader::projection(const ModelWeights& weights, std::in
   backend_.synchronize(stream_);
   p.weight = codes;
   p.scales = device_scales;
-  bytes_.fp8 += static_cast<uint64_t>(p.out_features * in);
-  bytes_.fp8_scales += scales.size() * sizeof(float);
-  bytes_.fp8_as_bf16 += static_cast<uint64_t>(p.out_features * in) * sizeof(std::uint16_t);
   return p;
 }
 

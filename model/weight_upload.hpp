@@ -30,14 +30,23 @@ struct WeightBytes {
   uint64_t fp8 = 0;             // FP8 codes
   uint64_t fp8_scales = 0;      // their fp32 scales
   uint64_t fp8_as_bf16 = 0;     // what the FP8 projections would take in bf16
+  uint64_t arena = 0;           // the arena they take, alignment included
   uint64_t total() const { return bf16 + fp8 + fp8_scales; }
 };
 
+// All of a model's weights live in one device allocation (an arena): on the CPU that gives them
+// 2 MiB pages, where separate buffers of a few hundred KiB (an FP8 projection of SmolLM2) got 4 KiB
+// pages, a TLB miss and a hardware-prefetch restart every 4 KiB of the batch-1 weight stream. So
+// the weights are uploaded twice over the same calls: a planning pass that only adds up the bytes
+// (planning = true: nothing is read, pointers are null), then the real one into an arena of that
+// size.
 class WeightUploader {
  public:
-  // Allocations go to `buffers` (owned by the caller, freed with it).
-  WeightUploader(Backend& backend, Stream stream, std::vector<DeviceBuffer>& buffers)
-      : backend_(backend), stream_(stream), buffers_(buffers) {}
+  // The real pass allocates one arena of `arena_bytes` (what a planning pass's bytes().arena
+  // said) and keeps it in `buffers` (owned by the caller, freed with it); with arena_bytes = 0,
+  // one buffer per tensor instead (tests).
+  WeightUploader(Backend& backend, Stream stream, std::vector<DeviceBuffer>& buffers, bool planning,
+                 std::size_t arena_bytes = 0);
 
   // The named tensors concatenated along their first dimension, as bf16.
   const std::uint16_t* bf16(const ModelWeights& weights, std::initializer_list<std::string> names);
@@ -58,6 +67,9 @@ class WeightUploader {
   Backend& backend_;
   Stream stream_;
   std::vector<DeviceBuffer>& buffers_;
+  bool planning_;
+  char* arena_ = nullptr;
+  std::size_t arena_size_ = 0;
   WeightBytes bytes_;
 };
 

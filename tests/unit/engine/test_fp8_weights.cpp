@@ -130,7 +130,7 @@ TEST_CASE("--quantization fp8: per-channel E4M3 from safetensors and GGUF, fused
     INFO(path);
     const LoadedModel model = load_model(path);
     std::vector<DeviceBuffer> buffers;
-    WeightUploader up(backend, Stream{}, buffers);
+    WeightUploader up(backend, Stream{}, buffers, /*planning=*/false);
     const std::string q = "model.layers.0.self_attn.q_proj.weight", k = "model.layers.0.self_attn.k_proj.weight",
                       v = "model.layers.0.self_attn.v_proj.weight", down = "model.layers.0.mlp.down_proj.weight";
     const DeviceProjection qkv = up.projection(model.weights, {q, k, v}, true);
