@@ -155,6 +155,8 @@ const std::vector<FlagSpec>& flag_specs() {
                             "projection weights: none (as stored, bf16) or fp8 (E4M3, one scale per output channel); "
                             "FP8 checkpoints load as FP8 either way",
                             {"none", "fp8"}, &Config::quantization));
+    s.push_back(bool_flag("fp8-lm-head", "with --quantization fp8, the LM head too (faster, less accurate)",
+                          &Config::fp8_lm_head, true));
     s.push_back(real_flag("kv-scale-margin", "FP8 scale headroom: scale = amax * margin / 448", 1.0, 64.0,
                           &Config::kv_scale_margin));
     s.push_back(integer_flag("block-size", "tokens per KV block (8, 16 or 32)", 8, 32, &Config::block_size));

@@ -25,6 +25,7 @@ struct Config {
   std::string device = "auto";            // auto | cpu | cuda
   std::string kv_cache_dtype = "fp8_e4m3";  // fp8_e4m3 | bf16
   std::string quantization = "none";      // none | fp8: projection weights (FP8 checkpoints: always FP8)
+  bool fp8_lm_head = false;               // with --quantization fp8, the LM head too
   double kv_scale_margin = 2.0;           // calibrated scale = amax * margin / 448 (see README)
   int block_size = 16;
   int64_t kv_cache_memory = 0;            // bytes; 0 = derive (CPU: 1 GiB; CUDA: utilization)

@@ -69,7 +69,22 @@ enum class WeightDtype : uint8_t {
 //     "FP8 weights" measures what that would cost).
 // A backend computes y[t, o] = sum_k x[t, k] * W[o, k] with fp32 (or wider) accumulation; how it
 // rounds x on the way (the CPU's bf16 dot product does) is its own, documented next to its
-// kernel. A backend without FP8 support throws std::runtime_error naming the weight dtype.
+// kernel. What every backend's linear() must honour for FP8 weights:
+//   - codes are E4M3FN (OCP, bias 7, max 448), never a NaN code (0x7f / 0xff: the loaders refuse
+//     them), row-major [out_features, in_features], in device memory like every other weight;
+//   - weight_scales is fp32 [out_features, num_k_blocks] in device memory, every scale finite and
+//     > 0; weight_block_k is 0 (one scale per row) or a multiple of 64, and the last block of a
+//     row may be partial; the 2-D 128 x 128 block layout of a checkpoint is recovered by taking
+//     every 128th row (true of every fused projection whose parts have multiple-of-128 rows, as
+//     Qwen3-FP8's do);
+//   - the dequantized W above is the reference (tests compare against it with dequantized
+//     weights and double accumulation); y[t] must not depend on the other rows of the batch
+//     (test_batching runs every prompt alone and in a batch and compares bitwise);
+//   - Backend::supports_weight_dtype(fp8_e4m3) says whether linear() takes them: until it does,
+//     the model refuses to load FP8 weights onto that backend with an error naming it.
+// cuBLASLt maps onto this as its FP8 GEMM with an "outer vector" (per-row) scale for B, or its
+// 128 x 128 block scales; a weight-only kernel for small batches converts codes in registers and
+// folds the scale into each block's partial sums, as kernels/cpu/linear_avx512bf16.cpp does.
 struct LinearParams {
   const void* x = nullptr;              // [num_tokens, in_features] (row stride x_stride)
   const void* weight = nullptr;         // [out_features, in_features] in weight_dtype

@@ -41,8 +41,9 @@ struct TransformerOptions {
   // (FP8 checkpoints load as FP8 whatever this says). Embeddings and norms stay bf16.
   bool quantize_fp8 = false;
   // With quantize_fp8, the LM head too (a tied head gets its own FP8 copy; the embedding table
-  // stays bf16). README "FP8 weights" measures both.
-  bool quantize_lm_head = true;
+  // stays bf16). Off by default: on SmolLM2 an FP8 head multiplies the mean next-token KL by 5
+  // for 17% fewer bytes per token (README "FP8 weights").
+  bool quantize_lm_head = false;
 };
 
 // One step, host side. Sequence s owns tokens [query_start_loc[s], query_start_loc[s + 1]).

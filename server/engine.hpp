@@ -38,7 +38,7 @@ struct EngineOptions {
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
   float kv_scale_margin = kDefaultKvScaleMargin;
   bool quantize_fp8 = false;     // --quantization fp8 (TransformerOptions)
-  bool quantize_lm_head = true;  // with it, the LM head too
+  bool quantize_lm_head = false;  // with it, the LM head too (--fp8-lm-head)
   int block_size = 16;
   uint64_t kv_cache_memory = 1ull << 30;  // bytes of K + V pool
   int max_model_len = 0;                  // 0 = the model's max_position_embeddings

@@ -2,7 +2,10 @@
 // runs), bf16 and FP8 weights (--quantization fp8) times bf16 and FP8 KV, each figure next to the
 // machine limit it chases, all measured in this run with the same threads (issues 4 and 14).
 //
-//   bench_engine [MODEL] [--threads N] [--quick] [--weights bf16,fp8] [--kv bf16,fp8] [--profile]
+//   bench_engine [MODEL] [--threads N] [--quick] [--weights bf16,fp8,fp8head] [--kv bf16,fp8] [--profile]
+//
+//   weights: bf16 as loaded; fp8 = --quantization fp8 (LM head bf16, the default); fp8head = and
+//   --fp8-lm-head
 //
 //   machine        streaming read bandwidth (1 GiB) and fp32 FMA peak
 //   load           peak RSS and time of loading the model and uploading its weights (a forked
@@ -98,11 +101,11 @@ struct Shape {
   double vocab = 0;
   double kv_bytes_per_token_bf16 = 0;  // K + V, every layer
   // Every projection and the LM head are read once per decode step: 2 bytes a weight in bf16,
-  // 1 in FP8 plus a 4-byte scale per row (--quantization fp8 quantizes the LM head too). The
-  // norms are noise and the embedding table contributes one row (unless it is the tied head).
-  double weight_bytes_per_decode_token(bool fp8) const {
-    return fp8 ? linear_params_per_token + lm_head_params + 4 * (linear_rows + vocab)
-               : 2 * (linear_params_per_token + lm_head_params);
+  // 1 in FP8 plus a 4-byte scale per row (the LM head too with --fp8-lm-head). The norms are
+  // noise and the embedding table contributes one row (unless it is the tied head).
+  double weight_bytes_per_decode_token(bool fp8, bool fp8_head = false) const {
+    const double head = fp8 && fp8_head ? lm_head_params + 4 * vocab : 2 * lm_head_params;
+    return (fp8 ? linear_params_per_token + 4 * linear_rows : 2 * linear_params_per_token) + head;
   }
 };
 
@@ -142,11 +145,12 @@ std::string in_child(const std::function<std::string()>& fn) {
 }
 
 // Peak RSS (MiB) and seconds of loading the model and building an engine with a 16 MiB pool.
-std::pair<double, double> load_footprint(const std::string& model_path, bool fp8, int threads) {
+std::pair<double, double> load_footprint(const std::string& model_path, bool fp8, bool fp8_head, int threads) {
   std::istringstream in(in_child([&] {
     const double t0 = bench::now_s();
     EngineOptions options;
     options.quantize_fp8 = fp8;
+    options.quantize_lm_head = fp8_head;
     options.threads = threads;
     options.kv_cache_memory = 16u << 20;
     options.max_num_batched_tokens = 512;
@@ -172,14 +176,15 @@ struct Profile {
   int tokens = 0;
 };
 
-Profile profile_decode(const LoadedModel& model, int threads, bool fp8_weights, KvDtype kv, const std::vector<int32_t>& prompt,
-                       int gen) {
+Profile profile_decode(const LoadedModel& model, int threads, bool fp8_weights, bool fp8_head, KvDtype kv,
+                       const std::vector<int32_t>& prompt, int gen) {
   cpu::ThreadPool pool(threads);
   cpu::CpuBackend cpu_backend(pool);
   bench::TimingBackend backend(cpu_backend);
   TransformerOptions options;
   options.kv_dtype = kv;
   options.quantize_fp8 = fp8_weights;
+  options.quantize_lm_head = fp8_head;
   options.max_model_len = static_cast<int>(prompt.size()) + gen + 16;
   options.num_blocks = (options.max_model_len + 15) / 16;
   options.max_num_tokens = static_cast<int>(prompt.size());
@@ -288,7 +293,7 @@ int main(int argc, char** argv) {
     } else if (arg.rfind("--", 0) != 0) {
       model_path = arg;
     } else {
-      std::fprintf(stderr, "usage: bench_engine [MODEL] [--threads N] [--quick] [--weights bf16,fp8] [--kv bf16,fp8] "
+      std::fprintf(stderr, "usage: bench_engine [MODEL] [--threads N] [--quick] [--weights bf16,fp8,fp8head] [--kv bf16,fp8] "
                            "[--profile]\n");
       return 2;
     }
@@ -303,14 +308,15 @@ int main(int argc, char** argv) {
     cpu::ThreadPool pool(threads);
     const double bandwidth = bench::read_bandwidth(pool, std::size_t{1} << 30);
     const Shape shape = shape_of(load_model(model_path).config);
-    std::printf("bandwidth_gbs=%.3f bf16_mb=%.3f fp8_mb=%.3f\n", bandwidth / 1e9,
-                shape.weight_bytes_per_decode_token(false) / 1e6, shape.weight_bytes_per_decode_token(true) / 1e6);
+    std::printf("bandwidth_gbs=%.3f bf16_mb=%.3f fp8_mb=%.3f fp8_head_mb=%.3f\n", bandwidth / 1e9,
+                shape.weight_bytes_per_decode_token(false) / 1e6, shape.weight_bytes_per_decode_token(true) / 1e6,
+                shape.weight_bytes_per_decode_token(true, true) / 1e6);
     return 0;
   }
   std::printf("bench_engine: %s, %d threads, %s, projections %s\n", model_path.c_str(), threads,
               cpu::describe(cpu::cpu_features()).c_str(), cpu::linear_isa_name(cpu::LinearIsa::best));
   for (const std::string& w : weight_dtypes) {
-    const auto [rss, seconds] = load_footprint(model_path, w == "fp8", threads);
+    const auto [rss, seconds] = load_footprint(model_path, w != "bf16", w == "fp8head", threads);
     std::printf("load, %s weights: peak RSS %.0f MiB, %.2f s (model file mapped, weights uploaded, 16 MiB KV pool)\n",
                 w.c_str(), rss, seconds);
   }
@@ -329,8 +335,10 @@ int main(int argc, char** argv) {
   const std::vector<int32_t> corpus =
       probe.tokenizer->encode(bench::read_texts(bench::default_text_files()), /*add_special_tokens=*/false);
   if (!profile) probe = LoadedModel{};
-  std::printf("weights read per decode token: %.1f MB (bf16), %.1f MB (--quantization fp8, scales included)\n\n",
-              shape.weight_bytes_per_decode_token(false) / 1e6, shape.weight_bytes_per_decode_token(true) / 1e6);
+  std::printf("weights read per decode token: %.1f MB (bf16), %.1f MB (--quantization fp8, scales included), "
+              "%.1f MB (and --fp8-lm-head)\n\n",
+              shape.weight_bytes_per_decode_token(false) / 1e6, shape.weight_bytes_per_decode_token(true) / 1e6,
+              shape.weight_bytes_per_decode_token(true, true) / 1e6);
 
   const int prefill_len = 1000, short_len = 64, gen = quick ? 32 : 128, batch = 16;
   const int long_len = quick ? 2000 : 4000, long_gen = quick ? 16 : 64;
@@ -347,7 +355,8 @@ int main(int argc, char** argv) {
       const KvDtype dtype = kv == "fp8" ? KvDtype::fp8_e4m3 : KvDtype::bf16;
       EngineOptions options;
       options.kv_dtype = dtype;
-      options.quantize_fp8 = w == "fp8";
+      options.quantize_fp8 = w != "bf16";
+      options.quantize_lm_head = w == "fp8head";
       options.threads = threads;
       options.enable_prefix_caching = false;  // every run computes its prompt
       options.max_num_batched_tokens = 4096;
@@ -367,7 +376,8 @@ int main(int argc, char** argv) {
       // Bound: the weights plus the mean context's KV, read once per token at the measured rate.
       const double mean_context = short_len + gen / 2.0;
       const double bound_s =
-          (shape.weight_bytes_per_decode_token(w == "fp8") + mean_context * kv_bytes_per_token) / bandwidth;
+          (shape.weight_bytes_per_decode_token(w != "bf16", w == "fp8head") + mean_context * kv_bytes_per_token) /
+          bandwidth;
       const double step_s = one.decode_s / one.decode_tokens;
       step_ms[w + "/" + kv] = step_s;
 
@@ -392,7 +402,7 @@ int main(int argc, char** argv) {
     for (const std::string& w : weight_dtypes) {
       const std::string kv = kv_dtypes.back();
       const auto it = step_ms.find(w + "/" + kv);
-      const Profile p = profile_decode(probe, threads, w == "fp8", kv == "fp8" ? KvDtype::fp8_e4m3 : KvDtype::bf16,
+      const Profile p = profile_decode(probe, threads, w != "bf16", w == "fp8head", kv == "fp8" ? KvDtype::fp8_e4m3 : KvDtype::bf16,
                                        take(corpus, 5, short_len), gen);
       const double step_s = it != step_ms.end() ? it->second : p.forward_s / p.tokens;
       std::printf("\nwhere a batch-1 decode step goes, %s weights, %s KV (64 + %d tokens; engine step %.2f ms, "

@@ -60,7 +60,7 @@ struct KvConfig {
   float margin = 1.0f;
   cpu::CpuIsa attention_isa = cpu::CpuIsa::best;
   bool fp8_weights = false;  // --quantization fp8
-  bool fp8_lm_head = true;   // with it, the LM head too
+  bool fp8_lm_head = false;  // with it, the LM head too
   cpu::LinearIsa linear_isa = cpu::LinearIsa::best;
   std::string name() const {
     char buf[64];
@@ -68,7 +68,7 @@ struct KvConfig {
     else std::snprintf(buf, sizeof buf, "fp8 m=%.1f", margin);
     std::string out = buf;
     if (attention_isa != cpu::CpuIsa::best) out += std::string(" ") + cpu::cpu_isa_name(attention_isa);
-    if (fp8_weights) out = std::string("W fp8") + (fp8_lm_head ? "" : " (LM head bf16)") + ", KV " + out;
+    if (fp8_weights) out = std::string("W fp8") + (fp8_lm_head ? " (LM head fp8)" : "") + ", KV " + out;
     if (linear_isa != cpu::LinearIsa::best) out += std::string(", projections ") + cpu::linear_isa_name(linear_isa);
     return out;
   }
@@ -465,7 +465,7 @@ int main(int argc, char** argv) {
     KvConfig w{KvDtype::bf16, 1.0f};
     w.fp8_weights = true;
     configs.push_back(w);
-    w.fp8_lm_head = false;
+    w.fp8_lm_head = true;
     configs.push_back(w);
     if (cpu::linear_isa_supported(cpu::LinearIsa::avx512bf16)) {
       KvConfig fp32_dot{KvDtype::bf16, 1.0f};

@@ -106,8 +106,9 @@ def bandwidth_bound(bench_engine, model):
     values = dict(line.split("=", 1) for line in out.split() if "=" in line)
     bandwidth = float(values["bandwidth_gbs"]) * 1e9
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s; weights per token: bf16 {float(values['bf16_mb']):.1f} MB, "
-          f"fp8 {float(values['fp8_mb']):.1f} MB")
-    return {"none": bandwidth / (float(values["bf16_mb"]) * 1e6), "fp8": bandwidth / (float(values["fp8_mb"]) * 1e6)}
+          f"fp8 {float(values['fp8_mb']):.1f} MB, fp8 with the LM head {float(values['fp8_head_mb']):.1f} MB")
+    return {"none": bandwidth / (float(values["bf16_mb"]) * 1e6), "fp8": bandwidth / (float(values["fp8_mb"]) * 1e6),
+            "fp8head": bandwidth / (float(values["fp8_head_mb"]) * 1e6)}
 
 
 def main():
@@ -117,7 +118,8 @@ def main():
     ap.add_argument("--levels", default="1,8,32,64")
     ap.add_argument("--dtypes", default="fp8_e4m3,bf16")
     ap.add_argument("--kv-cache-memory", default="256000000")
-    ap.add_argument("--quantization", default="none", help="weights: none,fp8 (one server per value)")
+    ap.add_argument("--quantization", default="none",
+                    help="weights: none,fp8,fp8head (fp8head: --quantization fp8 --fp8-lm-head; one server per value)")
     ap.add_argument("--max-tokens", type=int, help="every request this long (default: a 32/64/128 mix)")
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--bench-engine", default=str(ROOT / "build" / "tests" / "bench" / "bench_engine"))
@@ -137,8 +139,10 @@ def main():
         if args.base_url:
             base = args.base_url
         else:
+            weights = ["--quantization", "fp8", "--fp8-lm-head"] if quantization == "fp8head" else \
+                ["--quantization", quantization]
             server = Server(args.model, "--kv-cache-dtype", dtype, "--kv-cache-memory", args.kv_cache_memory,
-                            "--max-num-seqs", max(levels), "--max-model-len", 2048, "--quantization", quantization)
+                            "--max-num-seqs", max(levels), "--max-model-len", 2048, *weights)
             base = server.base
         try:
             client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
