@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/linear_avx512_common.hpp"
 #include "kernels/cpu/linear_tiles.hpp"
 #include "kernels/cpu/ops.hpp"
 
@@ -63,16 +64,6 @@ FP8SERVE_AVX512 inline __m512 widen_masked(const std::uint8_t* w, __mmask16 mask
   return fp8_bytes_to_f32(_mm_maskz_loadu_epi8(mask, w));
 }
 
-// The canonical halving tree: (j + j+8), (j + j+4), (j + j+2), (j + j+1).
-FP8SERVE_AVX512 inline float reduce16(__m512 v) {
-  const __m256 lo = _mm512_castps512_ps256(v);
-  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-  const __m256 s8 = _mm256_add_ps(lo, hi);
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
-}
 
 // dots[r * C + c] = canonical dot of x row r with weight row rows[c] (TileArgs). Each row is also
 // prefetched (into L2) prefetch_bytes ahead of where it is being read: the hardware prefetcher
@@ -127,28 +118,9 @@ FP8SERVE_AVX512 void tile(const TileArgs<W>& a, float* dots) {
         for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
       }
     }
-    if constexpr (kScaled) {
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) {
-        const __m512 scale = _mm512_set1_ps(a.scales[c][b] / kFp8SumUnit);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          total[r][c] = _mm512_fmadd_ps(acc[r][c], scale, b == 0 ? _mm512_setzero_ps() : total[r][c]);
-        }
-      }
-    } else {
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) total[r][c] = acc[r][c];
-      }
-    }
+    end_block<kScaled, R, C>(a.scales, b, 1.0f / kFp8SumUnit, acc, total);
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) dots[r * C + c] = reduce16(total[r][c]);
-  }
+  reduce_tile<R, C>(total, dots);
 }
 
 struct Tiles {

@@ -22,6 +22,7 @@
 
 #include "kernels/cpu/fp8_bf16_table.hpp"
 #include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/linear_avx512_common.hpp"
 #include "kernels/cpu/linear_tiles.hpp"
 #include "kernels/cpu/ops.hpp"
 
@@ -44,16 +45,6 @@ FP8SERVE_AVX512BF16 inline __m512 dot(__m512 acc, __m512i x, __m512i w) {
   return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(x), reinterpret_cast<__m512bh>(w));
 }
 
-// The canonical halving tree: (j + j+8), (j + j+4), (j + j+2), (j + j+1).
-FP8SERVE_AVX512BF16 inline float reduce16(__m512 v) {
-  const __m256 lo = _mm512_castps512_ps256(v);
-  const __m256 hi = _mm512_extractf32x8_ps(v, 1);
-  const __m256 s8 = _mm256_add_ps(lo, hi);
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
-}
 
 // The halves W0, W1 of one 64-input chunk of a weight row; `remaining` < 64 on the last chunk.
 struct ChunkLoader {
@@ -118,28 +109,9 @@ FP8SERVE_AVX512BF16 void tile(const TileArgs<W>& a, float* dots) {
         for (int c = 0; c < C; ++c) acc[r][c] = dot(dot(acc[r][c], x0, w0[c]), x1, w1[c]);
       }
     }
-    if constexpr (kScaled) {
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) {
-        const __m512 scale = _mm512_set1_ps(a.scales[c][b]);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          total[r][c] = _mm512_fmadd_ps(acc[r][c], scale, b == 0 ? _mm512_setzero_ps() : total[r][c]);
-        }
-      }
-    } else {
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) total[r][c] = acc[r][c];
-      }
-    }
+    end_block<kScaled, R, C>(a.scales, b, 1.0f, acc, total);
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) dots[r * C + c] = reduce16(total[r][c]);
-  }
+  reduce_tile<R, C>(total, dots);
 }
 
 struct Tiles {

@@ -26,8 +26,6 @@
 // the whole prompt set prefilled in one step, so the FP8 scales are calibrated on each full
 // prompt, as the engine does with an unchunked prefill.
 #include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -46,6 +44,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_inputs.hpp"
+#include "child_process.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "model/loader.hpp"
 #include "model/transformer.hpp"
@@ -237,11 +236,7 @@ FreeRun free_run(const LoadedModel& model, cpu::ThreadPool& pool, const KvConfig
 // Runs free_run in a forked child (its own peak RSS), results back through a pipe.
 FreeRun free_run_isolated(const LoadedModel& model, int threads, const KvConfig& kv,
                           const std::vector<std::vector<int32_t>>& prompts, int num_generate) {
-  int fds[2];
-  if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
+  std::istringstream in(bench::run_in_child([&] {
     cpu::ThreadPool pool(threads);
     const FreeRun r = free_run(model, pool, kv, prompts, num_generate);
     std::ostringstream out;
@@ -250,25 +245,8 @@ FreeRun free_run_isolated(const LoadedModel& model, int threads, const KvConfig&
         << r.elements << ' ' << r.saturated;
     for (const auto& seq : r.tokens)
       for (const int32_t t : seq) out << ' ' << t;
-    const std::string text = out.str();
-    std::size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = write(fds[1], text.data() + done, text.size() - done);
-      if (n <= 0) _exit(1);
-      done += static_cast<std::size_t>(n);
-    }
-    _exit(0);
-  }
-  close(fds[1]);
-  std::string text;
-  char buf[65536];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error("benchmark child failed");
-  std::istringstream in(text);
+    return out.str();
+  }));
   FreeRun r;
   in >> r.wall_s >> r.prefill_s >> r.decode_s >> r.kv_bytes >> r.peak_rss_kib >> r.elements >> r.saturated;
   r.tokens.assign(prompts.size(), std::vector<int32_t>(static_cast<std::size_t>(num_generate)));
