@@ -73,6 +73,49 @@ def load_folder(folder):
     return config, tensors
 
 
+GGUF_NAMES = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+              "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+              "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+              "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+              "ffn_down.weight": "mlp.down_proj.weight"}
+
+
+def load_gguf_llama(path):
+    """config dict and name -> float32 array of a llama-architecture GGUF, dequantized by gguf-py
+    and with llama.cpp's Q/K row permutation undone, as transformers' GGUF loader does."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+
+    def field(name):
+        f = reader.fields[name]
+        return f.parts[f.data[0]].tolist()[0]
+
+    heads, kv_heads = field("llama.attention.head_count"), field("llama.attention.head_count_kv")
+    weights = {}
+    for t in reader.tensors:
+        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        if t.name == "token_embd.weight":
+            name = "model.embed_tokens.weight"
+        elif t.name == "output_norm.weight":
+            name = "model.norm.weight"
+        elif t.name == "output.weight":
+            name = "lm_head.weight"
+        else:
+            _, layer, rest = t.name.split(".", 2)
+            name = f"model.layers.{layer}.{GGUF_NAMES[rest]}"
+            if rest in ("attn_q.weight", "attn_k.weight"):
+                n = heads if rest == "attn_q.weight" else kv_heads
+                w = w.reshape(n, w.shape[0] // n // 2, 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)
+        weights[name] = w
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": field("llama.embedding_length"),
+              "intermediate_size": field("llama.feed_forward_length"), "num_hidden_layers": field("llama.block_count"),
+              "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+              "rope_theta": field("llama.rope.freq_base"), "rms_norm_eps": field("llama.attention.layer_norm_rms_epsilon"),
+              "tie_word_embeddings": "lm_head.weight" not in weights}
+    return config, weights
+
+
 def inv_freq(config):
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     base = config.get("rope_theta", 10000.0)
@@ -129,14 +172,19 @@ class Model:
         rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
         return (x * cos + rotated * sin).astype(F32)
 
-    def forward(self, ids, kv_bf16=False, act_bf16=False):
-        """Logits [len(ids), vocab] of a whole sequence (causal)."""
+    def forward(self, ids, kv_bf16=False, act_bf16=False, cache=None):
+        """Logits [len(ids), vocab] of the tokens ids, which follow the len(cache[0][0]) tokens
+        cached in `cache` (a list, one (K, V) per layer; empty for a fresh sequence: filled and
+        extended in place). Causal attention over the cached and the new tokens."""
         ids = np.asarray(ids)
         n = len(ids)
-        positions = np.arange(n)
+        if cache is None:
+            cache = []
+        past = len(cache[0][0]) if cache else 0
+        positions = np.arange(past, past + n)
         x = self.w["model.embed_tokens.weight"][ids].astype(F32)
         group = self.heads // self.kv_heads
-        mask = np.triu(np.full((n, n), -np.inf, dtype=F32), 1)
+        mask = np.triu(np.full((n, past + n), -np.inf, dtype=F32), past + 1)
         for layer in range(self.c["num_hidden_layers"]):
             p = f"model.layers.{layer}."
             h = self.norm(x, self.w[p + "input_layernorm.weight"])
@@ -150,10 +198,15 @@ class Model:
             q, k = self.rope(q, positions), self.rope(k, positions)
             if kv_bf16:
                 k, v = bf16_round(k), bf16_round(v)
+            if len(cache) <= layer:
+                cache.append((k, v))
+            else:
+                cache[layer] = (np.concatenate([cache[layer][0], k]), np.concatenate([cache[layer][1], v]))
+            k_all, v_all = cache[layer]
             out = np.empty((n, self.heads, self.head_dim), dtype=F32)
             scale = F32(1.0 / math.sqrt(self.head_dim))
             for head in range(self.heads):
-                kh, vh = k[:, head // group], v[:, head // group]
+                kh, vh = k_all[:, head // group], v_all[:, head // group]
                 scores = ((q[:, head] @ kh.T).astype(F32) * scale + mask).astype(F32)
                 scores = np.exp(scores - scores.max(axis=-1, keepdims=True)).astype(F32)
                 probs = (scores / scores.sum(axis=-1, keepdims=True, dtype=F32)).astype(F32)
@@ -174,10 +227,11 @@ def top(row, k):
     return [int(i) for i in ids], [float(row[i]) for i in ids]
 
 
-def run_prompt(model, prompt_ids, num_greedy=32, **options):
-    """The reference.py record (last_logits, greedy_ids, greedy_steps, ...) for one prompt."""
-    ids = list(prompt_ids)
-    last = model.forward(ids, **options)[-1]
+def run_prompt(model, prompt_ids, num_greedy=32, keep_last=False, **options):
+    """The reference.py record (last_logits, greedy_ids, greedy_steps, ...) for one prompt; with
+    keep_last, also the whole last-position row under "last_row"."""
+    cache = []
+    last = model.forward(list(prompt_ids), cache=cache, **options)[-1]
     top_ids, top_vals = top(last, 20)
     r = last.astype(np.float64)
     idx = np.arange(r.size)
@@ -189,10 +243,11 @@ def run_prompt(model, prompt_ids, num_greedy=32, **options):
         ids5, vals5 = top(row, 5)
         greedy.append(ids5[0])
         steps.append({"top5_ids": ids5, "top5_values": vals5, "margin": vals5[0] - vals5[1]})
-        ids.append(ids5[0])
-        row = model.forward(ids, **options)[-1]
+        row = model.forward([ids5[0]], cache=cache, **options)[-1]
     result["greedy_ids"] = greedy
     result["greedy_steps"] = steps
     result["greedy_distinct"] = len(set(greedy))
     result["min_greedy_margin"] = min(s["margin"] for s in steps)
+    if keep_last:
+        result["last_row"] = last
     return result
