@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/cpu_features.hpp"
+#include "kernels/cpu/fp8_encode_avx512.hpp"
 #include "kernels/fp8.hpp"
 
 namespace {
@@ -274,4 +276,31 @@ TEST_CASE("exhaustive sweep over all 2^32 float32 bit patterns", "[.][exhaustive
   std::vector<SweepSegment> segments;
   add_range(segments, 0, uint64_t{1} << 32, 1);
   sweep(segments);
+}
+
+TEST_CASE("the 16-lane AVX-512 encoder is bitwise the scalar codec", "[fp8]") {
+  if (!fp8serve::cpu::cpu_features().avx512f) {
+    WARN("no AVX-512F: the vector encoder is not tested on this machine");
+    return;
+  }
+  // Every float whose low 12 bits are zero (every exponent, sign, NaN and infinity, every E4M3
+  // rounding boundary and tie, normal and subnormal), each with its two neighbours.
+  std::vector<float> values;
+  values.reserve(16 * 3 << 20);
+  for (uint64_t hi = 0; hi < (uint64_t{1} << 20); ++hi) {
+    const uint32_t bits = static_cast<uint32_t>(hi << 12);
+    for (const uint32_t b : {bits, bits + 1, bits - 1}) values.push_back(fp8_bits_float(b));
+  }
+  values.resize(values.size() / 16 * 16);
+  uint64_t mismatches = 0;
+  for (std::size_t i = 0; i < values.size(); i += 16) {
+    uint8_t got[16];
+    fp8serve::cpu::fp8_e4m3_encode16(&values[i], got);
+    for (int j = 0; j < 16; ++j) {
+      if (got[j] != fp8_e4m3_encode(values[i + static_cast<std::size_t>(j)])) {
+        if (++mismatches <= 5) FAIL_CHECK("bits " << fp8_float_bits(values[i + static_cast<std::size_t>(j)]));
+      }
+    }
+  }
+  CHECK(mismatches == 0);
 }
