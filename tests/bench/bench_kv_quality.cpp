@@ -5,7 +5,7 @@
 // head FP8 or bf16), the fp32-dot projections against the bf16 dot, and FP8 KV on top.
 //
 //   bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] [--text FILE] [--weights]
-//                    [--reference NAME]
+//                    [--reference NAME] [--reference-only (only the third table)]
 //
 // Workloads (prompts are token windows of natural English text, the repository's READMEs by
 // default): one long prompt (1000 tokens) + 256 generated, batch 1; and 50 short prompts
@@ -399,7 +399,7 @@ int main(int argc, char** argv) {
   std::string model_path = bench::default_model_path();
   std::vector<std::string> texts = bench::default_text_files();
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  bool quick = false, weights = false;
+  bool quick = false, weights = false, reference_only = false;
   std::string reference;
   std::vector<float> margins = {1.0f, 2.0f, 4.0f};
   for (int i = 1; i < argc; ++i) {
@@ -410,6 +410,8 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (arg == "--weights") {
       weights = true;
+    } else if (arg == "--reference-only") {
+      reference_only = true;
     } else if (arg == "--reference" && i + 1 < argc) {
       reference = argv[++i];
     } else if (arg == "--text" && i + 1 < argc) {
@@ -422,7 +424,7 @@ int main(int argc, char** argv) {
       model_path = arg;
     } else {
       std::fprintf(stderr, "usage: bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] [--text FILE] "
-                           "[--weights] [--reference NAME]\n");
+                           "[--weights] [--reference NAME] [--reference-only]\n");
       return 2;
     }
   }
@@ -482,6 +484,10 @@ int main(int argc, char** argv) {
     short_prompts.emplace_back(begin, begin + static_cast<std::ptrdiff_t>(len));
   }
   Workload short_workload{"short prompts (one batch)", short_prompts, short_gen, {}};
+  if (reference_only) {
+    print_reference(model, threads, configs, reference);
+    return 0;
+  }
   run_free(model, threads, configs, long_workload);
   run_free(model, threads, configs, short_workload);
   print_table(model, threads, configs, long_workload);
