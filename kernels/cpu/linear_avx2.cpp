@@ -71,10 +71,7 @@ FP8SERVE_AVX2 void tile(const TileArgs<W>& a, float* dots) {
   __m256 lo[R][C], hi[R][C];
   __m256 total_lo[R][C], total_hi[R][C];
   std::uintptr_t prefetch[C];
-#pragma GCC unroll 8
-  for (int c = 0; c < C; ++c) {
-    prefetch[c] = reinterpret_cast<std::uintptr_t>(a.rows[c]) + static_cast<std::uintptr_t>(a.prefetch_bytes);
-  }
+  prefetch_starts(a, prefetch);
   for (int64_t b = 0, begin = 0; begin < a.k; ++b, begin += a.block_k) {
     const int64_t end = begin + a.block_k < a.k ? begin + a.block_k : a.k;
 #pragma GCC unroll 8

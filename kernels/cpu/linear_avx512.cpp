@@ -75,17 +75,10 @@ FP8SERVE_AVX512 void tile(const TileArgs<W>& a, float* dots) {
   __m512 total[R][C];
   __m512 acc[R][C];
   std::uintptr_t prefetch[C];
-#pragma GCC unroll 8
-  for (int c = 0; c < C; ++c) {
-    prefetch[c] = reinterpret_cast<std::uintptr_t>(a.rows[c]) + static_cast<std::uintptr_t>(a.prefetch_bytes);
-  }
+  prefetch_starts(a, prefetch);
   for (int64_t b = 0, begin = 0; begin < a.k; ++b, begin += a.block_k) {
     const int64_t end = begin + a.block_k < a.k ? begin + a.block_k : a.k;
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-    }
+    zero_tile(acc);
     int64_t i = begin;
     for (; i + 16 <= end; i += 16) {
       if ((i * static_cast<int64_t>(sizeof(W))) % 64 == 0) {  // one prefetch per 64-byte line of each row

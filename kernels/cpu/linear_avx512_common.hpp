@@ -23,6 +23,15 @@ FP8SERVE_AVX512_LINEAR inline float reduce16(__m512 v) {
   return _mm_cvtss_f32(s1);
 }
 
+template <int R, int C>
+FP8SERVE_AVX512_LINEAR inline void zero_tile(__m512 (&acc)[R][C]) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+}
+
 // End of block b of an R x C tile: FP8 weights fold the block's partial sums into the totals,
 // total = fma(partial, scale * scale_factor, total) from total = +0; bf16 weights have one block,
 // whose partial sums are the totals.

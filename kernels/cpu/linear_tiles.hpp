@@ -26,6 +26,15 @@ struct TileArgs {
   int64_t prefetch_bytes = 0;            // how far ahead of the read each row is prefetched
 };
 
+// Where each of a tile's C rows is prefetched from: prefetch_bytes past its start (the tiles add
+// the read position).
+template <typename W, int C>
+inline void prefetch_starts(const TileArgs<W>& a, std::uintptr_t (&out)[C]) {
+  for (int c = 0; c < C; ++c) {
+    out[c] = reinterpret_cast<std::uintptr_t>(a.rows[c]) + static_cast<std::uintptr_t>(a.prefetch_bytes);
+  }
+}
+
 // Tiles::run<W, R, C>(args, dots) computes dots[r * C + c] for r < R, c < C. Batch 1 reads
 // kGemvCols rows side by side, larger batches use tiles of up to kRows x kCols.
 template <class Tiles, int kRows, int kCols, int kGemvCols = kCols>
