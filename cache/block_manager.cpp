@@ -16,9 +16,31 @@ namespace {
 BlockManager::BlockManager(const BlockManagerOptions& options)
     : block_size_(options.block_size),
       num_layers_(options.num_layers),
+      window_(options.window),
+      num_tail_rings_(options.num_tail_rings),
       pool_(options.num_blocks, options.enable_prefix_caching) {
   if (block_size_ <= 0) throw std::invalid_argument("BlockManager: block_size must be > 0");
   if (num_layers_ <= 0) throw std::invalid_argument("BlockManager: num_layers must be > 0");
+  window_.validate();
+  if (window_.enabled()) {
+    if (window_.block_size != block_size_) throw std::invalid_argument("BlockManager: window.block_size != block_size");
+    if (num_tail_rings_ <= 0) throw std::invalid_argument("BlockManager: a window needs num_tail_rings > 0");
+    for (int r = num_tail_rings_ - 1; r >= 0; --r) free_rings_.push_back(r);
+  }
+}
+
+int BlockManager::take_ring() {
+  if (!window_.enabled()) return -1;
+  if (free_rings_.empty()) broken("no free tail ring (more live sequences than num_tail_rings)");
+  const int ring = free_rings_.back();
+  free_rings_.pop_back();
+  return ring;
+}
+
+int BlockManager::fp8_len_after(const Sequence& s, int num_tokens, int fp8_floor) const {
+  if (!window_.enabled()) return num_tokens;
+  const int floor = std::min(fp8_floor, num_tokens) / block_size_ * block_size_;
+  return std::max({s.num_fp8_tokens, window_.fp8_len(num_tokens), floor});
 }
 
 const BlockManager::Sequence& BlockManager::seq(SeqId id) const {
@@ -43,13 +65,17 @@ BlockHash BlockManager::block_key(std::span<const int32_t> tokens, std::size_t i
 }
 
 // The longest chain of cached blocks that starts the prompt. Stops before the block holding
-// the last prompt token (that token is always computed: the step needs its logits), and at
+// the last prompt token (that token is always computed: the step needs its logits), before the
+// prompt's own bf16 window (those positions must be exact, and a cached block is FP8), and at
 // the first block written with other scales than the chain's first block, so that every block
 // of a sequence shares one scale per layer even when two writers cached parts of one prefix.
-BlockManager::PrefixMatch BlockManager::match_prefix(std::span<const int32_t> prompt) const {
+BlockManager::PrefixMatch BlockManager::match_prefix(std::span<const int32_t> prompt, int max_cached_tokens) const {
   PrefixMatch match;
   if (!pool_.prefix_caching_enabled() || prompt.empty()) return match;
-  const std::size_t max_blocks = (prompt.size() - 1) / static_cast<std::size_t>(block_size_);
+  const std::size_t max_blocks =
+      std::min({(prompt.size() - 1) / static_cast<std::size_t>(block_size_),
+                static_cast<std::size_t>(window_.fp8_len(static_cast<int>(prompt.size())) / block_size_),
+                static_cast<std::size_t>(std::max(max_cached_tokens, 0) / block_size_)});
   const KvScales* chain_scales = nullptr;
   for (std::size_t i = 0; i < max_blocks; ++i) {
     const BlockHash key = block_key(prompt, i, match.keys.empty() ? nullptr : &match.keys.back());
@@ -67,9 +93,14 @@ BlockManager::PrefixMatch BlockManager::match_prefix(std::span<const int32_t> pr
   return match;
 }
 
-bool BlockManager::can_allocate(std::span<const int32_t> prompt) const {
+int BlockManager::num_cached_prefix_tokens(std::span<const int32_t> prompt) const {
+  return static_cast<int>(match_prefix(prompt, kNoCap).blocks.size()) * block_size_;
+}
+
+bool BlockManager::can_allocate(std::span<const int32_t> prompt, int max_cached_tokens) const {
   if (prompt.empty()) return false;
-  const PrefixMatch match = match_prefix(prompt);
+  if (window_.enabled() && free_rings_.empty()) return false;
+  const PrefixMatch match = match_prefix(prompt, max_cached_tokens);
   // Hit blocks that sit idle on the LRU stop being allocatable once mapped.
   const auto num_idle_hits = std::count_if(match.blocks.begin(), match.blocks.end(),
                                            [&](int32_t b) { return pool_.ref_count(b) == 0; });
@@ -77,10 +108,10 @@ bool BlockManager::can_allocate(std::span<const int32_t> prompt) const {
   return num_new <= pool_.num_free_blocks() - static_cast<int>(num_idle_hits);
 }
 
-AllocateResult BlockManager::allocate(SeqId id, std::span<const int32_t> prompt) {
+AllocateResult BlockManager::allocate(SeqId id, std::span<const int32_t> prompt, int max_cached_tokens) {
   if (contains(id)) broken("allocate() of live sequence " + std::to_string(id));
-  if (!can_allocate(prompt)) broken("allocate() without can_allocate() (empty prompt or pool full)");
-  PrefixMatch match = match_prefix(prompt);
+  if (!can_allocate(prompt, max_cached_tokens)) broken("allocate() without can_allocate() (empty prompt or pool full)");
+  PrefixMatch match = match_prefix(prompt, max_cached_tokens);
   Sequence s;
   s.tokens.assign(prompt.begin(), prompt.end());
   // Hits first: acquiring takes them off the LRU, so the allocations below cannot evict them.
@@ -92,6 +123,8 @@ AllocateResult BlockManager::allocate(SeqId id, std::span<const int32_t> prompt)
     s.block_table.push_back(pool_.allocate());
   }
   s.num_computed_tokens = static_cast<int>(match.blocks.size()) * block_size_;
+  s.num_fp8_tokens = s.num_computed_tokens;  // hits are FP8 blocks outside the window
+  s.tail_ring = take_ring();
   if (match.blocks.empty()) {
     s.scales = std::make_shared<KvScales>(num_layers_);
   } else {
@@ -109,9 +142,20 @@ AllocateResult BlockManager::allocate(SeqId id, std::span<const int32_t> prompt)
 
 bool BlockManager::can_append(SeqId id) const {
   const Sequence& s = seq(id);
-  const bool needs_block = s.tokens.size() % static_cast<std::size_t>(block_size_) == 0 ||
-                           pool_.ref_count(s.block_table.back()) > 1;
-  return !needs_block || pool_.num_free_blocks() > 0;
+  const bool new_block = s.tokens.size() % static_cast<std::size_t>(block_size_) == 0;
+  int needed = new_block ? 1 : 0;
+  // The new token's pool slot (its K and V; its V alone in a K-only window; nothing, its
+  // token going to the tail, in a K+V window) needs a private last block.
+  const bool writes_last_block = !window_.enabled() || !window_.values;
+  if (writes_last_block && !new_block && pool_.ref_count(s.block_table.back()) > 1) ++needed;
+  if (window_.enabled()) {
+    // The blocks this step's spill writes into: a shared one needs a private replacement.
+    const int end = fp8_len_after(s, static_cast<int>(s.tokens.size()) + 1, 0) / block_size_;
+    for (int b = s.num_fp8_tokens / block_size_; b < end; ++b) {
+      needed += pool_.ref_count(s.block_table[static_cast<std::size_t>(b)]) > 1 ? 1 : 0;
+    }
+  }
+  return needed <= pool_.num_free_blocks();
 }
 
 AppendResult BlockManager::append_slot(SeqId id, int32_t token) {
@@ -120,39 +164,55 @@ AppendResult BlockManager::append_slot(SeqId id, int32_t token) {
   const std::size_t position = s.tokens.size();
   const std::size_t offset = position % static_cast<std::size_t>(block_size_);
   AppendResult result;
+  // A private block in place of a shared one (copy-on-write); returns the copy to make.
+  auto make_private = [this](int32_t& block) {
+    const int32_t shared = block;
+    block = pool_.allocate();
+    pool_.release(shared);
+    return BlockCopy{shared, block};
+  };
+  if (window_.enabled()) {
+    // The block this step's spill fills. In a K+V window it holds nothing final (its tokens are
+    // in the tail): a fresh block, no copy. In a K-only one its V is final: a copy.
+    const int end = fp8_len_after(s, static_cast<int>(position) + 1, 0) / block_size_;
+    for (int b = s.num_fp8_tokens / block_size_; b < end; ++b) {
+      int32_t& block = s.block_table[static_cast<std::size_t>(b)];
+      if (pool_.ref_count(block) == 1) continue;
+      const BlockCopy copy = make_private(block);
+      if (!window_.values) result.spill_copy = copy;
+    }
+  }
   if (offset == 0) {
     s.block_table.push_back(pool_.allocate());
-  } else if (pool_.ref_count(s.block_table.back()) > 1) {
-    // Shared partial block (after fork): write into a private copy, leave the original to
-    // the other holders.
-    const int32_t shared = s.block_table.back();
-    const int32_t copy = pool_.allocate();
-    pool_.release(shared);
-    s.block_table.back() = copy;
-    result.copy = BlockCopy{shared, copy};
+  } else if ((!window_.enabled() || !window_.values) && pool_.ref_count(s.block_table.back()) > 1) {
+    // Shared partial block (after fork) that the new token writes into: a private copy, the
+    // original left to the other holders.
+    result.copy = make_private(s.block_table.back());
   }
   s.tokens.push_back(token);
   result.slot = static_cast<int64_t>(s.block_table.back()) * block_size_ + static_cast<int64_t>(offset);
   return result;
 }
 
-void BlockManager::mark_computed(SeqId id, int num_computed_tokens) {
+void BlockManager::mark_computed(SeqId id, int num_computed_tokens, int fp8_floor) {
   Sequence& s = seq(id);
   if (num_computed_tokens < s.num_computed_tokens || num_computed_tokens > static_cast<int>(s.tokens.size())) {
     broken("mark_computed(" + std::to_string(num_computed_tokens) + ") outside [" +
            std::to_string(s.num_computed_tokens) + ", " + std::to_string(s.tokens.size()) + "]");
   }
   if (num_computed_tokens == s.num_computed_tokens) return;
+  s.num_fp8_tokens = fp8_len_after(s, num_computed_tokens, fp8_floor);
   s.num_computed_tokens = num_computed_tokens;
   s.scales->frozen = true;  // the first chunk calibrated them; every later token reuses them
   cache_full_blocks(s);
 }
 
-// Caches the full blocks computed so far. A key already cached by another writer keeps that
-// block (ours stays private, freed normally); match_prefix() then stops at any scale change.
+// Caches the full blocks computed so far and final in FP8 (out of the window). A key already
+// cached by another writer keeps that block (ours stays private, freed normally);
+// match_prefix() then stops at any scale change.
 void BlockManager::cache_full_blocks(Sequence& s) {
   if (!pool_.prefix_caching_enabled()) return;
-  const std::size_t num_full = static_cast<std::size_t>(s.num_computed_tokens / block_size_);
+  const std::size_t num_full = static_cast<std::size_t>(s.num_fp8_tokens / block_size_);
   for (std::size_t i = s.block_keys.size(); i < num_full; ++i) {
     const BlockHash key = block_key(s.tokens, i, i == 0 ? nullptr : &s.block_keys.back());
     s.block_keys.push_back(key);
@@ -168,6 +228,7 @@ void BlockManager::fork(SeqId parent, SeqId child) {
     broken("fork() of sequence " + std::to_string(parent) + " with uncomputed tokens or unfrozen scales");
   }
   Sequence c = p;  // same tokens, table, keys and the same scales object
+  c.tail_ring = take_ring();
   for (const int32_t block : c.block_table) pool_.acquire(block);
   seqs_.emplace(child, std::move(c));
 }
@@ -175,7 +236,14 @@ void BlockManager::fork(SeqId parent, SeqId child) {
 void BlockManager::free(SeqId id) {
   Sequence& s = seq(id);
   for (auto it = s.block_table.rbegin(); it != s.block_table.rend(); ++it) pool_.release(*it);
+  if (s.tail_ring >= 0) free_rings_.push_back(s.tail_ring);
   seqs_.erase(id);
+}
+
+int BlockManager::tail_ring(SeqId id) const { return seq(id).tail_ring; }
+int BlockManager::num_fp8_tokens(SeqId id) const { return seq(id).num_fp8_tokens; }
+int BlockManager::fp8_len_after(SeqId id, int num_tokens, int fp8_floor) const {
+  return fp8_len_after(seq(id), num_tokens, fp8_floor);
 }
 
 std::span<const int32_t> BlockManager::block_table(SeqId id) const { return seq(id).block_table; }
@@ -201,13 +269,16 @@ int64_t BlockManager::slot(SeqId id, int position) const {
 void BlockManager::check_integrity() const {
   std::vector<int> refs(static_cast<std::size_t>(pool_.num_blocks()), 0);
   std::set<int64_t> pending_slots;
+  std::set<int> rings(free_rings_.begin(), free_rings_.end());
+  if (rings.size() != free_rings_.size()) broken("a tail ring is free twice");
   for (const auto& [id, s] : seqs_) {
     const std::string name = "sequence " + std::to_string(id);
+    const int num_tokens = static_cast<int>(s.tokens.size());
     if (s.tokens.empty()) broken(name + " has no tokens");
     if (static_cast<int>(s.block_table.size()) != num_blocks_for(s.tokens.size())) {
       broken(name + " table does not cover exactly its tokens");
     }
-    if (s.num_computed_tokens < 0 || s.num_computed_tokens > static_cast<int>(s.tokens.size())) {
+    if (s.num_computed_tokens < 0 || s.num_computed_tokens > num_tokens) {
       broken(name + " computed count out of range");
     }
     if (!s.scales || s.scales->num_layers() != num_layers_ ||
@@ -215,15 +286,32 @@ void BlockManager::check_integrity() const {
       broken(name + " scales do not have one K and one V per layer");
     }
     if (s.num_computed_tokens > 0 && !s.scales->frozen) broken(name + " computed tokens with unfrozen scales");
+    if (window_.enabled()) {
+      if (s.tail_ring < 0 || s.tail_ring >= num_tail_rings_ || !rings.insert(s.tail_ring).second) {
+        broken(name + " has no tail ring of its own");
+      }
+      if (s.num_fp8_tokens < 0 || s.num_fp8_tokens > s.num_computed_tokens || s.num_fp8_tokens % block_size_ != 0 ||
+          s.num_fp8_tokens < window_.fp8_len(s.num_computed_tokens)) {
+        broken(name + " FP8 count " + std::to_string(s.num_fp8_tokens) + " off the window's rule");
+      }
+      if (num_tokens - fp8_len_after(s, num_tokens, 0) > window_.ring_blocks() * block_size_) {
+        broken(name + " has more tokens in the window than its tail ring holds");
+      }
+    } else if (s.tail_ring != -1 || s.num_fp8_tokens != s.num_computed_tokens) {
+      broken(name + " has window state without a window");
+    }
     std::set<int32_t> own(s.block_table.begin(), s.block_table.end());
     if (own.size() != s.block_table.size()) broken(name + " holds one block twice");
     for (const int32_t block : s.block_table) {
       if (block < 0 || block >= pool_.num_blocks()) broken(name + " names block out of range");
       ++refs[static_cast<std::size_t>(block)];
     }
-    // Tokens still to be written: their slots must belong to this sequence alone, in
-    // uncached blocks, and no two pending tokens anywhere may share a slot.
-    for (int t = s.num_computed_tokens; t < static_cast<int>(s.tokens.size()); ++t) {
+    // Slots still to be written into the pool - the uncomputed tokens' (those of them that go
+    // to the tail excepted, in a K+V window) and the blocks the next spill fills - must belong to
+    // this sequence alone, in uncached blocks, and no two pending tokens anywhere share a slot.
+    const int fp8_after = fp8_len_after(s, num_tokens, 0);
+    for (int t = s.num_computed_tokens; t < num_tokens; ++t) {
+      if (window_.enabled() && window_.values && t >= fp8_after) continue;  // all of it to the tail
       const int32_t block = s.block_table[static_cast<std::size_t>(t / block_size_)];
       if (pool_.ref_count(block) != 1 || pool_.is_cached(block)) {
         broken(name + " will write token " + std::to_string(t) + " into a shared or cached block");
@@ -232,9 +320,14 @@ void BlockManager::check_integrity() const {
         broken(name + " slot of token " + std::to_string(t) + " handed out twice");
       }
     }
-    const std::size_t num_full_computed = static_cast<std::size_t>(s.num_computed_tokens / block_size_);
-    if (s.block_keys.size() > num_full_computed) broken(name + " has keys for blocks not computed");
-    if (pool_.prefix_caching_enabled() && s.block_keys.size() != num_full_computed) {
+    for (int b = s.num_fp8_tokens / block_size_; b < fp8_after / block_size_; ++b) {
+      if (pool_.ref_count(s.block_table[static_cast<std::size_t>(b)]) != 1) {
+        broken(name + " will spill into shared block " + std::to_string(b));
+      }
+    }
+    const std::size_t num_full_final = static_cast<std::size_t>(s.num_fp8_tokens / block_size_);
+    if (s.block_keys.size() > num_full_final) broken(name + " has keys for blocks not computed or in its window");
+    if (pool_.prefix_caching_enabled() && s.block_keys.size() != num_full_final) {
       broken(name + " has computed full blocks that were not offered to the cache");
     }
     for (std::size_t i = 0; i < s.block_keys.size(); ++i) {
@@ -254,6 +347,7 @@ void BlockManager::check_integrity() const {
       if (pool_.is_cached(s.block_table[i])) broken(name + " maps a cached block past its computed blocks");
     }
   }
+  if (window_.enabled() && static_cast<int>(rings.size()) != num_tail_rings_) broken("a tail ring is lost");
   pool_.check_integrity(refs);
 }
 

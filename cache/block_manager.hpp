@@ -15,6 +15,21 @@
 //   free(id)                                     finished, aborted or preempted
 //
 // Slot of token t: table[t / block_size] * block_size + t % block_size.
+//
+// With the bf16 recent window (options.window, cache/kv_window.hpp) every running sequence also
+// owns a tail ring (allocated with its table, copied by the engine at fork(), released by
+// free(); there are num_tail_rings = --max-num-seqs of them, so the scheduler, which never runs
+// more sequences than that, never runs out), and the manager tracks which of its positions are
+// final in FP8: num_fp8_tokens. A step that ends at n tokens reads fp8_len_after(id, n) of
+// them from the FP8 pool (kernels/paged_kv.hpp) and spills [num_fp8_tokens, that) out of the
+// tail. Blocks in the window hold nothing final yet, so:
+//   - only blocks below num_fp8_tokens are offered to the prefix cache, and a prefix hit stops
+//     before the new prompt's own window (a hit never maps a block the window should hold);
+//   - fork() shares them like any other block, and the copy-on-write happens when a spill is
+//     about to write into one (append_slot: a fresh block, nothing to copy), never for the
+//     partial last block, whose new token goes to the tail. A K-only window (window.values
+//     false) writes every token's V straight into the pool, so there the last block is copied on
+//     write as without a window, and so is a shared block about to be spilled into.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -25,16 +40,21 @@
 #include "cache/block_hash.hpp"
 #include "cache/block_pool.hpp"
 #include "cache/kv_scales.hpp"
+#include "cache/kv_window.hpp"
 
 namespace fp8serve {
 
 using SeqId = int64_t;
+
+constexpr int kNoCap = 1 << 30;  // no cap on a prefix hit
 
 struct BlockManagerOptions {
   int block_size = 16;
   int num_layers = 0;  // scales per sequence
   int num_blocks = 0;  // KvCacheSpec::num_blocks_for_budget
   bool enable_prefix_caching = false;
+  KvWindow window;         // off by default; window.block_size must equal block_size
+  int num_tail_rings = 0;  // with a window: one per sequence that may run (--max-num-seqs)
 };
 
 struct AllocateResult {
@@ -50,6 +70,9 @@ struct BlockCopy {
 struct AppendResult {
   int64_t slot = -1;
   std::optional<BlockCopy> copy;  // copy-on-write of a last block shared after fork()
+  // A K-only window: copy-on-write of a shared block that this step's spill fills (its V is
+  // final already). A K+V window swaps such a block for a fresh one instead: nothing to copy.
+  std::optional<BlockCopy> spill_copy;
 };
 
 struct PrefixCacheStats {
@@ -61,19 +84,28 @@ class BlockManager {
  public:
   explicit BlockManager(const BlockManagerOptions& options);
 
-  // Whether allocate() can map this prompt now (counting prefix hits, evicting if needed).
-  bool can_allocate(std::span<const int32_t> prompt) const;
-  // PRECOND: can_allocate(prompt), id not live, prompt not empty (std::logic_error otherwise).
-  AllocateResult allocate(SeqId id, std::span<const int32_t> prompt);
-  // Whether append_slot() can place one more token (a new or copied block if it needs one).
+  // Whether allocate() can map this prompt now (counting prefix hits, evicting if needed, and a
+  // free tail ring with a window). max_cached_tokens caps the prefix hit (a recompute after
+  // preemption asks for a hit its replay can use; see Scheduler).
+  bool can_allocate(std::span<const int32_t> prompt, int max_cached_tokens = kNoCap) const;
+  // PRECOND: can_allocate(prompt, max_cached_tokens), id not live, prompt not empty
+  // (std::logic_error otherwise).
+  AllocateResult allocate(SeqId id, std::span<const int32_t> prompt, int max_cached_tokens = kNoCap);
+  // Tokens of the prompt allocate() would map from the prefix cache now (before any cap).
+  int num_cached_prefix_tokens(std::span<const int32_t> prompt) const;
+  // Whether append_slot() can place one more token (a new or copied block if it needs one, and
+  // with a window a private block for a shared one that the step's spill writes into).
   bool can_append(SeqId id) const;
   // Adds `token` to the sequence and returns its slot. PRECOND: can_append(id).
   AppendResult append_slot(SeqId id, int32_t token);
   // The step wrote KV for tokens [0, num_computed_tokens). Freezes the scales; caches the
-  // full blocks now computed. PRECOND: old count <= num_computed_tokens <= num_tokens(id).
-  void mark_computed(SeqId id, int num_computed_tokens);
+  // full blocks now computed (and out of the window). fp8_floor: the step's fp8_len_after floor.
+  // PRECOND: old count <= num_computed_tokens <= num_tokens(id).
+  void mark_computed(SeqId id, int num_computed_tokens, int fp8_floor = 0);
   // `child` shares all of `parent`'s blocks and scales; the next append of either copies the
-  // shared last block. PRECOND: parent fully computed (scales frozen), child not live.
+  // shared last block. With a window the child gets its own tail ring, which the engine fills
+  // with a copy of the parent's (tail_ring()). PRECOND: parent fully computed (scales frozen),
+  // child not live.
   void fork(SeqId parent, SeqId child);
   // Releases the sequence's blocks, tail first so the LRU evicts suffixes before prefixes.
   void free(SeqId id);
@@ -88,6 +120,20 @@ class BlockManager {
   // Where kv_write stores the calibrated scales; nullptr once frozen (or inherited).
   KvScales* scales_to_calibrate(SeqId id);
 
+  // The bf16 window. Without one: no rings, every computed token is FP8.
+  const KvWindow& window() const { return window_; }
+  int tail_ring(SeqId id) const;  // -1 without a window
+  // Positions whose FP8 slots hold their final values (computed and out of the window).
+  int num_fp8_tokens(SeqId id) const;
+  // Positions a step ending at num_tokens tokens reads from the FP8 pool - the batch's fp8_lens:
+  // max(num_fp8_tokens, window.fp8_len(num_tokens), min(fp8_floor, num_tokens)), a multiple of
+  // the block size. The floor (0: none) lets a recompute replay a step of the original run
+  // whose FP8 part was larger than the window's rule gives for the replayed chunk (a longer
+  // chunk, an earlier prefix hit). num_tokens without a window.
+  int fp8_len_after(SeqId id, int num_tokens, int fp8_floor = 0) const;
+  int num_tail_rings() const { return window_.enabled() ? num_tail_rings_ : 0; }
+  int num_free_tail_rings() const { return static_cast<int>(free_rings_.size()); }
+
   int block_size() const { return block_size_; }
   int num_layers() const { return num_layers_; }
   int num_blocks() const { return pool_.num_blocks(); }
@@ -99,7 +145,9 @@ class BlockManager {
   // Throws std::logic_error naming the first broken invariant: every block free xor idle xor
   // referenced; ref counts equal table entries; tables cover exactly the tokens; no slot that
   // will still be written is shared or cached; cached keys match their contents; a
-  // sequence's cached blocks carry its own scales; computed sequences have frozen scales.
+  // sequence's cached blocks carry its own scales; computed sequences have frozen scales; with
+  // a window, every live sequence owns one ring of its own, its tail fits the ring and no block
+  // in its window is cached.
   void check_integrity() const;
 
  private:
@@ -108,6 +156,8 @@ class BlockManager {
     std::vector<int32_t> block_table;
     std::vector<BlockHash> block_keys;  // chain keys of the first block_keys.size() full blocks
     int num_computed_tokens = 0;
+    int num_fp8_tokens = 0;  // == num_computed_tokens without a window
+    int tail_ring = -1;
     std::shared_ptr<KvScales> scales;
   };
 
@@ -120,11 +170,16 @@ class BlockManager {
   Sequence& seq(SeqId id);
   int num_blocks_for(std::size_t num_tokens) const;
   BlockHash block_key(std::span<const int32_t> tokens, std::size_t i, const BlockHash* parent) const;
-  PrefixMatch match_prefix(std::span<const int32_t> prompt) const;
+  PrefixMatch match_prefix(std::span<const int32_t> prompt, int max_cached_tokens) const;
   void cache_full_blocks(Sequence& s);
+  int fp8_len_after(const Sequence& s, int num_tokens, int fp8_floor) const;
+  int take_ring();
 
   int block_size_;
   int num_layers_;
+  KvWindow window_;
+  int num_tail_rings_;
+  std::vector<int> free_rings_;  // LIFO
   BlockPool pool_;
   std::unordered_map<SeqId, Sequence> seqs_;
   PrefixCacheStats stats_;

@@ -30,6 +30,13 @@ void KvCacheSpec::validate() const {
   check_range("num_kv_heads", num_kv_heads, kMaxKvHeads);
   check_range("head_dim", head_dim, kMaxHeadDim);
   if (kv_dtype_size(dtype) == 0) throw std::invalid_argument("KV cache dtype is not a known KvDtype");
+  window.validate();
+  if (window.enabled() && window.block_size != block_size) {
+    throw std::invalid_argument("KV cache window.block_size must equal block_size");
+  }
+  if (window.enabled() && dtype != KvDtype::fp8_e4m3) {
+    throw std::invalid_argument("--kv-bf16-window needs --kv-cache-dtype fp8_e4m3 (a bf16 pool is exact already)");
+  }
 }
 
 uint64_t KvCacheSpec::bytes_per_token() const {
@@ -49,6 +56,27 @@ std::string KvCacheSpec::describe(int num_blocks) const {
   char text[160];
   std::snprintf(text, sizeof text, "%d blocks x %d tokens = %lld tokens, %.1f MiB, %s", num_blocks, block_size,
                 static_cast<long long>(num_blocks) * block_size, mib, std::string(kv_dtype_name(dtype)).c_str());
+  return text;
+}
+
+uint64_t KvCacheSpec::tail_bytes_per_token() const {
+  if (!window.enabled()) return 0;
+  return static_cast<uint64_t>(num_layers) * (window.values ? 2u : 1u) * static_cast<uint64_t>(num_kv_heads) *
+         static_cast<uint64_t>(head_dim) * kv_dtype_size(KvDtype::bf16);
+}
+
+uint64_t KvCacheSpec::tail_bytes(int num_rings) const {
+  return tail_bytes_per_token() * static_cast<uint64_t>(window.ring_blocks()) * static_cast<uint64_t>(block_size) *
+         static_cast<uint64_t>(std::max(num_rings, 0));
+}
+
+std::string KvCacheSpec::describe_tail(int num_rings) const {
+  if (!window.enabled()) return "bf16 window off";
+  char text[160];
+  std::snprintf(text, sizeof text, "bf16 window %d tokens (%s): %d rings x %d blocks, %.1f MiB, %llu bytes/token",
+                window.tokens, window.values ? "K+V" : "K only", num_rings, window.ring_blocks(),
+                static_cast<double>(tail_bytes(num_rings)) / (1024.0 * 1024.0),
+                static_cast<unsigned long long>(tail_bytes_per_token()));
   return text;
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cache/kv_dtype.hpp"
+#include "cache/kv_window.hpp"
 
 namespace fp8serve {
 
@@ -14,8 +15,10 @@ struct KvCacheSpec {
   int num_kv_heads = 0;
   int head_dim = 0;
   KvDtype dtype = KvDtype::fp8_e4m3;
+  // The bf16 recent window (off by default); its block_size must equal the pool's.
+  KvWindow window;
 
-  // Throws std::invalid_argument naming the bad field.
+  // Throws std::invalid_argument naming the bad field (a window needs the FP8 dtype).
   void validate() const;
 
   // K and V of one token for every layer: num_layers * 2 * num_kv_heads * head_dim * elem.
@@ -30,6 +33,13 @@ struct KvCacheSpec {
 
   // One line for the start-up log: "1234 blocks x 16 tokens = 19744 tokens, 56.5 MiB, fp8_e4m3".
   std::string describe(int num_blocks) const;
+
+  // The window's tail pool: one ring of window.ring_blocks() bf16 blocks per running sequence
+  // (num_rings = --max-num-seqs), K and V (or K only) of every layer; 0 without a window.
+  uint64_t tail_bytes_per_token() const;
+  uint64_t tail_bytes(int num_rings) const;
+  // "bf16 window 32 tokens (K+V): 64 rings x 3 blocks, 70.3 MiB, 23040 bytes/token", or "off".
+  std::string describe_tail(int num_rings) const;
 };
 
 }  // namespace fp8serve

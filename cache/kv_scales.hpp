@@ -67,14 +67,18 @@ struct KvScales {
   bool operator==(const KvScales&) const = default;
 };
 
-// What one kv_write call reports for one layer.
+// What one kv_write (or kv_spill) call reports for one layer: elements written to the main
+// pool. Without a bf16 window K and V write the same number; with one, the tail's bf16 writes
+// are not counted here and a K-only window writes V rows to the pool before their K.
 struct KvWriteCounts {
-  uint64_t num_elements = 0;     // K elements written (V writes the same number)
+  uint64_t num_elements = 0;     // K elements written to the pool
   uint64_t num_k_saturated = 0;  // K elements with |x / k_scale| > 464
   uint64_t num_v_saturated = 0;  // V elements with |x / v_scale| > 464
+  uint64_t num_v_elements = 0;   // V elements written to the pool
 
   KvWriteCounts& operator+=(const KvWriteCounts& other) {
     num_elements += other.num_elements;
+    num_v_elements += other.num_v_elements;
     num_k_saturated += other.num_k_saturated;
     num_v_saturated += other.num_v_saturated;
     return *this;

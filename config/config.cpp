@@ -3,8 +3,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -18,6 +20,27 @@ namespace {
 
 enum class Kind { flag, integer, real, text, choice };
 
+// Which commands read a flag: giving one to a command that ignores it is an error, not a no-op.
+enum CommandBits : unsigned { kInspect = 1, kGenerate = 2, kServe = 4, kEngine = kGenerate | kServe, kAll = 7 };
+
+unsigned command_bit(Command c) {
+  switch (c) {
+    case Command::inspect: return kInspect;
+    case Command::generate: return kGenerate;
+    case Command::serve: return kServe;
+  }
+  return kAll;
+}
+
+const char* command_name(Command c) {
+  switch (c) {
+    case Command::inspect: return "inspect";
+    case Command::generate: return "generate";
+    case Command::serve: return "serve";
+  }
+  return "?";
+}
+
 // One flag: its name (without --), what it accepts, and how it lands in Config.
 struct FlagSpec {
   std::string name;
@@ -28,6 +51,7 @@ struct FlagSpec {
   std::vector<std::string> choices;
   std::function<void(Config&, const std::string&)> set;
   std::function<std::string(const Config&)> show;  // the default, for usage()
+  unsigned commands = kEngine;                     // CommandBits
 };
 
 [[noreturn]] void fail(const std::string& flag, const std::string& message) {
@@ -41,7 +65,13 @@ std::string format_number(double v) {
 }
 
 std::string range_text(const FlagSpec& spec) {
-  return "[" + format_number(spec.min) + ", " + format_number(spec.max) + "]";
+  // Appended piece by piece: `"[" + std::string&&` trips GCC 12's false -Wrestrict (bug 105329).
+  std::string out = "[";
+  out += format_number(spec.min);
+  out += ", ";
+  out += format_number(spec.max);
+  out += "]";
+  return out;
 }
 
 int64_t parse_integer(const FlagSpec& spec, const std::string& text) {
@@ -159,6 +189,10 @@ const std::vector<FlagSpec>& flag_specs() {
                           &Config::fp8_lm_head, true));
     s.push_back(real_flag("kv-scale-margin", "FP8 scale headroom: scale = amax * margin / 448", 1.0, 64.0,
                           &Config::kv_scale_margin));
+    s.push_back(integer_flag("kv-bf16-window", "FP8 KV: each sequence's newest tokens kept exact in bf16, quantized "
+                             "as whole blocks leave (a multiple of --block-size; 0 = off)", 0, 4096, &Config::kv_bf16_window));
+    s.push_back(choice_flag("kv-bf16-window-tensors", "what the bf16 window keeps exact (k: keys only, half the memory)",
+                            {"k", "kv"}, &Config::kv_bf16_window_tensors));
     s.push_back(integer_flag("block-size", "tokens per KV block (8, 16 or 32)", 8, 32, &Config::block_size));
     s.push_back(bytes_flag("kv-cache-memory", "KV cache budget in bytes, e.g. 4GiB (0 = default)", 0, 1e15,
                            &Config::kv_cache_memory));
@@ -174,22 +208,23 @@ const std::vector<FlagSpec>& flag_specs() {
     s.push_back(integer_flag("port", "listen port", 1, 65535, &Config::port));
     s.push_back(text_flag("served-model-name", "model name in the API", &Config::served_model_name));
     s.push_back(text_flag("api-key", "bearer key required on every route but /health", &Config::api_key));
-    s.push_back(integer_flag("max-waiting-requests", "queue bound; beyond it 503", 1, 1 << 20, &Config::max_waiting_requests));
+    s.push_back(text_flag("api-key-file", "file holding the API key (e.g. a mounted secret)", &Config::api_key_file));
+    s.push_back(integer_flag("max-waiting-requests", "sequences that may wait for a slot; beyond it 503 (a request larger than max-num-seqs + this: 400)", 1, 1 << 20, &Config::max_waiting_requests));
     s.push_back(real_flag("shutdown-timeout", "seconds to drain on SIGTERM", 0, 3600, &Config::shutdown_timeout));
-    s.push_back(text_flag("chat-template", "Jinja chat template file for models without one", &Config::chat_template_file));
+    s.push_back(text_flag("chat-template", "Jinja chat template file; replaces the model's own template, or gives one to a model without", &Config::chat_template_file));
     s.push_back(bool_flag("metrics-public", "serve /metrics without the API key", &Config::metrics_public, true));
     s.push_back(bytes_flag("max-body-bytes", "request body limit (e.g. 8MiB); larger gets 413", 1024, 1 << 30, &Config::max_body_bytes));
     s.push_back(integer_flag("max-header-bytes", "request header limit; larger gets 431", 1024, 1 << 20,
                              &Config::max_header_bytes));
     s.push_back(real_flag("request-timeout", "seconds to receive one whole request", 0.1, 3600, &Config::request_timeout));
     s.push_back(choice_flag("log-level", "log verbosity", {"trace", "debug", "info", "warn", "error"}, &Config::log_level));
-    s.push_back(text_flag("prompt", "generate: the prompt", &Config::prompt));
-    s.push_back(integer_flag("max-tokens", "generate: tokens to generate", 1, 1 << 24, &Config::max_tokens));
-    s.push_back(real_flag("temperature", "generate: sampling temperature (0 = greedy)", 0, 100, &Config::temperature));
-    s.push_back(real_flag("top-p", "generate: nucleus mass", 1e-9, 1, &Config::top_p));
-    s.push_back(integer_flag("top-k", "generate: keep the k most likely (0 = all)", 0, 1 << 24, &Config::top_k));
-    s.push_back(real_flag("min-p", "generate: drop tokens below min_p * p_max", 0, 1, &Config::min_p));
-    FlagSpec seed{"seed", Kind::integer, "generate: sampling seed", 0, 1.8e19, {}, nullptr, nullptr};
+    s.push_back(text_flag("prompt", "the prompt", &Config::prompt));
+    s.push_back(integer_flag("max-tokens", "tokens to generate", 1, 1 << 24, &Config::max_tokens));
+    s.push_back(real_flag("temperature", "sampling temperature (0 = greedy)", 0, 100, &Config::temperature));
+    s.push_back(real_flag("top-p", "nucleus mass", 1e-9, 1, &Config::top_p));
+    s.push_back(integer_flag("top-k", "keep the k most likely (0 = all)", 0, 1 << 24, &Config::top_k));
+    s.push_back(real_flag("min-p", "drop tokens below min_p * p_max", 0, 1, &Config::min_p));
+    FlagSpec seed{"seed", Kind::integer, "sampling seed", 0, 1.8e19, {}, nullptr, nullptr};
     seed.set = [seed](Config& c, const std::string& v) {
       uint64_t value = 0;
       auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
@@ -198,6 +233,16 @@ const std::vector<FlagSpec>& flag_specs() {
     };
     seed.show = [](const Config& c) { return c.seed ? std::to_string(*c.seed) : std::string("random"); };
     s.push_back(seed);
+    for (FlagSpec& spec : s) {
+      static const char* const kServeOnly[] = {"host", "port", "served-model-name", "api-key", "api-key-file", "max-waiting-requests",
+                                               "shutdown-timeout", "chat-template", "metrics-public", "max-body-bytes",
+                                               "max-header-bytes", "request-timeout"};
+      static const char* const kGenerateOnly[] = {"prompt", "max-tokens", "temperature", "top-p", "top-k", "min-p", "seed"};
+      auto in = [&](const auto& names) { return std::find(std::begin(names), std::end(names), spec.name) != std::end(names); };
+      if (in(kServeOnly)) spec.commands = kServe;
+      if (in(kGenerateOnly)) spec.commands = kGenerate;
+      if (spec.name == "log-level") spec.commands = kAll;
+    }
     return s;
   }();
   return specs;
@@ -209,7 +254,9 @@ const FlagSpec* find_flag(const std::string& name) {
   return nullptr;
 }
 
-// --config FILE: a JSON object whose keys are long flag names; values are JSON scalars.
+// --config FILE: a JSON object whose keys are long flag names; values are JSON scalars. One file
+// may configure several commands: a key another command reads is skipped, an unknown key is
+// an error.
 void apply_config_file(Config& config, const std::string& path) {
   std::ifstream in(path);
   if (!in) fail("config", "cannot open '" + path + "'");
@@ -223,6 +270,7 @@ void apply_config_file(Config& config, const std::string& path) {
   for (const auto& [key, value] : doc.items()) {
     const FlagSpec* spec = find_flag(key);
     if (spec == nullptr) fail("config", "unknown key '" + key + "' in '" + path + "'");
+    if ((spec->commands & command_bit(config.command)) == 0) continue;
     std::string text;
     if (value.is_string()) text = value.get<std::string>();
     else if (value.is_boolean()) text = value.get<bool>() ? "true" : "false";
@@ -231,6 +279,39 @@ void apply_config_file(Config& config, const std::string& path) {
     else fail(key, "in '" + path + "' must be a string, number or boolean");
     spec->set(config, text);
   }
+}
+
+std::string environment_name(const std::string& flag) {
+  std::string name = "FP8SERVE_";
+  for (const char c : flag) name += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return name;
+}
+
+void apply_environment(Config& config, const Environment& env) {
+  for (const auto& spec : flag_specs()) {
+    // As in a --config file, a variable of another command's flag is skipped.
+    if ((spec.commands & command_bit(config.command)) == 0) continue;
+    const std::string name = environment_name(spec.name);
+    const auto found = env.find(name);
+    if (found == env.end() || found->second.empty()) continue;
+    try {
+      spec.set(config, found->second);
+    } catch (const ConfigError& e) {
+      throw ConfigError("environment " + name + ": " + e.what());
+    }
+    config.environment_variables.push_back(name);
+  }
+}
+
+// The key is the file's content less trailing white space (an editor's final newline).
+std::string read_api_key_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("api-key-file", "cannot open '" + path + "'");
+  std::string key((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!key.empty() && std::isspace(static_cast<unsigned char>(key.back()))) key.pop_back();
+  // An empty key would turn authentication off without a word: refuse it.
+  if (key.empty()) fail("api-key-file", "'" + path + "' is empty");
+  return key;
 }
 
 Command parse_command(const std::string& word) {
@@ -242,7 +323,16 @@ Command parse_command(const std::string& word) {
 
 }  // namespace
 
-Config parse_command_line(const std::vector<std::string>& args) {
+Environment flag_environment() {
+  Environment env;
+  for (const auto& spec : flag_specs()) {
+    const std::string name = environment_name(spec.name);
+    if (const char* value = std::getenv(name.c_str())) env[name] = value;
+  }
+  return env;
+}
+
+Config parse_command_line(const std::vector<std::string>& args, const Environment& env) {
   if (args.empty()) throw ConfigError("missing command: expected inspect, generate or serve");
   Config config;
   config.command = parse_command(args[0]);
@@ -274,6 +364,12 @@ Config parse_command_line(const std::vector<std::string>& args) {
     }
     const FlagSpec* spec = find_flag(name);
     if (spec == nullptr) throw ConfigError("unknown flag --" + name + " (see fp8serve --help)");
+    if ((spec->commands & command_bit(config.command)) == 0) {
+      std::string users;
+      for (const Command c : {Command::inspect, Command::generate, Command::serve})
+        if (spec->commands & command_bit(c)) users += std::string(users.empty() ? "" : " and ") + command_name(c);
+      fail(name, std::string(command_name(config.command)) + " does not use it (a flag of " + users + "; see fp8serve --help)");
+    }
     if (!value) {
       if (spec->kind == Kind::flag) value = "";
       else if (i + 1 >= args.size()) fail(name, "needs a value");
@@ -286,10 +382,19 @@ Config parse_command_line(const std::vector<std::string>& args) {
   config.model = positionals[0];
 
   if (!config_file.empty()) apply_config_file(config, config_file);
+  apply_environment(config, env);
   for (const auto& [spec, value] : given) spec->set(config, value);
+
+  if (!config.api_key_file.empty()) {
+    if (!config.api_key.empty()) fail("api-key-file", "give the key once: --api-key or --api-key-file, not both");
+    config.api_key = read_api_key_file(config.api_key_file);
+  }
 
   if (config.block_size != 8 && config.block_size != 16 && config.block_size != 32)
     fail("block-size", "must be 8, 16 or 32, got " + std::to_string(config.block_size));
+  if (config.kv_bf16_window % config.block_size != 0)
+    fail("kv-bf16-window", "must be a multiple of --block-size (" + std::to_string(config.block_size) + "), got " +
+                               std::to_string(config.kv_bf16_window));
   if (config.command == Command::generate && config.prompt.empty())
     fail("prompt", "generate needs a non-empty --prompt");
   return config;
@@ -300,10 +405,18 @@ std::string usage() {
   out << "usage: fp8serve inspect MODEL\n"
          "       fp8serve generate MODEL --prompt TEXT [flags]\n"
          "       fp8serve serve MODEL [flags]\n"
-         "MODEL is a Hugging Face model folder or a .gguf file.\n\nflags (default):\n"
+         "MODEL is a Hugging Face model folder or a .gguf file.\n"
+         "Every flag can also be set in the environment as FP8SERVE_<FLAG> (FP8SERVE_HOST,\n"
+         "FP8SERVE_API_KEY, FP8SERVE_KV_CACHE_DTYPE, ...): over --config, under the command line.\n\n"
+         "flags (default):\n"
          "  --config FILE                 JSON object of flag names to values; the command line wins\n";
   const Config defaults;
+  unsigned group = 0;
   for (const auto& spec : flag_specs()) {
+    if (spec.commands != group) {
+      group = spec.commands;
+      out << (group == kEngine ? "\n serve and generate:\n" : group == kServe ? "\n serve:\n" : group == kGenerate ? "\n generate:\n" : "\n every command:\n");
+    }
     std::string left = "  --" + spec.name;
     if (spec.kind != Kind::flag) left += spec.kind == Kind::choice ? " {...}" : " X";
     left.resize(std::max<size_t>(left.size() + 1, 32), ' ');

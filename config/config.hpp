@@ -1,8 +1,10 @@
 #pragma once
 // fp8serve's configuration: every flag of every command, parsed and validated here, once.
 // Sources, later ones winning: defaults, then --config FILE (JSON, long flag names as keys),
-// then the command line. Nothing below config/ reads argv or the environment.
+// then the environment (FP8SERVE_<FLAG>), then the command line. Nothing below config/ reads
+// argv or the environment.
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -27,6 +29,8 @@ struct Config {
   std::string quantization = "none";      // none | fp8: projection weights (FP8 checkpoints: always FP8)
   bool fp8_lm_head = false;               // with --quantization fp8, the LM head too
   double kv_scale_margin = 2.0;           // calibrated scale = amax * margin / 448 (see README)
+  int kv_bf16_window = 64;                // newest tokens kept exact in bf16 (multiple of block_size; README)
+  std::string kv_bf16_window_tensors = "k";   // k | kv: what the window keeps exact
   int block_size = 16;
   int64_t kv_cache_memory = 0;            // bytes; 0 = derive (CPU: 1 GiB; CUDA: utilization)
   double gpu_memory_utilization = 0.9;
@@ -41,6 +45,7 @@ struct Config {
   int port = 8000;
   std::string served_model_name;          // empty = derived from the model path
   std::string api_key;
+  std::string api_key_file;               // the key's file (a mounted secret); read at parse time
   int max_waiting_requests = 256;
   double shutdown_timeout = 30.0;
   std::string chat_template_file;
@@ -58,10 +63,20 @@ struct Config {
   int top_k = 0;
   double min_p = 0.0;
   std::optional<uint64_t> seed;
+
+  std::vector<std::string> environment_variables;  // the FP8SERVE_* names that set a flag, for the log
 };
 
-// Parses `fp8serve COMMAND MODEL [flags]`. Throws ConfigError.
-Config parse_command_line(const std::vector<std::string>& args);
+// Flags set through the environment, as containers are configured: FP8SERVE_<FLAG>, the long
+// flag name in upper case with '_' for '-' (FP8SERVE_HOST, FP8SERVE_API_KEY,
+// FP8SERVE_KV_CACHE_DTYPE). Name -> value; an empty value counts as unset.
+using Environment = std::map<std::string, std::string>;
+
+// The FP8SERVE_* variables of this process that name a flag: the one read of the environment.
+Environment flag_environment();
+
+// Parses `fp8serve COMMAND MODEL [flags]` with `env` (see Environment). Throws ConfigError.
+Config parse_command_line(const std::vector<std::string>& args, const Environment& env = {});
 
 // The usage text, with every flag, its default and its range.
 std::string usage();

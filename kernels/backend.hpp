@@ -11,12 +11,15 @@
 // it moves data with copy_to_device / copy_to_host.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "kernels/forward_ops.hpp"
+#include "kernels/kv_spill.hpp"
 #include "kernels/kv_write.hpp"
 #include "kernels/paged_attention.hpp"
 
@@ -25,8 +28,15 @@ namespace fp8serve {
 // Element type of activations (q, k, v, hidden states): fp32 on the CPU, bf16 on the GPU.
 enum class ActDtype : uint8_t { f32, bf16 };
 
+// Device memory in bytes, as the driver reports it (cudaMemGetInfo).
+struct DeviceMemory {
+  std::size_t free = 0;
+  std::size_t total = 0;
+};
+
 // An ordering queue for device work: cudaStream_t on CUDA, unused (null) on the CPU, where
-// every op has finished when it returns.
+// every op has finished when it returns. A null handle on CUDA is the backend's own stream (one
+// non-blocking stream per backend), never CUDA's legacy default stream.
 struct Stream {
   void* handle = nullptr;
 };
@@ -47,12 +57,22 @@ class Backend {
   // least) and throws std::bad_alloc when the device has none left; free(nullptr) is a no-op.
   virtual void* allocate(std::size_t bytes) = 0;
   virtual void free(void* ptr) = 0;
+  // Copies are ordered on the stream. copy_to_device reads `src` before it returns (the caller
+  // may reuse it at once); copy_to_host's `dst` holds the data once synchronize(stream) has
+  // returned (a device backend copies asynchronously), so keep it alive until then.
   virtual void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream stream) = 0;
   virtual void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream stream) = 0;
-  // Waits until all work queued on the stream has finished (a no-op on the CPU).
+  // Waits until all work queued on the stream has finished (a no-op on the CPU). A device
+  // backend also reports here what its kernels found wrong in device data since the last call
+  // (a token id outside the vocabulary, a slot outside the pool) by throwing.
   virtual void synchronize(Stream stream) = 0;
+  // Free and total device memory, for sizing the KV pool from --gpu-memory-utilization;
+  // nullopt where memory is the host's (the CPU backend).
+  virtual std::optional<DeviceMemory> memory_info() const { return std::nullopt; }
 
-  // Copy-on-write of paged KV blocks: block src -> dst in K and V of every layer's pool.
+  // Copy-on-write of paged KV blocks: block src -> dst in K and V of every layer's pool (K
+  // only where a view's v is null: a K-only tail pool). Also copies a forked sequence's tail
+  // ring, block by block.
   virtual void copy_blocks(const CopyBlocksParams& params, Stream stream) = 0;
 
   // RoPE's cos/sin table, built once from the model's inv_freq for positions
@@ -64,6 +84,8 @@ class Backend {
   virtual void rms_norm(const RmsNormParams& params, Stream stream) = 0;
   virtual void linear(const LinearParams& params, Stream stream) = 0;
   virtual void rope(const RopeParams& params, Stream stream) = 0;
+  // With the bf16 recent window, kv_spill runs before kv_write in every layer (paged_kv.hpp).
+  virtual void kv_spill(const KvSpillParams& params, Stream stream) = 0;
   virtual void kv_write(const KvWriteParams& params, Stream stream) = 0;
   virtual void paged_attention(const PagedAttentionParams& params, Stream stream) = 0;
   virtual void silu_mul(const SiluMulParams& params, Stream stream) = 0;

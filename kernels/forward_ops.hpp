@@ -28,15 +28,22 @@ struct EmbeddingParams {
 //   Qwen3 q/k norm:      rows are (token, head), dim = head_dim, one weight shared by all heads
 // x may be a column slice of a wider tensor (q inside a fused qkv output): the token strides
 // say how far apart tokens are; heads of one token are contiguous. out may alias x (in place).
+//
+// Fused with the residual add when `residual` is set (the residual stream between two blocks):
+//   residual += x   (rounded to the activation dtype), then   out = norm(residual)
+// so one pass reads the block's output and the stream and writes the updated stream and its
+// norm. out may alias x or residual; residual must not overlap x.
 struct RmsNormParams {
   const void* x = nullptr;                // [num_tokens, num_heads, dim]
   const std::uint16_t* weight = nullptr;  // [dim] bf16
   void* out = nullptr;                    // [num_tokens, num_heads, dim]
+  void* residual = nullptr;               // [num_tokens, num_heads, dim] or nullptr: plain norm
   int64_t num_tokens = 0;
   int64_t num_heads = 1;
   int64_t dim = 0;
-  int64_t x_token_stride = 0;    // elements between tokens in x; 0 = num_heads * dim
-  int64_t out_token_stride = 0;  // elements between tokens in out; 0 = num_heads * dim
+  int64_t x_token_stride = 0;         // elements between tokens in x; 0 = num_heads * dim
+  int64_t out_token_stride = 0;       // elements between tokens in out; 0 = num_heads * dim
+  int64_t residual_token_stride = 0;  // elements between tokens in residual; 0 = num_heads * dim
   float eps = 1e-6f;
 };
 
@@ -153,7 +160,8 @@ struct GatherRowsParams {
   int64_t dim = 0;
 };
 
-// Copy-on-write of paged KV blocks in every layer: pools[layer] block src -> block dst, K and V.
+// Copy-on-write of paged KV blocks in every layer: pools[layer] block src -> block dst, K and V
+// (K alone where the view's v is null: a K-only bf16 tail pool, kernels/paged_kv.hpp).
 struct CopyBlocksParams {
   const PagedKvView* layers = nullptr;  // [num_layers] host array of views (device pointers)
   int32_t num_layers = 0;

@@ -3,8 +3,11 @@
 //
 // E4M3FN (OCP): 1 sign, 4 exponent (bias 7), 3 mantissa bits; max finite 448; no infinities;
 // NaN is S.1111.111. Encoding rounds to nearest, ties to even, and saturates: |x| > 448
-// (infinities included) becomes ±448, NaN stays NaN (0x7F with the sign kept). This is
-// bit-for-bit what CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) returns; the test
+// (infinities included) becomes ±448, NaN stays NaN (0x7F with the sign kept, as torch's and
+// ml_dtypes' float8_e4m3fn do). For every non-NaN input this is bit-for-bit what CUDA's
+// __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) returns; CUDA's conversion gives 0x7F for a
+// NaN of either sign, a difference no valid KV value can reach. Both backends encode with this
+// codec (the CUDA kernels compile it for the device), so they write the same bits; the test
 // tests/unit/fp8/test_fp8_codec.cpp checks every code and every rounding boundary.
 #include <cstdint>
 #include <cstring>

@@ -7,6 +7,15 @@
 // scale_margin) written to batch.k_scales[s] (likewise V), then quantizes with it. Elements
 // with |x / scale| > 448 saturate to ±448 and are counted. bf16 pool: round to nearest even,
 // no scale, nothing counted as saturated.
+//
+// With the bf16 recent window (batch.has_tail(); kernels/paged_kv.hpp has the contract): new
+// token i of sequence s at position p = context_lens[s] - num_new + i goes
+//   - to its FP8 slot (slot_mapping) if p < fp8_lens[s] (a prefill chunk's older part), as
+//     fp8_e4m3_encode(bf16(x) / scale) - the bf16 rounding first, so the bytes equal what
+//     kv_spill would write for it - and is counted;
+//   - else to the tail at batch.tail_slot(s, p), as bf16(x): exact, not counted.
+// A K-only window (tail.v == nullptr) sends every V row to its FP8 slot that way. Calibration
+// is unchanged: the amax of all the chunk's tokens (tail-bound ones included) of x itself.
 #include <cstdint>
 
 #include "cache/kv_scales.hpp"
@@ -23,7 +32,8 @@ struct KvWriteParams {
   PagedKvView tail;  // bf16 tail pool of this layer; used only when batch.has_tail()
   PagedBatch batch;  // uses query_start_loc, slot_mapping, scales, context_lens and the tail fields
   float scale_margin = kDefaultKvScaleMargin;     // PRECOND: validate_kv_scale_margin passed
-  KvWriteCounts* counts = nullptr;                // optional, accumulated (+=) for this layer
+  KvWriteCounts* counts = nullptr;                // optional, accumulated (+=) for this layer:
+                                                  // the rows written to the main pool
 };
 
 }  // namespace fp8serve

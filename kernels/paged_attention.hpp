@@ -7,6 +7,17 @@
 // FP8 pool: K and V are read as FP8 and converted in registers; the K scale is folded into the
 // softmax scale (q·(k_scale k̂) * s = (q·k̂) * (s * k_scale)) and the V scale into the output
 // (Σ p (v_scale v̂) = v_scale Σ p v̂). No dequantized copy of the cache is ever made.
+//
+// The bf16 recent window (batch.has_tail(); kernels/paged_kv.hpp): keys and values at positions
+// below fp8_lens[s] are read from the FP8 pool as above, those from fp8_lens[s] on from the
+// sequence's tail ring, bf16 and exact: no k_scale on their scores (q·k * softmax_scale), no
+// v_scale on their values (K only, with V from the FP8 pool, in a K-only window). One pass:
+// both segments feed the same online softmax (running max, running sum, running output), so the
+// result is softmax over the whole context, not a merge of two attentions; split-K partitions
+// may straddle the boundary and merge as usual. The V scale is folded per segment: the CPU keeps
+// the FP8 body's sum Σ p v̂ apart until the tail begins, then multiplies it by v_scale once and
+// adds the tail's Σ p v (a GPU kernel may scale each FP8 key's p by v_scale instead); either
+// way no dequantized copy of the FP8 part is made.
 #include <cstdint>
 
 #include "kernels/paged_kv.hpp"

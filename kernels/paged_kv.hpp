@@ -111,24 +111,53 @@ struct PagedBatch {
   const uint8_t* calibrate = nullptr;  // [num_seqs], may be null: nobody calibrates
 
   // The bf16 recent window (--kv-bf16-window): a sequence's newest tokens stay exact in a small
-  // bf16 tail pool (same layout and block_size as the FP8 pool, passed to each kernel as a second
-  // PagedKvView) and are quantized into their FP8 slots only when their whole block leaves the
-  // window. fp8_lens == nullptr: no window, every position is in the main pool. Otherwise
-  // positions [0, fp8_lens[s]) of sequence s are read from the FP8 pool through its block table
-  // and positions [fp8_lens[s], context_lens[s]) from its ring of tail_ring_blocks tail blocks:
-  // position p sits in tail block tail_slots[s] * tail_ring_blocks + (p / block_size) %
-  // tail_ring_blocks, at offset p % block_size. kv_write sends a new token below fp8_lens[s] (after
-  // this step) to its FP8 slot and the others to the tail; attention reads both segments in one
-  // pass with one online softmax.
-  const int32_t* fp8_lens = nullptr;    // [num_seqs] positions read from the FP8 pool
+  // bf16 tail pool and are quantized into their FP8 slots only when their whole block leaves the
+  // window. fp8_lens == nullptr: no window, every position is in the main pool, as before.
+  //
+  // The tail pool (passed to each kernel as a second PagedKvView, `tail`): dtype bf16, the same
+  // layout, block_size, num_kv_heads and head_dim as the main pool, num_blocks = (rings) *
+  // tail_ring_blocks. Sequence s owns ring tail_slots[s]: tail blocks [tail_slots[s] *
+  // tail_ring_blocks, (tail_slots[s] + 1) * tail_ring_blocks). tail.v == nullptr is a K-only
+  // window (--kv-bf16-window-tensors k): the tail holds K alone and V is FP8 at every position.
+  //
+  // Which segment holds position p of sequence s (the whole contract, for every backend):
+  //  - p < fp8_lens[s]: the FP8 pool, through the block table (slot table[p / B] * B + p % B),
+  //    with the sequence's frozen k_scales[s] / v_scales[s]; and V always, if tail.v == nullptr.
+  //  - fp8_lens[s] <= p < context_lens[s]: the tail, at tail_slot(s, p): ring block
+  //    (p / B) % tail_ring_blocks, offset p % B - bf16, exact, no scale.
+  //  PRECOND: 0 <= fp8_lens[s] <= context_lens[s], context_lens[s] - fp8_lens[s] <=
+  //  tail_ring_blocks * block_size (so no two tail positions share a ring slot), and the main
+  //  pool is FP8. The block table still covers every position (the block manager allocates FP8
+  //  blocks for the tail's positions too: the spill fills them).
+  // A step, per layer: kv_spill (kernels/kv_spill.hpp) moves the positions that leave the
+  // window from the tail into their FP8 slots, then kv_write (kernels/kv_write.hpp) writes the
+  // step's new tokens - below fp8_lens[s] into their FP8 slots, the others into the tail - and
+  // paged_attention (kernels/paged_attention.hpp) reads both segments in one pass with one
+  // online softmax. Every FP8 value written while a window is on is the quantization of the
+  // value's bf16 rounding, fp8_e4m3_encode(bf16(x) / scale), whether kv_write writes it directly
+  // or kv_spill moves it out of the tail: a token's FP8 bytes never depend on the path (a
+  // recompute after preemption, or another chunking, writes the same bytes). On the GPU, whose
+  // activations are bf16 already, that is the plain conversion.
+  //
+  // fp8_lens is per sequence (not a formula of the window) because the host decides it: the
+  // engine's rule (cache/block_manager.hpp) is fp8_lens = max(the previous step's value,
+  // floor((context_len - window) / B) * B): the newest `window` tokens, and up to B - 1 older
+  // ones (whole blocks leave the window), are exact; a prefix-cache hit (FP8 already) starts
+  // the count at its length, and a recompute after preemption raises it to what the original
+  // steps read (server/scheduler.hpp). Kernels take it as given: always a multiple of B there,
+  // but nothing in the kernels relies on that.
+  const int32_t* fp8_lens = nullptr;    // [num_seqs] positions read from the FP8 pool, after this step
   const int32_t* tail_slots = nullptr;  // [num_seqs] the sequence's ring in the tail pool
-  int32_t tail_ring_blocks = 0;
+  int32_t tail_ring_blocks = 0;         // blocks per ring: window / block_size + 1
 
   PAGED_KV_HD bool has_tail() const { return fp8_lens != nullptr; }
   // Slot of position pos of sequence seq in the tail pool (PRECOND: pos >= fp8_lens[seq]).
   PAGED_KV_HD int64_t tail_slot(int32_t seq, int32_t pos, int32_t block_size) const {
-    const int64_t block = static_cast<int64_t>(tail_slots[seq]) * tail_ring_blocks + (pos / block_size) % tail_ring_blocks;
-    return block * block_size + pos % block_size;
+    return tail_block(seq, pos / block_size) * block_size + pos % block_size;
+  }
+  // The tail block holding the sequence's logical block b (PRECOND: b >= fp8_lens[seq] / block_size).
+  PAGED_KV_HD int64_t tail_block(int32_t seq, int32_t b) const {
+    return static_cast<int64_t>(tail_slots[seq]) * tail_ring_blocks + b % tail_ring_blocks;
   }
 
   PAGED_KV_HD int32_t num_new_tokens(int32_t seq) const {

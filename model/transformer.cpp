@@ -1,7 +1,9 @@
 #include "model/transformer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -35,6 +37,19 @@ DeviceBuffer device_array(Backend& backend, std::size_t count) {
   return DeviceBuffer(backend, count * sizeof(T));
 }
 
+// Block src -> dst of every pool in `views` (one per layer), for each copy.
+void copy_pool_blocks(Backend& backend, Stream stream, const std::vector<PagedKvView>& views,
+                      const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
+  if (src.empty()) return;
+  CopyBlocksParams p;
+  p.layers = views.data();
+  p.num_layers = static_cast<int32_t>(views.size());
+  p.src = src.data();
+  p.dst = dst.data();
+  p.num_copies = static_cast<int32_t>(src.size());
+  backend.copy_blocks(p, stream);
+}
+
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights, Backend& backend,
@@ -47,6 +62,11 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
                                 "max_model_len must be >= 1, num_blocks >= 0");
   }
   validate_kv_scale_margin(options.kv_scale_margin);
+  options.window.validate();
+  if (options.window.enabled() &&
+      (options.kv_dtype != KvDtype::fp8_e4m3 || options.window.block_size != options.block_size)) {
+    throw std::invalid_argument("Transformer: the bf16 window needs the FP8 pool and its block size");
+  }
   const ModelConfig& c = config_;
 
   // Weights: uploaded once under the layer's named slots; q/k/v and gate/up fused. Twice over the
@@ -78,22 +98,14 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
   proj_out_ = activations(rows * hidden);
   gate_up_ = activations(rows * 2 * static_cast<std::size_t>(c.intermediate_size));
   sampled_ = activations(seqs * hidden);
+  sampled_delta_ = activations(seqs * hidden);
   logits_ = device_array<float>(backend_, seqs * static_cast<std::size_t>(c.vocab_size));
 
   const auto max_blocks = static_cast<std::size_t>((options.max_model_len + options.block_size - 1) /
                                                    options.block_size);
-  const auto layers = static_cast<std::size_t>(c.num_layers);
-  token_ids_ = device_array<int32_t>(backend_, rows);
-  positions_ = device_array<int32_t>(backend_, rows);
-  slot_mapping_ = device_array<int64_t>(backend_, rows);
-  query_start_loc_ = device_array<int32_t>(backend_, seqs + 1);
-  context_lens_ = device_array<int32_t>(backend_, seqs);
-  block_tables_ = device_array<int32_t>(backend_, seqs * max_blocks);
-  k_scales_ = device_array<float>(backend_, layers * seqs);
-  v_scales_ = device_array<float>(backend_, layers * seqs);
-  calibrate_ = device_array<uint8_t>(backend_, seqs);
-  sample_rows_ = device_array<int32_t>(backend_, seqs);
-  counts_ = device_array<KvWriteCounts>(backend_, layers);
+  const std::size_t meta_bytes = step_layout(rows, seqs, max_blocks).end;
+  step_meta_ = DeviceBuffer(backend_, meta_bytes);
+  step_host_.resize(meta_bytes);
 
   if (options.num_blocks > 0) allocate_kv_cache(options.num_blocks);
 }
@@ -150,21 +162,37 @@ void Transformer::allocate_kv_cache(int num_blocks) {
     kv_buffers_.push_back(std::move(v));
     kv_cache_bytes_ += 2 * pool_bytes;
   }
+  // The window's tail pool: the same layout in bf16, max_num_seqs rings.
+  const KvWindow& window = options_.window;
+  if (!window.enabled()) return;
+  const int tail_blocks = options_.max_num_seqs * window.ring_blocks();
+  const std::size_t tail_bytes = static_cast<std::size_t>(tail_blocks) * static_cast<std::size_t>(options_.block_size) *
+                                 static_cast<std::size_t>(c.num_kv_heads) * static_cast<std::size_t>(c.head_dim) *
+                                 kv_dtype_size(KvDtype::bf16);
+  for (int i = 0; i < c.num_layers; ++i) {
+    DeviceBuffer k(backend_, tail_bytes);
+    DeviceBuffer v = window.values ? DeviceBuffer(backend_, tail_bytes) : DeviceBuffer();
+    tail_views_.push_back(make_paged_kv_view(k.data(), v.data(), KvDtype::bf16, tail_blocks, options_.block_size,
+                                             c.num_kv_heads, c.head_dim));
+    tail_bytes_ += k.bytes() + v.bytes();
+    tail_buffers_.push_back(std::move(k));
+    tail_buffers_.push_back(std::move(v));
+  }
+}
+
+std::string mib_text(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
 }
 
 std::string Transformer::describe_weights() const {
-  auto mib = [](uint64_t bytes) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-    return std::string(buf);
-  };
   const WeightBytes& b = weight_bytes_;
-  std::string out = mib(b.total());
+  std::string out = mib_text(b.total());
   if (b.fp8 == 0) return out + " bf16";
-  return out + ": FP8 projections " + mib(b.fp8) + " + scales " + mib(b.fp8_scales) + " (bf16 would be " +
-         mib(b.fp8_as_bf16) + "), bf16 " + mib(b.bf16) + std::string(lm_head_.dtype == WeightDtype::fp8_e4m3
-                                                                           ? " (embeddings, norms; LM head FP8)"
-                                                                           : " (embeddings, norms, LM head)");
+  return out + ": FP8 projections " + mib_text(b.fp8) + " + scales " + mib_text(b.fp8_scales) + " (bf16 would be " +
+         mib_text(b.fp8_as_bf16) + "), bf16 " + mib_text(b.bf16) +
+         (lm_head_.dtype == WeightDtype::fp8_e4m3 ? " (embeddings, norms; LM head FP8)" : " (embeddings, norms, LM head)");
 }
 
 void Transformer::validate(const ForwardBatch& b, std::span<float> logits) const {
@@ -195,31 +223,82 @@ void Transformer::validate(const ForwardBatch& b, std::span<float> logits) const
     if (s >= static_cast<int64_t>(options_.num_blocks) * options_.block_size) fail("slot outside the pool");
   for (const int32_t p : b.positions)
     if (p < 0 || p >= options_.max_model_len) fail("position outside [0, max_model_len)");
+  // The embedding op checks ids too, but a device backend can only report after the fact.
+  for (const int32_t id : b.token_ids) {
+    if (id < 0 || id >= config_.vocab_size) {
+      throw std::out_of_range("embedding: token id " + std::to_string(id) + " outside the vocabulary [0, " +
+                              std::to_string(config_.vocab_size) + ")");
+    }
+  }
+  const std::size_t window_fields = options_.window.enabled() ? static_cast<std::size_t>(num_seqs) : 0;
+  if (b.fp8_lens.size() != window_fields || b.spill_starts.size() != window_fields ||
+      b.tail_slots.size() != window_fields)
+    fail("fp8_lens, spill_starts and tail_slots must be [num_seqs] with the bf16 window, empty without");
 }
 
-void Transformer::upload_batch(const ForwardBatch& b) {
-  auto put = [&](const DeviceBuffer& dst, auto span) {
-    backend_.copy_to_device(dst.data(), span.data(), span.size_bytes(), stream_);
+Transformer::StepLayout Transformer::step_layout(std::size_t num_tokens, std::size_t num_seqs,
+                                                 std::size_t max_blocks_per_seq) const {
+  StepLayout l;
+  std::size_t at = 0;
+  auto take = [&at](std::size_t bytes) {
+    const std::size_t offset = at;
+    at = (at + bytes + 15) / 16 * 16;
+    return offset;
   };
-  put(token_ids_, b.token_ids);
-  put(positions_, b.positions);
-  put(query_start_loc_, b.query_start_loc);
-  put(context_lens_, b.context_lens);
-  put(block_tables_, b.block_tables);
-  put(slot_mapping_, b.slot_mapping);
-  put(k_scales_, b.k_scales);
-  put(v_scales_, b.v_scales);
-  put(calibrate_, b.calibrate);
-  put(sample_rows_, b.sample_rows);
+  const auto layers = static_cast<std::size_t>(config_.num_layers);
+  l.token_ids = take(num_tokens * sizeof(int32_t));
+  l.positions = take(num_tokens * sizeof(int32_t));
+  l.slot_mapping = take(num_tokens * sizeof(int64_t));
+  l.query_start_loc = take((num_seqs + 1) * sizeof(int32_t));
+  l.context_lens = take(num_seqs * sizeof(int32_t));
+  l.block_tables = take(num_seqs * max_blocks_per_seq * sizeof(int32_t));
+  l.calibrate = take(num_seqs * sizeof(uint8_t));
+  l.sample_rows = take(num_seqs * sizeof(int32_t));
+  const std::size_t window_seqs = options_.window.enabled() ? num_seqs : 0;
+  l.fp8_lens = take(window_seqs * sizeof(int32_t));
+  l.spill_starts = take(window_seqs * sizeof(int32_t));
+  l.tail_slots = take(window_seqs * sizeof(int32_t));
+  l.k_scales = take(layers * num_seqs * sizeof(float));
+  l.v_scales = take(layers * num_seqs * sizeof(float));
+  l.counts = take(layers * sizeof(KvWriteCounts));
+  l.end = at;
+  return l;
+}
+
+void Transformer::upload_batch(const ForwardBatch& b, const StepLayout& layout, bool track_counts) {
+  auto put = [&](std::size_t offset, auto span) {
+    if (span.size_bytes()) std::memcpy(step_host_.data() + offset, span.data(), span.size_bytes());
+  };
+  put(layout.token_ids, b.token_ids);
+  put(layout.positions, b.positions);
+  put(layout.slot_mapping, b.slot_mapping);
+  put(layout.query_start_loc, b.query_start_loc);
+  put(layout.context_lens, b.context_lens);
+  put(layout.block_tables, b.block_tables);
+  put(layout.calibrate, b.calibrate);
+  put(layout.sample_rows, b.sample_rows);
+  put(layout.fp8_lens, b.fp8_lens);
+  put(layout.spill_starts, b.spill_starts);
+  put(layout.tail_slots, b.tail_slots);
+  put(layout.k_scales, std::span<const float>(b.k_scales));
+  put(layout.v_scales, std::span<const float>(b.v_scales));
+  const std::size_t end = track_counts ? layout.end : layout.counts;
+  if (track_counts) std::memset(step_host_.data() + layout.counts, 0, end - layout.counts);
+  backend_.copy_to_device(step_meta_.data(), step_host_.data(), end, stream_);
 }
 
 void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::span<KvWriteCounts> counts) {
   if (!has_kv_cache()) throw std::logic_error("Transformer::forward: allocate_kv_cache() was not called");
   validate(b, logits);
-  upload_batch(b);
+  const bool track_counts = !counts.empty();
+  if (track_counts && counts.size() != static_cast<std::size_t>(config_.num_layers))
+    throw std::invalid_argument("Transformer::forward: counts must be [num_layers]");
   const ModelConfig& c = config_;
   const int64_t num_tokens = static_cast<int64_t>(b.token_ids.size());
   const int32_t num_seqs = static_cast<int32_t>(b.context_lens.size());
+  const StepLayout layout = step_layout(b.token_ids.size(), b.context_lens.size(),
+                                        static_cast<std::size_t>(b.max_blocks_per_seq));
+  upload_batch(b, layout, track_counts);
   const int64_t hidden = c.hidden_size;
   const int64_t head_dim = c.head_dim;
   const int64_t q_width = c.num_heads * head_dim;
@@ -242,23 +321,34 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
   void* gate = gate_up_.data();    // [num_tokens, intermediate] (row stride 2 * intermediate)
   void* up = at(gate_up_, inter);  // [num_tokens, intermediate]
 
-  const bool track_counts = !counts.empty();
-  if (track_counts) {
-    if (counts.size() != static_cast<std::size_t>(c.num_layers))
-      throw std::invalid_argument("Transformer::forward: counts must be [num_layers]");
-    const std::vector<KvWriteCounts> zeros(counts.size());
-    backend_.copy_to_device(counts_.data(), zeros.data(), counts.size_bytes(), stream_);
-  }
-
+  // Step metadata on the device (StepLayout).
+  auto meta = [this](std::size_t offset) { return static_cast<char*>(step_meta_.data()) + offset; };
+  const auto* token_ids = reinterpret_cast<const int32_t*>(meta(layout.token_ids));
+  const auto* positions = reinterpret_cast<const int32_t*>(meta(layout.positions));
+  auto* k_scales = reinterpret_cast<float*>(meta(layout.k_scales));
+  auto* v_scales = reinterpret_cast<float*>(meta(layout.v_scales));
+  auto* step_counts = reinterpret_cast<KvWriteCounts*>(meta(layout.counts));
   PagedBatch batch;
   batch.num_seqs = num_seqs;
   batch.num_tokens = static_cast<int32_t>(num_tokens);
-  batch.query_start_loc = query_start_loc_.as<const int32_t>();
-  batch.context_lens = context_lens_.as<const int32_t>();
-  batch.block_tables = block_tables_.as<const int32_t>();
+  batch.query_start_loc = reinterpret_cast<const int32_t*>(meta(layout.query_start_loc));
+  batch.context_lens = reinterpret_cast<const int32_t*>(meta(layout.context_lens));
+  batch.block_tables = reinterpret_cast<const int32_t*>(meta(layout.block_tables));
   batch.max_blocks_per_seq = b.max_blocks_per_seq;
-  batch.slot_mapping = slot_mapping_.as<const int64_t>();
-  batch.calibrate = calibrate_.as<const uint8_t>();
+  batch.slot_mapping = reinterpret_cast<const int64_t*>(meta(layout.slot_mapping));
+  // Null when no sequence calibrates: a device backend then skips kv_write's amax pass.
+  const bool any_calibrates = std::any_of(b.calibrate.begin(), b.calibrate.end(), [](uint8_t f) { return f != 0; });
+  batch.calibrate = any_calibrates ? reinterpret_cast<const uint8_t*>(meta(layout.calibrate)) : nullptr;
+  int32_t max_spill_tokens = 0;
+  if (options_.window.enabled()) {
+    batch.fp8_lens = reinterpret_cast<const int32_t*>(meta(layout.fp8_lens));
+    batch.tail_slots = reinterpret_cast<const int32_t*>(meta(layout.tail_slots));
+    batch.tail_ring_blocks = options_.window.ring_blocks();
+    for (int32_t s = 0; s < num_seqs; ++s) {  // host copies: the kv_spill grid's bound
+      const int32_t before = b.context_lens[s] - (b.query_start_loc[s + 1] - b.query_start_loc[s]);
+      max_spill_tokens = std::max(max_spill_tokens, std::min(b.fp8_lens[s], before) - b.spill_starts[s]);
+    }
+  }
 
   auto linear = [&](const void* in, int64_t in_stride, const DeviceProjection& w, const std::uint16_t* bias,
                     void* out, int64_t out_stride) {
@@ -277,11 +367,13 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     p.out_features = w.out_features;
     backend_.linear(p, stream_);
   };
+  // residual != nullptr: residual += in, then out = norm(residual) (the fused residual add).
   auto rms_norm = [&](const void* in, void* out, const std::uint16_t* weight, int64_t num_heads,
-                      int64_t dim, int64_t token_stride) {
+                      int64_t dim, int64_t token_stride, void* residual = nullptr) {
     RmsNormParams p;
     p.x = in;
     p.out = out;
+    p.residual = residual;
     p.weight = weight;
     p.num_tokens = num_tokens;
     p.num_heads = num_heads;
@@ -291,30 +383,25 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     p.eps = c.rms_norm_eps;
     backend_.rms_norm(p, stream_);
   };
-  auto residual_add = [&](const void* delta) {
-    ResidualAddParams p;
-    p.residual = x;
-    p.x = delta;
-    p.num_elements = num_tokens * hidden;
-    backend_.residual_add(p, stream_);
-  };
 
   EmbeddingParams embed;
   embed.table = embed_tokens_;
-  embed.token_ids = token_ids_.as<const int32_t>();
+  embed.token_ids = token_ids;
   embed.out = x;
   embed.num_tokens = num_tokens;
   embed.vocab_size = c.vocab_size;
   embed.hidden = hidden;
   backend_.embedding(embed, stream_);
 
+  // Each block's output (proj) joins the residual stream x inside the next norm.
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& w = layers_[static_cast<std::size_t>(layer)];
-    batch.k_scales = k_scales_.as<float>() + static_cast<int64_t>(layer) * num_seqs;
-    batch.v_scales = v_scales_.as<float>() + static_cast<int64_t>(layer) * num_seqs;
+    batch.k_scales = k_scales + static_cast<int64_t>(layer) * num_seqs;
+    batch.v_scales = v_scales + static_cast<int64_t>(layer) * num_seqs;
 
-    // Attention block: norm -> q, k, v -> (q/k norm) -> rope -> kv_write -> attention -> o_proj.
-    rms_norm(x, normed, w.input_norm, 1, hidden, hidden);
+    // Attention block: (x += previous MLP) norm -> q, k, v -> (q/k norm) -> rope -> kv_write ->
+    // attention -> o_proj.
+    rms_norm(layer == 0 ? x : proj, normed, w.input_norm, 1, hidden, hidden, layer == 0 ? nullptr : x);
     linear(normed, hidden, w.qkv_proj, w.qkv_bias, qkv, qkv_width);
     if (c.qk_norm) {
       rms_norm(q, q, w.q_norm, c.num_heads, head_dim, qkv_width);
@@ -323,7 +410,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     RopeParams rope;
     rope.q = q;
     rope.k = k;
-    rope.positions = positions_.as<const int32_t>();
+    rope.positions = positions;
     rope.num_tokens = num_tokens;
     rope.num_q_heads = c.num_heads;
     rope.num_kv_heads = c.num_kv_heads;
@@ -332,15 +419,28 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     rope.k_token_stride = qkv_width;
     backend_.rope(rope, stream_);
 
+    const PagedKvView tail = options_.window.enabled() ? tail_views_[static_cast<std::size_t>(layer)] : PagedKvView{};
+    if (max_spill_tokens > 0) {  // blocks leave the window: into FP8 before kv_write reuses their ring slots
+      KvSpillParams spill;
+      spill.cache = kv_views_[static_cast<std::size_t>(layer)];
+      spill.tail = tail;
+      spill.batch = batch;
+      spill.spill_starts = reinterpret_cast<const int32_t*>(meta(layout.spill_starts));
+      spill.max_spill_tokens = max_spill_tokens;
+      spill.counts = track_counts ? step_counts + layer : nullptr;
+      backend_.kv_spill(spill, stream_);
+    }
+
     KvWriteParams write;
     write.k = k;
     write.v = v;
     write.k_token_stride = qkv_width;
     write.v_token_stride = qkv_width;
     write.cache = kv_views_[static_cast<std::size_t>(layer)];
+    write.tail = tail;
     write.batch = batch;
     write.scale_margin = options_.kv_scale_margin;
-    write.counts = track_counts ? counts_.as<KvWriteCounts>() + layer : nullptr;
+    write.counts = track_counts ? step_counts + layer : nullptr;
     backend_.kv_write(write, stream_);
 
     PagedAttentionParams attention;
@@ -351,14 +451,14 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     attention.num_heads = c.num_heads;
     attention.softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     attention.cache = kv_views_[static_cast<std::size_t>(layer)];
+    attention.tail = tail;
     attention.batch = batch;
     backend_.paged_attention(attention, stream_);
 
     linear(attn, q_width, w.o_proj, nullptr, proj, hidden);
-    residual_add(proj);
 
-    // MLP block: norm -> gate, up -> silu(gate) * up -> down_proj.
-    rms_norm(x, normed, w.post_norm, 1, hidden, hidden);
+    // MLP block: (x += attention) norm -> gate, up -> silu(gate) * up -> down_proj.
+    rms_norm(proj, normed, w.post_norm, 1, hidden, hidden, x);
     linear(normed, hidden, w.gate_up_proj, nullptr, gate, 2 * inter);
     SiluMulParams swiglu;
     swiglu.gate = gate;
@@ -371,23 +471,27 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     swiglu.out_token_stride = 2 * inter;
     backend_.silu_mul(swiglu, stream_);
     linear(gate, 2 * inter, w.down_proj, nullptr, proj, hidden);
-    residual_add(proj);
   }
 
-  // Logits only for the rows that sample: gather, final norm, LM head.
+  // Logits only for the rows that sample: gather the stream and the last MLP output there, add
+  // them inside the final norm, LM head.
   const auto num_rows = static_cast<int64_t>(b.sample_rows.size());
   if (num_rows > 0) {
     GatherRowsParams gather;
     gather.x = x;
-    gather.rows = sample_rows_.as<const int32_t>();
+    gather.rows = reinterpret_cast<const int32_t*>(meta(layout.sample_rows));
     gather.out = sampled_.data();
     gather.num_x_rows = num_tokens;
     gather.num_rows = num_rows;
     gather.dim = hidden;
     backend_.gather_rows(gather, stream_);
+    gather.x = proj;
+    gather.out = sampled_delta_.data();
+    backend_.gather_rows(gather, stream_);
 
     RmsNormParams norm;
-    norm.x = sampled_.data();
+    norm.x = sampled_delta_.data();
+    norm.residual = sampled_.data();
     norm.out = sampled_.data();
     norm.weight = final_norm_;
     norm.num_tokens = num_rows;
@@ -409,30 +513,42 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     backend_.linear(head, stream_);
     backend_.copy_to_host(logits.data(), logits_.data(), logits.size_bytes(), stream_);
   }
-  backend_.copy_to_host(b.k_scales.data(), k_scales_.data(), b.k_scales.size_bytes(), stream_);
-  backend_.copy_to_host(b.v_scales.data(), v_scales_.data(), b.v_scales.size_bytes(), stream_);
+  // Scales (calibrated ones changed) and counts come back in one copy; they land in step_host_
+  // once the stream is synchronized.
+  const std::size_t back_end = track_counts ? layout.end : layout.counts;
+  backend_.copy_to_host(step_host_.data() + layout.k_scales, meta(layout.k_scales), back_end - layout.k_scales,
+                        stream_);
+  backend_.synchronize(stream_);
+  std::memcpy(b.k_scales.data(), step_host_.data() + layout.k_scales, b.k_scales.size_bytes());
+  std::memcpy(b.v_scales.data(), step_host_.data() + layout.v_scales, b.v_scales.size_bytes());
   if (track_counts) {
     std::vector<KvWriteCounts> step(counts.size());
-    backend_.copy_to_host(step.data(), counts_.data(), counts.size_bytes(), stream_);
+    std::memcpy(step.data(), step_host_.data() + layout.counts, counts.size_bytes());
     for (std::size_t i = 0; i < counts.size(); ++i) counts[i] += step[i];
   }
-  backend_.synchronize(stream_);
 }
 
 void Transformer::copy_blocks(std::span<const BlockCopy> copies) {
-  if (copies.empty()) return;
   std::vector<int32_t> src, dst;
   for (const BlockCopy& copy : copies) {
     src.push_back(copy.src);
     dst.push_back(copy.dst);
   }
-  CopyBlocksParams p;
-  p.layers = kv_views_.data();
-  p.num_layers = static_cast<int32_t>(kv_views_.size());
-  p.src = src.data();
-  p.dst = dst.data();
-  p.num_copies = static_cast<int32_t>(copies.size());
-  backend_.copy_blocks(p, stream_);
+  copy_pool_blocks(backend_, stream_, kv_views_, src, dst);
+}
+
+void Transformer::copy_tail_rings(std::span<const BlockCopy> copies) {
+  if (copies.empty()) return;
+  if (tail_views_.empty()) throw std::logic_error("Transformer::copy_tail_rings without a bf16 window");
+  const int32_t ring = options_.window.ring_blocks();
+  std::vector<int32_t> src, dst;
+  for (const BlockCopy& copy : copies) {
+    for (int32_t b = 0; b < ring; ++b) {
+      src.push_back(copy.src * ring + b);
+      dst.push_back(copy.dst * ring + b);
+    }
+  }
+  copy_pool_blocks(backend_, stream_, tail_views_, src, dst);
 }
 
 }  // namespace fp8serve

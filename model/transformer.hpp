@@ -6,8 +6,8 @@
 //
 // The Transformer owns the model's device state: the weights (uploaded once by WeightUploader;
 // q, k and v concatenated into one qkv projection, gate and up into one gate_up projection, as
-// every serious engine fuses them; projections bf16 or FP8), the paged KV pool (one K and one V buffer per layer,
-// kernels/paged_kv.hpp layout), the activation buffers sized for the largest step (in the
+// every serious engine fuses them; projections bf16 or FP8), the paged KV pool (one K and one V
+// buffer per layer, kernels/paged_kv.hpp layout), the activation buffers sized for the largest step (in the
 // backend's activation dtype), and the step's metadata buffers. It does not know which block
 // belongs to whom: the engine passes block tables, slots and scales in a ForwardBatch.
 #include <cstdint>
@@ -19,12 +19,16 @@
 #include "cache/block_manager.hpp"
 #include "cache/kv_dtype.hpp"
 #include "cache/kv_scales.hpp"
+#include "cache/kv_window.hpp"
 #include "kernels/backend.hpp"
 #include "model/formats/model_config.hpp"
 #include "model/formats/weights.hpp"
 #include "model/weight_upload.hpp"
 
 namespace fp8serve {
+
+// "12.3 MiB": byte counts in the start-up log.
+std::string mib_text(uint64_t bytes);
 
 struct TransformerOptions {
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
@@ -44,6 +48,9 @@ struct TransformerOptions {
   // stays bf16). Off by default: on SmolLM2 an FP8 head multiplies the mean next-token KL by 5
   // for 17% fewer bytes per token (README "FP8 weights").
   bool quantize_lm_head = false;
+  // The bf16 recent window (FP8 pool only): allocate_kv_cache() adds a bf16 tail pool of one
+  // ring of window.ring_blocks() blocks per sequence (max_num_seqs rings), K and V or K only.
+  KvWindow window;
 };
 
 // One step, host side. Sequence s owns tokens [query_start_loc[s], query_start_loc[s + 1]).
@@ -61,6 +68,11 @@ struct ForwardBatch {
   std::span<float> v_scales;
   std::span<const uint8_t> calibrate;        // [num_seqs]
   std::span<const int32_t> sample_rows;      // token rows whose logits are wanted, <= max_num_seqs
+  // The bf16 window (kernels/paged_kv.hpp), [num_seqs] each; all empty without a window. Every
+  // layer spills [spill_starts, min(fp8_lens, context_lens - new tokens)) before its kv_write.
+  std::span<const int32_t> fp8_lens;      // positions read from the FP8 pool after this step
+  std::span<const int32_t> spill_starts;  // the same before it
+  std::span<const int32_t> tail_slots;    // each sequence's ring in the tail pool
 };
 
 class Transformer {
@@ -82,6 +94,8 @@ class Transformer {
 
   // Copy-on-write: every layer's K and V block src -> dst (BlockManager::append_slot asks).
   void copy_blocks(std::span<const BlockCopy> copies);
+  // A fork's tail: ring src -> ring dst, every block, every layer (BlockCopy of ring ids).
+  void copy_tail_rings(std::span<const BlockCopy> copies);
 
   const ModelConfig& config() const { return config_; }
   const TransformerOptions& options() const { return options_; }
@@ -89,7 +103,11 @@ class Transformer {
   const WeightBytes& weight_bytes_by_dtype() const { return weight_bytes_; }
   // One line for the start-up log: the weights' dtypes and bytes.
   std::string describe_weights() const;
-  uint64_t kv_cache_bytes() const { return kv_cache_bytes_; }
+  uint64_t kv_cache_bytes() const { return kv_cache_bytes_; }  // the main pool
+  uint64_t tail_bytes() const { return tail_bytes_; }           // the window's tail pool
+  // One layer's pools, for tests that read what the kernels stored (device pointers).
+  const PagedKvView& kv_view(int layer) const { return kv_views_.at(static_cast<std::size_t>(layer)); }
+  const PagedKvView& tail_view(int layer) const { return tail_views_.at(static_cast<std::size_t>(layer)); }
 
  private:
   struct LayerWeights {
@@ -105,8 +123,22 @@ class Transformer {
   };
   // Every weight through `up` into the named slots (layers_ sized).
   void upload_weights(const ModelWeights& weights, WeightUploader& up, bool quantize);
+
+  // Byte offsets of one step's metadata inside step_meta_ (and its host image step_host_), each
+  // array 16-byte aligned and sized for this step. The scales and counts come last so that what
+  // a step reads back is one contiguous range.
+  struct StepLayout {
+    std::size_t token_ids = 0, positions = 0, slot_mapping = 0, query_start_loc = 0, context_lens = 0,
+                block_tables = 0, calibrate = 0, sample_rows = 0, fp8_lens = 0, spill_starts = 0,
+                tail_slots = 0, k_scales = 0, v_scales = 0, counts = 0,
+                end = 0;
+  };
+  StepLayout step_layout(std::size_t num_tokens, std::size_t num_seqs, std::size_t max_blocks_per_seq) const;
+
   void validate(const ForwardBatch& batch, std::span<float> logits) const;
-  void upload_batch(const ForwardBatch& batch);
+  // Packs the step's metadata into step_host_ and uploads it with one copy (a GPU backend
+  // stages it through pinned memory and copies asynchronously on the stream).
+  void upload_batch(const ForwardBatch& batch, const StepLayout& layout, bool track_counts);
 
   ModelConfig config_;
   Backend& backend_;
@@ -123,6 +155,9 @@ class Transformer {
   std::vector<DeviceBuffer> kv_buffers_;  // [num_layers * 2]: K then V of each layer
   std::vector<PagedKvView> kv_views_;     // [num_layers]
   uint64_t kv_cache_bytes_ = 0;
+  std::vector<DeviceBuffer> tail_buffers_;  // K (and V) of each layer's tail pool
+  std::vector<PagedKvView> tail_views_;     // [num_layers], empty without a window
+  uint64_t tail_bytes_ = 0;
   std::size_t act_bytes_ = 4;  // bytes per activation element (fp32 or bf16)
 
   // Activations, sized for max_num_tokens rows (act = the backend's activation dtype).
@@ -132,12 +167,13 @@ class Transformer {
   DeviceBuffer attn_out_;  // [max_tokens, num_heads * head_dim]
   DeviceBuffer proj_out_;  // [max_tokens, hidden] o_proj and down_proj outputs
   DeviceBuffer gate_up_;   // [max_tokens, 2 * intermediate]
-  DeviceBuffer sampled_;   // [max_seqs, hidden] the rows that sample
-  DeviceBuffer logits_;    // [max_seqs, vocab]
+  DeviceBuffer sampled_;        // [max_seqs, hidden] the residual stream's rows that sample
+  DeviceBuffer sampled_delta_;  // [max_seqs, hidden] the last block's output on those rows
+  DeviceBuffer logits_;         // [max_seqs, vocab]
 
-  // Step metadata on the device.
-  DeviceBuffer token_ids_, positions_, query_start_loc_, context_lens_, block_tables_;
-  DeviceBuffer slot_mapping_, k_scales_, v_scales_, calibrate_, sample_rows_, counts_;
+  // Step metadata (StepLayout): one device buffer sized for the largest step, and its host image.
+  DeviceBuffer step_meta_;
+  std::vector<std::byte> step_host_;
 };
 
 }  // namespace fp8serve

@@ -12,6 +12,7 @@
 
 #include "kernels/bf16.hpp"
 #include "kernels/cpu/cpu_features.hpp"
+#include "kernels/cpu/fp8_encode_avx512.hpp"
 #include "kernels/fp8_quantize.hpp"
 
 namespace fp8serve {
@@ -21,18 +22,13 @@ namespace {
 // Rows converted per round trip: a few hundred KiB of floats, whatever the tensor.
 int64_t rows_per_chunk(int64_t cols) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(cols, 1)); }
 
-// bf16_encode (kernels/bf16.hpp) on n floats, 16 at a time where the CPU has AVX-512F: the same
-// integer rounding (round half to even by adding 0x7fff + the lowest kept bit; NaN quieted).
+// bf16_encode (kernels/bf16.hpp) on n floats, 16 at a time where the CPU has AVX-512F
+// (fp8_encode_avx512.hpp's bf16_encode16, bitwise the scalar codec).
 __attribute__((target("avx512f"))) void encode_bf16_avx512(const float* in, std::size_t n, std::uint16_t* out) {
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m512i bits = _mm512_loadu_si512(in + i);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-    const __mmask16 nan =
-        _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(rounded));
+    const __m512i codes = cpu::bf16_encode16(_mm512_loadu_si512(in + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(codes));
   }
   for (; i < n; ++i) out[i] = bf16_encode(in[i]);
 }

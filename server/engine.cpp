@@ -13,18 +13,19 @@
 
 namespace fp8serve {
 
-
 EngineOptions engine_options_from_config(const Config& config) {
-  if (config.device == "cuda") {
-    throw ConfigError("--device cuda: this build has only the CPU engine; use --device cpu or auto");
-  }
   EngineOptions options;
+  options.device = config.device;
+  options.gpu_memory_utilization = config.gpu_memory_utilization;
   const std::optional<KvDtype> dtype = parse_kv_dtype(config.kv_cache_dtype);
   if (!dtype) throw ConfigError("--kv-cache-dtype: expected fp8_e4m3 or bf16");
   options.kv_dtype = *dtype;
   options.kv_scale_margin = static_cast<float>(config.kv_scale_margin);
   options.quantize_fp8 = config.quantization == "fp8";
   options.quantize_lm_head = config.fp8_lm_head;
+  // A bf16 pool is exact already: the window applies to FP8 KV alone (the start-up log says so).
+  options.kv_bf16_window = options.kv_dtype == KvDtype::fp8_e4m3 ? config.kv_bf16_window : 0;
+  options.kv_bf16_window_values = config.kv_bf16_window_tensors == "kv";
   options.block_size = config.block_size;
   if (config.kv_cache_memory > 0) options.kv_cache_memory = static_cast<uint64_t>(config.kv_cache_memory);
   options.max_model_len = config.max_model_len;
@@ -43,10 +44,8 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   const ModelConfig& c = model_.config;
   if (options_.max_model_len <= 0) options_.max_model_len = c.max_position_embeddings;
   if (options_.max_model_len <= 0) throw std::invalid_argument("the model declares no context length: set --max-model-len");
-  const int threads = options_.threads > 0 ? options_.threads
-                                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  pool_ = std::make_unique<cpu::ThreadPool>(threads);
-  backend_ = std::make_unique<cpu::CpuBackend>(*pool_);
+  device_ = make_device(options_.device, options_.threads);
+  Backend& backend = *device_.backend;
 
   KvCacheSpec spec;
   spec.block_size = options_.block_size;
@@ -54,32 +53,67 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   spec.num_kv_heads = c.num_kv_heads;
   spec.head_dim = c.head_dim;
   spec.dtype = options_.kv_dtype;
+  spec.window = KvWindow{options_.kv_bf16_window, options_.kv_bf16_window_values, options_.block_size};
   spec.validate();
-  const int num_blocks = spec.num_blocks_for_budget(options_.kv_cache_memory);
-  if (num_blocks < 1) {
-    throw std::invalid_argument("--kv-cache-memory " + std::to_string(options_.kv_cache_memory) +
-                                " bytes holds no block of " + std::to_string(spec.bytes_per_block()) +
-                                " bytes: raise it");
-  }
 
   TransformerOptions topts;
   topts.kv_dtype = options_.kv_dtype;
   topts.block_size = options_.block_size;
-  topts.num_blocks = num_blocks;
+  topts.num_blocks = 0;  // sized below, from what the weights and buffers left
   topts.max_num_tokens = options_.max_num_batched_tokens;
   topts.max_num_seqs = options_.max_num_seqs;
   topts.max_model_len = options_.max_model_len;
   topts.kv_scale_margin = options_.kv_scale_margin;
   topts.quantize_fp8 = options_.quantize_fp8;
   topts.quantize_lm_head = options_.quantize_lm_head;
-  transformer_ = std::make_unique<Transformer>(c, model_.weights, *backend_, topts);
+  topts.window = spec.window;
+  transformer_ = std::make_unique<Transformer>(c, model_.weights, backend, topts);
   model_.weights = ModelWeights{};  // the backend holds its own copy now
+
+  uint64_t budget = options_.kv_cache_memory;
+  std::string budget_source = "--kv-cache-memory";
+  if (budget == 0) {
+    if (const std::optional<DeviceMemory> memory = backend.memory_info()) {
+      // vLLM's rule: the pool gets what is left of utilization x total once everything else
+      // (weights, activation buffers, workspaces - all allocated by now - and other processes)
+      // is counted as used.
+      const double allowed = options_.gpu_memory_utilization * static_cast<double>(memory->total);
+      const double used = static_cast<double>(memory->total - memory->free);
+      budget = allowed > used ? static_cast<uint64_t>(allowed - used) : 0;
+      budget_source = "--gpu-memory-utilization " + std::to_string(options_.gpu_memory_utilization).substr(0, 4) +
+                      " of " + mib_text(memory->total) + ", " + mib_text(memory->total - memory->free) + " in use";
+      if (budget == 0) {
+        throw std::invalid_argument("the weights and buffers leave no room for the KV cache under " + budget_source +
+                                    ": raise --gpu-memory-utilization, or lower --max-num-batched-tokens");
+      }
+    } else {
+      budget = kDefaultCpuKvCacheMemory;
+      budget_source = "default for the CPU";
+    }
+  }
+  // The bf16 window's tail pool comes out of the same budget: one ring per sequence that may run.
+  const uint64_t tail_bytes = spec.tail_bytes(options_.max_num_seqs);
+  if (tail_bytes >= budget) {
+    throw std::invalid_argument("a KV budget of " + std::to_string(budget) + " bytes (" + budget_source +
+                                ") is spent on the bf16 window's tail pool (" + std::to_string(tail_bytes) +
+                                " bytes for --max-num-seqs " + std::to_string(options_.max_num_seqs) +
+                                "): raise it, or lower --kv-bf16-window or --max-num-seqs");
+  }
+  const int num_blocks = spec.num_blocks_for_budget(budget - tail_bytes);
+  if (num_blocks < 1) {
+    throw std::invalid_argument("a KV budget of " + std::to_string(budget) + " bytes (" + budget_source +
+                                ") holds no block of " + std::to_string(spec.bytes_per_block()) + " bytes" +
+                                (tail_bytes > 0 ? " next to the bf16 window's tail pool" : "") + ": raise it");
+  }
+  transformer_->allocate_kv_cache(num_blocks);
 
   BlockManagerOptions bopts;
   bopts.block_size = options_.block_size;
   bopts.num_layers = c.num_layers;
   bopts.num_blocks = num_blocks;
   bopts.enable_prefix_caching = options_.enable_prefix_caching;
+  bopts.window = spec.window;
+  bopts.num_tail_rings = options_.max_num_seqs;
   blocks_ = std::make_unique<BlockManager>(bopts);
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerOptions{options_.max_num_seqs, options_.max_num_batched_tokens}, *blocks_);
@@ -90,15 +124,20 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   }
   step_counts_.resize(static_cast<std::size_t>(c.num_layers));
 
-  spdlog::info("device: {}", backend_->describe());
-  spdlog::info("attention: {} kernels for head_dim {}", cpu::cpu_isa_name(cpu::resolve_cpu_isa(cpu::CpuIsa::best, c.head_dim)),
-               c.head_dim);
+  spdlog::info("device: {}", backend.describe());
+  if (device_.kind == "cpu") {
+    spdlog::info("attention: {} kernels for head_dim {}",
+                 cpu::cpu_isa_name(cpu::resolve_cpu_isa(cpu::CpuIsa::best, c.head_dim)), c.head_dim);
+  }
   const std::string checkpoint = c.quantization.fp8 ? ", FP8 checkpoint (" + c.quantization.method + ")" : "";
   spdlog::info("model: {} ({}, {}, {} layers{}), weights {}", model_.name, model_.format, family_name(c.family),
                c.num_layers, checkpoint, transformer_->describe_weights());
-  spdlog::info("KV cache: {}, {} bytes/token, margin {}{}, max model len {}", spec.describe(num_blocks),
-               spec.bytes_per_token(), options_.kv_scale_margin,
+  spdlog::info("KV cache: {} ({}), {} bytes/token, margin {}{}, max model len {}", spec.describe(num_blocks),
+               budget_source, spec.bytes_per_token(), options_.kv_scale_margin,
                kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (unused for bf16)", options_.max_model_len);
+  spdlog::info("KV {}{}; pool + tail {} of the {} budget", spec.describe_tail(options_.max_num_seqs),
+               kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (a bf16 pool is exact: no window)",
+               mib_text(transformer_->kv_cache_bytes() + transformer_->tail_bytes()), mib_text(budget));
 }
 
 Engine::~Engine() = default;
@@ -109,6 +148,10 @@ std::string Engine::validate(const GenerationRequest& r) const {
   if (r.prompt_tokens.empty()) return "the prompt is empty";
   for (const int32_t id : r.prompt_tokens)
     if (id < 0 || id >= c.vocab_size) return "prompt token id " + std::to_string(id) + " is outside the vocabulary";
+  for (const auto& [id, bias] : r.sampling.logit_bias)
+    if (id < 0 || id >= c.vocab_size) return "logit_bias token id " + std::to_string(id) + " is outside the vocabulary";
+  for (const int32_t id : r.sampling.allowed_token_ids)
+    if (id < 0 || id >= c.vocab_size) return "allowed_token_ids token id " + std::to_string(id) + " is outside the vocabulary";
   if (r.max_tokens < 1) return "max_tokens must be >= 1";
   if (r.n < 1 || r.n > options_.max_num_seqs)
     return "n must be in [1, " + std::to_string(options_.max_num_seqs) + "] (--max-num-seqs)";
@@ -155,7 +198,7 @@ void Engine::add_request(GenerationRequest request, OutputSink sink) {
     params.seed = seed + static_cast<uint64_t>(i);  // choices differ, and repeat with the seed
     seqs_.emplace(seq_id, SeqState{id, i, Sampler(params, request.prompt_tokens, seed),
                                    IncrementalDetokenizer(*model_.tokenizer, request.skip_special_tokens),
-                                   StopChecker(request.stop), 0});
+                                   StopChecker(request.stop, request.include_stop_str_in_output), 0});
   }
   const std::vector<SeqId> forks(state.seq_ids.begin() + 1, state.seq_ids.end());
   scheduler_->add(state.seq_ids.front(), request.prompt_tokens, forks);
@@ -186,11 +229,9 @@ void Engine::finish_seq(SeqId id, RequestOutput& out, FinishReason reason) {
   SeqState& seq = seqs_.at(id);
   RequestState& request = requests_.at(seq.request_id);
   if (reason == FinishReason::length) {
-    // Release what the detokenizer and the stop checker held back (a stop that matches only
-    // now still ends the text there).
-    const StopChecker::Result tail = seq.stop_checker.push(seq.detokenizer.flush());
-    out.text_delta += tail.emit;
-    if (!tail.stopped) out.text_delta += seq.stop_checker.flush();
+    // Release what the stop checker held back; a character the sequence ended inside is dropped.
+    seq.detokenizer.finish();
+    out.text_delta += seq.stop_checker.flush();
   }
   out.request_id = seq.request_id;
   out.index = seq.index;
@@ -221,10 +262,10 @@ void Engine::on_token(SeqId id, const SampleResult& sample) {
   const bool is_eos = !r.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), sample.token) != stop_ids_.end();
   const bool is_stop_id = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), sample.token) != r.stop_token_ids.end();
   if (is_eos || is_stop_id) {
-    // The stop token's own text is not emitted; what was held back before it is.
-    const StopChecker::Result tail = seq.stop_checker.push(seq.detokenizer.flush());
-    out.text_delta = tail.emit;
-    if (!tail.stopped) out.text_delta += seq.stop_checker.flush();
+    // The stop token's own text is not emitted; what was held back before it is (but not a
+    // character the sequence ended inside).
+    seq.detokenizer.finish();
+    out.text_delta = seq.stop_checker.flush();
     finish_seq(id, out, FinishReason::stop);
     return;
   }
@@ -274,6 +315,10 @@ void Engine::run_step(const StepPlan& plan) {
   context_lens_.clear();
   sample_rows_.clear();
   calibrate_.clear();
+  fp8_lens_.clear();
+  spill_starts_.clear();
+  tail_slots_.clear();
+  const bool window = blocks_->window().enabled();
   int32_t max_blocks = 1;
   for (const ScheduledSeq& s : plan.seqs)
     max_blocks = std::max(max_blocks, static_cast<int32_t>(blocks_->block_table(s.id).size()));
@@ -297,6 +342,11 @@ void Engine::run_step(const StepPlan& plan) {
     }
     query_start_loc_.push_back(static_cast<int32_t>(token_ids_.size()));
     context_lens_.push_back(s.start + s.num_tokens);
+    if (window) {
+      fp8_lens_.push_back(blocks_->fp8_len_after(s.id, s.start + s.num_tokens, s.fp8_floor));
+      spill_starts_.push_back(blocks_->num_fp8_tokens(s.id));
+      tail_slots_.push_back(blocks_->tail_ring(s.id));
+    }
     if (s.samples) sample_rows_.push_back(static_cast<int32_t>(token_ids_.size()) - 1);
     calibrate_.push_back(s.calibrate ? 1 : 0);
     const std::span<const int32_t> table = blocks_->block_table(s.id);
@@ -323,6 +373,9 @@ void Engine::run_step(const StepPlan& plan) {
   batch.v_scales = v_scales_;
   batch.calibrate = calibrate_;
   batch.sample_rows = sample_rows_;
+  batch.fp8_lens = fp8_lens_;
+  batch.spill_starts = spill_starts_;
+  batch.tail_slots = tail_slots_;
   std::fill(step_counts_.begin(), step_counts_.end(), KvWriteCounts{});
   transformer_->forward(batch, logits_, step_counts_);
   for (int layer = 0; layer < num_layers; ++layer) saturation_.add(layer, step_counts_[static_cast<std::size_t>(layer)]);
@@ -339,6 +392,13 @@ void Engine::run_step(const StepPlan& plan) {
     }
   }
   scheduler_->on_step_done(plan);
+  if (window) {  // a fork owns a ring of its own: the parent's window, copied
+    tail_copies_.clear();
+    for (const ScheduledSeq& s : plan.seqs) {
+      for (const SeqId child : s.forks) tail_copies_.push_back({blocks_->tail_ring(s.id), blocks_->tail_ring(child)});
+    }
+    transformer_->copy_tail_rings(tail_copies_);
+  }
 
   std::size_t row = 0;
   for (const ScheduledSeq& s : plan.seqs) {
@@ -379,6 +439,9 @@ EngineStats Engine::stats() const {
   s.num_waiting = scheduler_->num_waiting();
   const int total = blocks_->num_blocks();
   s.kv_usage = total > 0 ? static_cast<double>(total - blocks_->num_free_blocks()) / total : 0.0;
+  if (const int rings = blocks_->num_tail_rings(); rings > 0) {
+    s.kv_tail_usage = static_cast<double>(rings - blocks_->num_free_tail_rings()) / rings;
+  }
   s.num_preemptions = scheduler_->num_preemptions();
   const PrefixCacheStats prefix = blocks_->prefix_cache_stats();
   s.prefix_queries = prefix.num_queried_tokens;
@@ -389,6 +452,9 @@ EngineStats Engine::stats() const {
   }
   for (const auto& [id, seq] : seqs_) {
     if (!blocks_->contains(id)) continue;
+    if (blocks_->window().enabled()) {
+      s.kv_tail_tokens += static_cast<uint64_t>(blocks_->num_computed_tokens(id) - blocks_->num_fp8_tokens(id));
+    }
     const KvScales& scales = blocks_->scales(id);
     if (!scales.frozen) continue;
     s.k_scales.insert(s.k_scales.end(), scales.k.begin(), scales.k.end());

@@ -22,11 +22,11 @@
 #include "cache/kv_scales.hpp"
 #include "config/config.hpp"
 #include "kernels/backend.hpp"
-#include "kernels/cpu/thread_pool.hpp"
 #include "model/loader.hpp"
 #include "model/tokenizer/detokenizer.hpp"
 #include "model/transformer.hpp"
 #include "server/api/engine_client.hpp"
+#include "server/device.hpp"
 #include "server/engine_api.hpp"
 #include "server/sampling.hpp"
 #include "server/scheduler.hpp"
@@ -35,12 +35,19 @@
 namespace fp8serve {
 
 struct EngineOptions {
+  std::string device = "cpu";  // auto | cpu | cuda (server/device.hpp); the CLI's default is auto
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
   float kv_scale_margin = kDefaultKvScaleMargin;
-  bool quantize_fp8 = false;     // --quantization fp8 (TransformerOptions)
-  bool quantize_lm_head = false;  // with it, the LM head too (--fp8-lm-head)
+  bool quantize_fp8 = false;           // --quantization fp8 (TransformerOptions)
+  bool quantize_lm_head = false;       // with it, the LM head too (--fp8-lm-head)
+  int kv_bf16_window = 64;             // --kv-bf16-window tokens (FP8 pool only; 0 = off)
+  bool kv_bf16_window_values = false;  // --kv-bf16-window-tensors kv (true) or k (false)
   int block_size = 16;
-  uint64_t kv_cache_memory = 1ull << 30;  // bytes of K + V pool
+  // Bytes of K + V pool, the bf16 window's tail pool included; 0 = derive: on a GPU
+  // gpu_memory_utilization of its memory minus what the weights and buffers took, on the CPU
+  // kDefaultCpuKvCacheMemory.
+  uint64_t kv_cache_memory = 0;
+  double gpu_memory_utilization = 0.9;
   int max_model_len = 0;                  // 0 = the model's max_position_embeddings
   int max_num_seqs = 64;
   int max_num_batched_tokens = 2048;
@@ -48,8 +55,9 @@ struct EngineOptions {
   int threads = 0;                        // CPU threads, 0 = all cores
 };
 
-// The engine's part of the configuration (config/ validated it). Throws ConfigError for a
-// combination only the engine can judge (an unknown --device).
+constexpr uint64_t kDefaultCpuKvCacheMemory = 1ull << 30;
+
+// The engine's part of the configuration (config/ validated it).
 EngineOptions engine_options_from_config(const Config& config);
 
 class Engine {
@@ -79,9 +87,10 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   const BlockManager& block_manager() const { return *blocks_; }
   const KvSaturationCounters& saturation() const { return saturation_; }
-  uint64_t kv_cache_bytes() const { return transformer_->kv_cache_bytes(); }
-  uint64_t weight_bytes() const { return transformer_->weight_bytes(); }
+  uint64_t kv_cache_bytes() const { return transformer_->kv_cache_bytes(); }  // the main pool
+  uint64_t kv_tail_bytes() const { return transformer_->tail_bytes(); }       // the bf16 window's
   const Transformer& transformer() const { return *transformer_; }
+  uint64_t weight_bytes() const { return transformer_->weight_bytes(); }
   int num_requests() const { return static_cast<int>(requests_.size()); }
 
  private:
@@ -111,8 +120,7 @@ class Engine {
 
   LoadedModel model_;
   EngineOptions options_;
-  std::unique_ptr<cpu::ThreadPool> pool_;
-  std::unique_ptr<Backend> backend_;
+  Device device_;
   std::unique_ptr<Transformer> transformer_;
   std::unique_ptr<BlockManager> blocks_;
   std::unique_ptr<Scheduler> scheduler_;
@@ -126,6 +134,8 @@ class Engine {
 
   // Step scratch, reused so a decode step allocates little.
   std::vector<int32_t> token_ids_, positions_, query_start_loc_, context_lens_, block_tables_;
+  std::vector<int32_t> fp8_lens_, spill_starts_, tail_slots_;
+  std::vector<BlockCopy> tail_copies_;
   std::vector<int32_t> sample_rows_;
   std::vector<int64_t> slot_mapping_;
   std::vector<float> k_scales_, v_scales_, logits_, row_;

@@ -22,7 +22,8 @@ struct GenerationRequest {
   std::vector<int32_t> prompt_tokens;   // already tokenized (chat template applied)
   SamplingParams sampling;
   int max_tokens = 16;                  // completion tokens, >= 1
-  std::vector<std::string> stop;        // stop strings, matched on text, not emitted
+  std::vector<std::string> stop;        // stop strings, matched on text, not emitted unless
+  bool include_stop_str_in_output = false;  // ... this is set
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
   bool ignore_eos = false;
   int n = 1;                            // parallel samples; they share the prompt's blocks

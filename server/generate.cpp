@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -48,7 +50,8 @@ int run_generate(const Config& config) {
   });
   while (engine.has_work()) engine.step();
   const Clock::time_point end = Clock::now();
-  std::fputc('\n', stdout);
+  // stdout holds exactly the generated text, for pipes and scripts; a terminal gets a newline.
+  if (isatty(fileno(stdout))) std::fputc('\n', stdout);
   std::fflush(stdout);
   if (finish == FinishReason::error) {
     std::fprintf(stderr, "fp8serve: %s\n", error.c_str());
@@ -60,11 +63,12 @@ int run_generate(const Config& config) {
   const int num_decoded = num_generated - 1;  // the first token came out of the prefill
   std::fprintf(stderr,
                "prompt tokens %zu, generated tokens %d, prefill %.1f tok/s (%.3f s), decode %.1f tok/s "
-               "(%.3f s), KV cache %llu bytes (%s), finish %s\n",
+               "(%.3f s), KV cache %llu bytes (%s) + bf16 window tail %llu bytes, finish %s\n",
                prompt.size(), num_generated, prefill_s > 0 ? prompt.size() / prefill_s : 0.0, prefill_s,
                num_decoded > 0 && decode_s > 0 ? num_decoded / decode_s : 0.0, decode_s,
                static_cast<unsigned long long>(engine.kv_cache_bytes()),
                std::string(kv_dtype_name(options.kv_dtype)).c_str(),
+               static_cast<unsigned long long>(engine.kv_tail_bytes()),
                finish == FinishReason::stop ? "stop" : finish == FinishReason::length ? "length" : "abort");
   return 0;
 }

@@ -1,9 +1,11 @@
 // fp8serve: the command-line entry point. Parses the configuration (config/), then runs one
 // command. Every error a user can cause ends here as one line on stderr and exit code 2.
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,11 +22,14 @@ int main(int argc, char** argv) {
   }
   fp8serve::Config config;
   try {
-    config = fp8serve::parse_command_line(args);
+    config = fp8serve::parse_command_line(args, fp8serve::flag_environment());
   } catch (const fp8serve::ConfigError& e) {
     std::fprintf(stderr, "fp8serve: %s\n", e.what());
     return 2;
   }
+  // Logs go to stderr for every command: stdout carries only what a command produces (the text
+  // of `generate`, the summary of `inspect`), so pipes and scripts can rely on it.
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   try {
     switch (config.command) {

@@ -122,6 +122,11 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
   gauge("fp8serve:num_requests_running", "Sequences in the running batch.", engine.num_running);
   gauge("fp8serve:num_requests_waiting", "Sequences waiting to be scheduled.", engine.num_waiting);
   gauge("fp8serve:kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = full).", engine.kv_usage);
+  gauge("fp8serve:kv_bf16_tail_usage_perc",
+        "Fraction of the bf16 window's tail rings owned by running sequences (1 = --max-num-seqs; 0 without a window).",
+        engine.kv_tail_usage);
+  gauge("fp8serve:kv_bf16_tail_tokens", "Tokens held exact in the bf16 window's tail rings now.",
+        static_cast<double>(engine.kv_tail_tokens));
   counter("fp8serve:num_preemptions_total", "Sequences preempted (blocks freed, recomputed later).",
           static_cast<double>(engine.num_preemptions));
   counter("fp8serve:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",

@@ -45,6 +45,17 @@ double Sampler::uniform01() {
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
 }
 
+void Sampler::apply_logit_processors(std::span<float> logits) const {
+  if (!params_.allowed_token_ids.empty()) {
+    // Everything else goes to -inf: no temperature, top-k, top-p or min-p can bring it back.
+    std::vector<float> kept(params_.allowed_token_ids.size());
+    for (size_t i = 0; i < kept.size(); ++i) kept[i] = logits[params_.allowed_token_ids[i]];
+    std::fill(logits.begin(), logits.end(), -std::numeric_limits<float>::infinity());
+    for (size_t i = 0; i < kept.size(); ++i) logits[params_.allowed_token_ids[i]] = kept[i];
+  }
+  for (const auto& [token, bias] : params_.logit_bias) logits[token] += bias;
+}
+
 void Sampler::apply_penalties(std::span<float> logits) const {
   const float r = params_.repetition_penalty;
   if (r != 1.0f) {
@@ -129,6 +140,7 @@ SampleResult Sampler::sample(std::span<float> logits) {
   SampleResult result;
   std::vector<float> raw;
   if (params_.num_logprobs >= 0) raw.assign(logits.begin(), logits.end());
+  apply_logit_processors(logits);
   apply_penalties(logits);
   result.token = draw(logits);
   if (params_.num_logprobs >= 0) result.logprob = raw_logprobs(raw, result.token, params_.num_logprobs, result.top_logprobs);

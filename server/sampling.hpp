@@ -1,9 +1,9 @@
 #pragma once
 // Host-side sampling of the next token from one row of logits, with OpenAI/vLLM semantics.
 //
-// Order of processing (vLLM's): repetition penalty (prompt + output tokens), frequency and
-// presence penalties (output tokens), temperature, top-k, top-p, min-p, then a draw from the
-// sequence's own RNG. temperature == 0 is greedy (ties go to the lowest id). Log-probabilities
+// Order of processing (vLLM's): allowed_token_ids (every other token masked out), logit_bias
+// (added), repetition penalty (prompt + output tokens), frequency and presence penalties
+// (output tokens), temperature, top-k, top-p, min-p, then a draw from the sequence's own RNG. temperature == 0 is greedy (ties go to the lowest id). Log-probabilities
 // reported to the client are those of the raw model distribution (log_softmax of the logits as
 // the model produced them), as vLLM reports by default.
 #include <cstdint>
@@ -26,6 +26,8 @@ struct SamplingParams {
   float repetition_penalty = 1.0f; // > 0; 1 = off
   std::optional<uint64_t> seed;    // set: the draws are reproducible
   int num_logprobs = -1;           // -1: none; 0: the chosen token's; N: and the top N
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token, added to its logit), ids distinct
+  std::vector<int32_t> allowed_token_ids;             // non-empty: sample only among these
 };
 
 struct TokenLogprob {
@@ -46,11 +48,13 @@ class Sampler {
   Sampler(const SamplingParams& params, std::span<const int32_t> prompt_tokens, uint64_t fallback_seed);
 
   // Picks the next token from `logits` ([vocab_size], overwritten as scratch) and records it.
+  // PRECOND: every id of params().logit_bias and allowed_token_ids is < vocab_size.
   SampleResult sample(std::span<float> logits);
 
   const SamplingParams& params() const { return params_; }
 
  private:
+  void apply_logit_processors(std::span<float> logits) const;  // allowed_token_ids, logit_bias
   void apply_penalties(std::span<float> logits) const;
   int32_t draw(std::span<const float> logits);
   double uniform01();

@@ -68,6 +68,7 @@ StepPlan Scheduler::schedule() {
     }
     if (preempted_self) break;  // it was the newest: nobody after it is left
     const AppendResult slot = blocks_.append_slot(id, s.tokens.back());
+    if (slot.spill_copy) plan.block_copies.push_back(*slot.spill_copy);
     if (slot.copy) plan.block_copies.push_back(*slot.copy);
     ScheduledSeq step;
     step.id = id;
@@ -81,8 +82,13 @@ StepPlan Scheduler::schedule() {
 
   auto schedule_chunk = [&](SeqId id, Sequence& s, bool calibrate) {
     const int remaining = static_cast<int>(s.tokens.size()) - s.num_computed_tokens;
-    const int chunk = std::min(remaining, budget);
+    int chunk = std::min(remaining, budget);
     ScheduledSeq step;
+    if (const Fp8Step* replayed = replayed_step(s, s.num_computed_tokens)) {
+      // A recompute: end where the original step ended, read what it read from FP8.
+      chunk = std::min(chunk, replayed->end - s.num_computed_tokens);
+      step.fp8_floor = replayed->fp8_len;
+    }
     step.id = id;
     step.start = s.num_computed_tokens;
     step.num_tokens = chunk;
@@ -108,10 +114,15 @@ StepPlan Scheduler::schedule() {
     Sequence& s = seq(id);
     const int group = 1 + static_cast<int>(s.pending_forks.size());
     if (static_cast<int>(running_.size()) + group > options_.max_num_seqs && !running_.empty()) break;
-    if (!blocks_.can_allocate(s.tokens)) break;
-    const AllocateResult allocated = blocks_.allocate(id, s.tokens);
+    const int max_cached = s.fp8_steps.empty() ? kNoCap : replay_hit_limit(s);
+    if (!blocks_.can_allocate(s.tokens, max_cached)) break;
+    const AllocateResult allocated = blocks_.allocate(id, s.tokens, max_cached);
     s.num_computed_tokens = allocated.num_cached_tokens;
     if (s.num_cached_tokens < 0) s.num_cached_tokens = allocated.num_cached_tokens;
+    if (blocks_.window().enabled() && s.fp8_steps.empty() && allocated.num_cached_tokens > 0) {
+      // A first admission with a hit: those tokens were FP8 from the start.
+      s.fp8_steps.push_back({allocated.num_cached_tokens, allocated.num_cached_tokens});
+    }
     bool calibrate = false;
     if (KvScales* scales = blocks_.scales_to_calibrate(id)) {
       if (s.saved_scales) {
@@ -136,7 +147,12 @@ void Scheduler::on_step_done(const StepPlan& plan) {
   for (const ScheduledSeq& step : plan.seqs) {
     Sequence& s = seq(step.id);
     s.num_computed_tokens = step.start + step.num_tokens;
-    blocks_.mark_computed(step.id, s.num_computed_tokens);
+    blocks_.mark_computed(step.id, s.num_computed_tokens, step.fp8_floor);
+    if (blocks_.window().enabled() && (s.fp8_steps.empty() || s.num_computed_tokens > s.fp8_steps.back().end)) {
+      const int fp8_len = blocks_.num_fp8_tokens(step.id);  // a new step, not a replayed one
+      if (!s.fp8_steps.empty() && s.fp8_steps.back().fp8_len == fp8_len) s.fp8_steps.back().end = s.num_computed_tokens;
+      else s.fp8_steps.push_back({s.num_computed_tokens, fp8_len});
+    }
     for (const SeqId child : step.forks) {
       blocks_.fork(step.id, child);
       Sequence c;
@@ -144,6 +160,7 @@ void Scheduler::on_step_done(const StepPlan& plan) {
       c.num_prompt_tokens = s.num_prompt_tokens;
       c.num_computed_tokens = s.num_computed_tokens;
       c.num_cached_tokens = s.num_cached_tokens;
+      c.fp8_steps = s.fp8_steps;
       c.running = true;
       seqs_.emplace(child, std::move(c));
       running_.push_back(child);
@@ -171,6 +188,27 @@ void Scheduler::finish(SeqId id) {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
   }
   seqs_.erase(it);
+}
+
+const Scheduler::Fp8Step* Scheduler::replayed_step(const Sequence& s, int position) const {
+  for (const Fp8Step& step : s.fp8_steps)
+    if (position < step.end) return &step;
+  return nullptr;
+}
+
+// A hit of h tokens is exact for the replay when every recomputed token's original step read
+// at least h tokens from FP8: its FP8 length is non-decreasing, so when the step that computed
+// token h did (past the record: the decode step that would have come next). The largest such h
+// (block-aligned) that the cache holds now.
+int Scheduler::replay_hit_limit(const Sequence& s) const {
+  const int block = blocks_.block_size();
+  const int next_fp8_len = std::max(s.fp8_steps.back().fp8_len, blocks_.window().fp8_len(static_cast<int>(s.tokens.size())));
+  const int cached = std::min(blocks_.num_cached_prefix_tokens(s.tokens), s.fp8_steps.back().end);
+  for (int h = cached / block * block; h > 0; h -= block) {
+    const Fp8Step* step = replayed_step(s, h);
+    if ((step != nullptr ? step->fp8_len : next_fp8_len) >= h) return h;
+  }
+  return 0;
 }
 
 std::span<const int32_t> Scheduler::tokens(SeqId id) const {

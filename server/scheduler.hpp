@@ -14,6 +14,17 @@
 // cannot hold a running sequence's next token, the newest running sequence is preempted: its
 // blocks are freed and it goes back to the front of the queue, to be recomputed from its
 // tokens (prompt + generated so far) with its frozen FP8 scales restored, so its KV is the same.
+//
+// With the bf16 window the KV of a token (past layer 0) depends on which of the earlier tokens
+// its step read from FP8 - the window is per step, so a long prefill reads more of them from
+// FP8 than the decode steps that computed the same tokens did. A recompute therefore replays
+// the original steps' FP8 boundaries: each sequence keeps the list of (end, FP8 length) of its
+// steps (consecutive steps with the same FP8 length merged: a decode run of up to a block), and
+// the recompute goes chunk by chunk, each ending where an original step ended (or cut by the
+// token budget) with that step's FP8 length as its floor, from a prefix hit no longer than the
+// replay can use (every recomputed token's original step read the hit as FP8). So the
+// recomputed KV is the original's up to the rounding of a prefill against a decode, as without
+// a window; the price is a recompute in steps of about a block per decode run.
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -40,6 +51,7 @@ struct ScheduledSeq {
   int num_tokens = 0;
   bool samples = false;    // the chunk ends at the sequence's last token: sample from it
   bool calibrate = false;  // first prefill chunk: kv_write calibrates the FP8 scales
+  int fp8_floor = 0;       // a recompute replaying a step: BlockManager::fp8_len_after's floor
   std::vector<SeqId> forks;  // created from this sequence by on_step_done (n > 1): they sample too
 };
 
@@ -77,6 +89,12 @@ class Scheduler {
   int num_cached_tokens(SeqId id) const;  // prompt tokens the prefix cache served at admission
 
  private:
+  // One run of steps with the same FP8 length (bf16 window): tokens up to `end` were computed
+  // by steps that read [0, fp8_len) from FP8.
+  struct Fp8Step {
+    int end = 0;
+    int fp8_len = 0;
+  };
   struct Sequence {
     std::vector<int32_t> tokens;  // prompt + generated
     int num_prompt_tokens = 0;
@@ -85,10 +103,15 @@ class Scheduler {
     bool running = false;
     std::vector<SeqId> pending_forks;
     std::optional<KvScales> saved_scales;  // frozen scales kept across a preemption
+    std::vector<Fp8Step> fp8_steps;        // bf16 window: what a recompute replays
   };
 
   Sequence& seq(SeqId id);
   void preempt(SeqId id, StepPlan& plan);
+  // The longest prefix hit a recompute of s can take (block-aligned, within what is cached).
+  int replay_hit_limit(const Sequence& s) const;
+  // The recorded step that computed token `position`, or null past the record.
+  const Fp8Step* replayed_step(const Sequence& s, int position) const;
 
   SchedulerOptions options_;
   BlockManager& blocks_;

@@ -88,6 +88,7 @@ nlohmann::ordered_json special_token_extras(const Tokenizer& tokenizer) {
 
 int run_serve(const Config& config) {
   ShutdownSignal shutdown;
+  for (const auto& name : config.environment_variables) spdlog::info("flag set by the environment: {}", name);
   ServerMetrics metrics;
   FrontendOptions fopts;
   fopts.api_key = config.api_key;
@@ -139,6 +140,7 @@ int run_serve(const Config& config) {
   ctx.served_model_name = name;
   ctx.max_model_len = core.options().max_model_len;
   ctx.max_num_seqs = core.options().max_num_seqs;
+  ctx.vocab_size = core.model_config().vocab_size;
   ctx.max_pool_tokens = static_cast<int64_t>(core.block_manager().num_blocks()) * core.block_manager().block_size();
   ctx.tokenizer = &core.tokenizer();
   ctx.chat_template = chat_template.get();

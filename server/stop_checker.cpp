@@ -21,7 +21,7 @@ size_t char_boundary(std::string_view text, size_t pos) {
 
 }  // namespace
 
-StopChecker::StopChecker(std::vector<std::string> stops) {
+StopChecker::StopChecker(std::vector<std::string> stops, bool include_stop) : include_stop_(include_stop) {
   for (auto& s : stops)
     if (!s.empty()) stops_.push_back(std::move(s));
 }
@@ -35,9 +35,16 @@ StopChecker::Result StopChecker::push(std::string_view text) {
   pending_.append(text);
   // The earliest stop occurrence wins; among stops starting at the same place, the shortest.
   size_t first = std::string::npos;
-  for (const auto& stop : stops_) first = std::min(first, pending_.find(stop));
+  size_t length = 0;
+  for (const auto& stop : stops_) {
+    const size_t at = pending_.find(stop);
+    if (at < first || (at == first && at != std::string::npos && stop.size() < length)) {
+      first = at;
+      length = stop.size();
+    }
+  }
   if (first != std::string::npos) {
-    result.emit = pending_.substr(0, first);
+    result.emit = pending_.substr(0, include_stop_ ? first + length : first);
     result.stopped = stopped_ = true;
     pending_.clear();
     return result;

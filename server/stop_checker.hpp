@@ -1,7 +1,8 @@
 #pragma once
 // Stop strings, matched on the generated text across token boundaries. Text that might still
 // turn into a stop string is held back, so a streaming client never sees part of one, and the
-// stop string itself is never emitted (OpenAI semantics).
+// stop string itself is not emitted (OpenAI semantics) unless include_stop (vLLM's
+// include_stop_str_in_output) asks for it.
 #include <string>
 #include <string_view>
 #include <vector>
@@ -10,7 +11,7 @@ namespace fp8serve {
 
 class StopChecker {
  public:
-  explicit StopChecker(std::vector<std::string> stops);
+  explicit StopChecker(std::vector<std::string> stops, bool include_stop = false);
 
   struct Result {
     std::string emit;     // text that is final and may be sent now
@@ -25,6 +26,7 @@ class StopChecker {
  private:
   std::vector<std::string> stops_;
   std::string pending_;  // not yet emitted: may be the start of a stop string
+  bool include_stop_ = false;
   bool stopped_ = false;
 };
 

@@ -47,9 +47,25 @@ struct AttentionItem {
   int32_t head_dim = 0;
   float qk_scale = 0.0f;  // softmax_scale * k_scale (1 * softmax_scale for bf16)
   float v_scale = 1.0f;
+  // The bf16 recent window (kernels/paged_kv.hpp; FP8 pool only): keys at positions >=
+  // tail_begin come from the sequence's ring in the tail pool, bf16 and exact - K always, V too
+  // unless tail_v is null (a K-only window: V of every position stays in the FP8 pool). Ring
+  // block of logical block b: tail_first_block + b % tail_ring_blocks. Both segments go through
+  // the same online softmax. tail_k == nullptr: no window.
+  const void* tail_k = nullptr;  // this KV head's K in the tail pool, from its block 0
+  const void* tail_v = nullptr;
+  int32_t tail_begin = 0;
+  int32_t tail_first_block = 0;
+  int32_t tail_ring_blocks = 1;
+  int64_t tail_block_stride = 0;
+  int64_t tail_v_token_stride = 0;
+  float tail_qk_scale = 0.0f;  // softmax_scale: tail keys carry no scale
   // Output. Final (m == nullptr): normalized rows, times v_scale, into out at (token, head).
   // Partial: unnormalized rows (without v_scale) into out as [rows, head_dim] plus the running
-  // max m (log2 domain) and sum l per row, for the merge.
+  // max m (log2 domain) and sum l per row, for the merge. With a bf16 V tail (tail_v != null),
+  // an item whose keys reach the tail (key_end > tail_begin) applies v_scale to the FP8 values
+  // itself, where the segments meet: its rows, final or partial, are in the values' own units,
+  // and the merge must not apply v_scale to them again (it does to the other partitions').
   float* out = nullptr;
   int64_t out_token_stride = 0;
   float* m = nullptr;  // [rows]

@@ -47,32 +47,31 @@ constexpr int rows_per_pass() {
 // 31.5 ms; spread over the chunk rather than all 64 lines at its start (where the burst stalled
 // on the miss buffers: ~150 of ~1300 cycles per chunk), 20.3 -> 16.7 ms and 36.7 -> 26.5 ms.
 // Default-constructed: nothing to prefetch.
-template <class T>
 class NextBlockPrefetch {
  public:
   NextBlockPrefetch() = default;
-  NextBlockPrefetch(const T* k, const T* v, int rows, int64_t v_token_stride, int head_dim)
-      : k_(k), v_(v), rows_(rows), head_dim_(head_dim), v_token_stride_(v_token_stride),
-        row_bytes_(head_dim * static_cast<int>(sizeof(T))) {}
+  // k: the block's K tile (contiguous, rows of k_row_bytes); v: its first V row, rows
+  // v_row_stride bytes apart.
+  NextBlockPrefetch(const void* k, int k_row_bytes, const void* v, int64_t v_row_stride, int v_row_bytes, int rows)
+      : k_(static_cast<const char*>(k)), v_(static_cast<const char*>(v)), rows_(rows), k_row_bytes_(k_row_bytes),
+        v_row_bytes_(v_row_bytes), v_row_stride_(v_row_stride) {}
   void advance(int done, int total) {
     for (; next_ * total < rows_ * done; ++next_) {  // next_ < ceil(rows_ * done / total), no division
-      const char* k_row = reinterpret_cast<const char*>(k_ + next_ * head_dim_);  // the tile is contiguous
-      const char* v_row = reinterpret_cast<const char*>(v_ + next_ * v_token_stride_);
-      for (int b = 0; b < row_bytes_; b += 64) {
-        __builtin_prefetch(k_row + b, 0, 2);
-        __builtin_prefetch(v_row + b, 0, 2);
-      }
+      const char* k_row = k_ + next_ * k_row_bytes_;  // the tile is contiguous
+      const char* v_row = v_ + next_ * v_row_stride_;
+      for (int b = 0; b < k_row_bytes_; b += 64) __builtin_prefetch(k_row + b, 0, 2);
+      for (int b = 0; b < v_row_bytes_; b += 64) __builtin_prefetch(v_row + b, 0, 2);
     }
   }
 
  private:
-  const T* k_ = nullptr;
-  const T* v_ = nullptr;
+  const char* k_ = nullptr;
+  const char* v_ = nullptr;
   int rows_ = 0;  // 0: no next block
   int next_ = 0;
-  int head_dim_ = 0;
-  int64_t v_token_stride_ = 0;
-  int row_bytes_ = 0;
+  int k_row_bytes_ = 0;
+  int v_row_bytes_ = 0;
+  int64_t v_row_stride_ = 0;
 };
 
 // s[r][j] = q[r] . k[j] for the chunk's keys j in [0, nj_padded), with keys in vector lanes:
@@ -84,7 +83,7 @@ class NextBlockPrefetch {
 // pipes times four cycles of latency).
 template <class V, class T, int NR>
 void score_keys(const float (*q)[kMaxHeadDim], const T* k, int64_t group_stride, int lanes_left,
-                int head_dim, int nj_padded, float (*s)[kKeyChunk], NextBlockPrefetch<T>& next) {
+                int head_dim, int nj_padded, float (*s)[kKeyChunk], NextBlockPrefetch& next) {
   using Reg = typename V::Reg;
   constexpr int P = kKPack<T>;
   constexpr int A = std::min(P, std::max(1, 8 / NR));
@@ -156,118 +155,216 @@ void accumulate_values(const float (*p)[kKeyChunk], const float* alpha, const T*
   }
 }
 
-// Rows [row0, row0 + NR) of the item, processed to the end of its key partition.
-template <class V, class T, int NR>
-void attend_rows(const AttentionItem& it, int row0) {
+// Where a column of the value accumulators sits in o when the values are of type T.
+template <class V, class T>
+int o_slot(int d) {
+  if constexpr (kDotBf16<V>) return V::template o_slot<T>(d);
+  else return d;
+}
+
+// The running state of NR query rows: what flash attention carries from one key chunk to the
+// next, whichever segment (FP8 body, bf16 tail) the keys come from.
+template <class V, int NR>
+struct Rows {
+  alignas(64) float q[NR][kMaxHeadDim];  // q times its segment's scales and log2(e)
+  alignas(64) float o[NR][kMaxHeadDim];  // sum p v, columns in o_slot order
+  alignas(64) float s[NR][kKeyChunk];    // scores, then probabilities
+  alignas(64) uint16_t q_bf16[kDotBf16<V> ? NR : 1][kMaxHeadDim];  // q in bf16, for kDotBf16
+  float m[NR], alpha[NR];
+  typename V::Reg l[NR];  // per-lane partial sums of the row's probabilities, added across at the end
+  int pos[NR];
+};
+
+// q of rows [row0, row0 + NR) times the segment's score scale and log2(e).
+template <class V, int NR>
+void load_q(const AttentionItem& it, int row0, float scale, Rows<V, NR>& st) {
+  const float mul = scale * kLog2e;
+  for (int r = 0; r < NR; ++r) {
+    const int token = (row0 + r) / it.group;
+    const int head = (row0 + r) % it.group;
+    const float* src = it.q + token * it.q_token_stride + static_cast<int64_t>(head) * it.head_dim;
+    for (int d = 0; d < it.head_dim; ++d) st.q[r][d] = src[d] * mul;
+  }
+  if constexpr (kDotBf16<V>) {
+    for (int r = 0; r < NR; ++r) V::prepare_q(st.q[r], it.head_dim, st.q_bf16[r]);
+  }
+}
+
+// Logical block b -> physical block of one pool: the sequence's block table, or its tail ring.
+struct BlockMap {
+  const int32_t* table = nullptr;  // null: the ring
+  int32_t ring_first = 0;
+  int32_t ring_blocks = 1;
+  int64_t operator()(int b) const { return table != nullptr ? table[b] : ring_first + b % ring_blocks; }
+};
+
+// Where a segment's keys (elements TK) and values (TV) live.
+struct Segment {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  BlockMap k_blocks, v_blocks;
+  int64_t k_block_stride = 0, v_block_stride = 0, v_token_stride = 0;
+};
+
+// The online softmax over keys [key_begin, key_end) of one segment, continuing the rows' state.
+template <class V, class TK, class TV, int NR>
+void attend_keys(const AttentionItem& it, const Segment& seg, int key_begin, int key_end, Rows<V, NR>& st) {
   using Reg = typename V::Reg;
   // 4 x 4 value accumulators fit AVX-512's 32 registers, not AVX2's 16.
   constexpr int CU = NR <= 2 || (NR <= 4 && V::kNumRegs >= 32) ? 4 : (NR <= 4 ? 2 : 1);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int head_dim = it.head_dim;
-
-  alignas(64) float q[NR][kMaxHeadDim];
-  alignas(64) float o[NR][kMaxHeadDim];
-  alignas(64) float s[NR][kKeyChunk];  // scores, then probabilities
-  float m[NR], alpha[NR];
-  Reg l[NR];  // per-lane partial sums of the row's probabilities, added across at the end
-  int pos[NR];
-  // What load_kv under-reports by (a power of two: folding it in changes no rounding).
-  constexpr float unit = std::is_same_v<T, uint8_t> ? V::kFp8Unit : 1.0f;
-  const float q_mul = it.qk_scale * unit * kLog2e;
-  for (int r = 0; r < NR; ++r) {
-    const int token = (row0 + r) / it.group;
-    const int head = (row0 + r) % it.group;
-    const float* src = it.q + token * it.q_token_stride + static_cast<int64_t>(head) * head_dim;
-    for (int d = 0; d < head_dim; ++d) {
-      q[r][d] = src[d] * q_mul;
-      o[r][d] = 0.0f;
-    }
-    m[r] = kNegInf;
-    l[r] = V::zero();
-    pos[r] = it.first_pos + token;
-  }
-  [[maybe_unused]] alignas(64) uint16_t q_bf16[kDotBf16<V> ? NR : 1][kMaxHeadDim];
-  if constexpr (kDotBf16<V>) {
-    for (int r = 0; r < NR; ++r) V::prepare_q(q[r], head_dim, q_bf16[r]);
-  }
-
-  const T* k_base = static_cast<const T*>(it.k);
-  const int64_t k_group_stride = int64_t{it.block_size} * kKPack<T>;  // between a block's K groups
-  const T* v_base = static_cast<const T*>(it.v);
-  const int key_end = std::min(it.key_end, pos[NR - 1] + 1);  // rows are in position order
-  for (int key = it.key_begin; key < key_end;) {
+  const TK* k_base = static_cast<const TK*>(seg.k);
+  const TV* v_base = static_cast<const TV*>(seg.v);
+  const int64_t k_group_stride = int64_t{it.block_size} * kKPack<TK>;  // between a block's K groups
+  for (int key = key_begin; key < key_end;) {
     const int block = key / it.block_size;
     const int in_block = key - block * it.block_size;
     const int nj = std::min({kKeyChunk, it.block_size - in_block, key_end - key});
-    const int64_t block_offset = it.block_table[block] * it.block_stride;
-    const T* k_chunk = k_base + block_offset + in_block * kKPack<T>;
-    const T* v_chunk = v_base + block_offset + in_block * it.v_token_stride;
-    NextBlockPrefetch<T> next;
+    const TK* k_chunk = k_base + seg.k_blocks(block) * seg.k_block_stride + in_block * kKPack<TK>;
+    const TV* v_chunk = v_base + seg.v_blocks(block) * seg.v_block_stride + in_block * seg.v_token_stride;
+    NextBlockPrefetch next;
     if (in_block + nj == it.block_size && key + nj < key_end) {
-      const int64_t next_offset = it.block_table[block + 1] * it.block_stride;
-      next = NextBlockPrefetch<T>(k_base + next_offset, v_base + next_offset, it.block_size, it.v_token_stride,
-                                  head_dim);
+      next = NextBlockPrefetch(k_base + seg.k_blocks(block + 1) * seg.k_block_stride, head_dim * int{sizeof(TK)},
+                               v_base + seg.v_blocks(block + 1) * seg.v_block_stride,
+                               seg.v_token_stride * int64_t{sizeof(TV)}, head_dim * int{sizeof(TV)}, it.block_size);
     }
     const int nj_padded = (nj + V::W - 1) / V::W * V::W;
     const int lanes_left = it.block_size - in_block;
     if constexpr (kDotBf16<V>) {
-      V::template score_keys<T, NR>(q_bf16, k_chunk, k_group_stride, lanes_left, head_dim, nj_padded, s, next);
+      V::template score_keys<TK, NR>(st.q_bf16, k_chunk, k_group_stride, lanes_left, head_dim, nj_padded, st.s, next);
     } else {
-      score_keys<V, T, NR>(q, k_chunk, k_group_stride, lanes_left, head_dim, nj_padded, s, next);
+      score_keys<V, TK, NR>(st.q, k_chunk, k_group_stride, lanes_left, head_dim, nj_padded, st.s, next);
     }
 
     // Online softmax update per row; keys past a row's position (causal) get probability 0.
     for (int r = 0; r < NR; ++r) {
-      const int visible = std::max(0, std::min(nj, pos[r] - key + 1));
-      for (int j = visible; j < nj_padded; ++j) s[r][j] = kNegInf;
+      float* s = st.s[r];
+      const int visible = std::max(0, std::min(nj, st.pos[r] - key + 1));
+      for (int j = visible; j < nj_padded; ++j) s[j] = kNegInf;
       if (visible == 0) {
-        alpha[r] = 1.0f;
-        for (int j = 0; j < nj_padded; ++j) s[r][j] = 0.0f;
+        st.alpha[r] = 1.0f;
+        for (int j = 0; j < nj_padded; ++j) s[j] = 0.0f;
         continue;
       }
       Reg vmax = V::set1(kNegInf);
-      for (int j = 0; j < nj_padded; j += V::W) vmax = V::max(vmax, V::load(s[r] + j));
-      const float m_new = std::max(m[r], V::reduce_max(vmax));
+      for (int j = 0; j < nj_padded; j += V::W) vmax = V::max(vmax, V::load(s + j));
+      const float m_new = std::max(st.m[r], V::reduce_max(vmax));
       // exp2(-inf) = 0 on the row's first keys; an unchanged max (the common case once the
       // largest scores are behind) needs no exp2.
-      alpha[r] = m_new == m[r] ? 1.0f : std::exp2(m[r] - m_new);
+      st.alpha[r] = m_new == st.m[r] ? 1.0f : std::exp2(st.m[r] - m_new);
       Reg vsum = V::zero();
       for (int j = 0; j < nj_padded; j += V::W) {
-        const Reg p = V::exp2(V::add(V::load(s[r] + j), V::set1(-m_new)));
-        V::store(s[r] + j, p);
+        const Reg p = V::exp2(V::add(V::load(s + j), V::set1(-m_new)));
+        V::store(s + j, p);
         vsum = V::add(vsum, p);
       }
-      l[r] = V::fma(l[r], V::set1(alpha[r]), vsum);
-      m[r] = m_new;
+      st.l[r] = V::fma(st.l[r], V::set1(st.alpha[r]), vsum);
+      st.m[r] = m_new;
     }
     if constexpr (kDotBf16<V>) {
-      V::template accumulate_values<T, NR>(s, alpha, v_chunk, it.v_token_stride, head_dim, nj, o);
+      V::template accumulate_values<TV, NR>(st.s, st.alpha, v_chunk, seg.v_token_stride, head_dim, nj, st.o);
     } else {
-      accumulate_values<V, T, NR, CU>(s, alpha, v_chunk, it.v_token_stride, head_dim, nj, o);
+      accumulate_values<V, TV, NR, CU>(st.s, st.alpha, v_chunk, seg.v_token_stride, head_dim, nj, st.o);
     }
     key += nj;
   }
+}
 
-  auto slot = [](int d) {  // where column d of the output sits in o
-    if constexpr (kDotBf16<V>) return V::template o_slot<T>(d);
-    else return d;
-  };
+// The FP8 values' sums become the values' own units (times `mul` = v_scale times what load_kv
+// under-reports by), their columns moved from FP8's accumulator order to bf16's: where the FP8
+// body meets a bf16 V tail.
+template <class V, int NR>
+void fp8_sums_to_bf16(int head_dim, float mul, Rows<V, NR>& st) {
+  if constexpr (!kDotBf16<V>) {  // one column order: scale in place
+    for (int r = 0; r < NR; ++r)
+      for (int d = 0; d < head_dim; ++d) st.o[r][d] *= mul;
+  } else {
+    int from[kMaxHeadDim], to[kMaxHeadDim];
+    for (int d = 0; d < head_dim; ++d) {
+      from[d] = o_slot<V, uint8_t>(d);
+      to[d] = o_slot<V, uint16_t>(d);
+    }
+    alignas(64) float row[kMaxHeadDim];
+    for (int r = 0; r < NR; ++r) {
+      for (int d = 0; d < head_dim; ++d) row[d] = st.o[r][from[d]];
+      for (int d = 0; d < head_dim; ++d) st.o[r][to[d]] = row[d] * mul;
+    }
+  }
+}
+
+// The rows' results (attention_item.hpp): o holds sums of values of type TV times `unit`
+// (what load_kv under-reports by, 1 for exact values) and, final, times v_scale.
+template <class V, class TV, int NR>
+void store_rows(const AttentionItem& it, int row0, float unit, float v_scale, Rows<V, NR>& st) {
+  const int head_dim = it.head_dim;
   for (int r = 0; r < NR; ++r) {
     const int row = row0 + r;
-    const float l_row = V::reduce_add(l[r]);
+    const float l_row = V::reduce_add(st.l[r]);
     if (it.m == nullptr) {
       const int token = row / it.group;
       const int head = row % it.group;
       float* dst = it.out + token * it.out_token_stride + static_cast<int64_t>(head) * head_dim;
-      const float mul = it.v_scale * unit / l_row;  // >= 1: the max key contributes exp2(0)
-      for (int d = 0; d < head_dim; ++d) dst[d] = o[r][slot(d)] * mul;
+      const float mul = v_scale * unit / l_row;  // >= 1: the max key contributes exp2(0)
+      for (int d = 0; d < head_dim; ++d) dst[d] = st.o[r][o_slot<V, TV>(d)] * mul;
     } else {
       float* dst = it.out + static_cast<int64_t>(row) * head_dim;
-      for (int d = 0; d < head_dim; ++d) dst[d] = o[r][slot(d)] * unit;
-      it.m[row] = m[r];
+      for (int d = 0; d < head_dim; ++d) dst[d] = st.o[r][o_slot<V, TV>(d)] * unit;
+      it.m[row] = st.m[r];
       it.l[row] = l_row;
     }
   }
+}
+
+// Rows [row0, row0 + NR) of the item, processed to the end of its key partition: the pool's
+// keys below tail_begin, then (a window) the tail's, through one online softmax.
+template <class V, class T, int NR>
+void attend_rows(const AttentionItem& it, int row0) {
+  Rows<V, NR> st;
+  for (int r = 0; r < NR; ++r) {
+    for (int d = 0; d < it.head_dim; ++d) st.o[r][d] = 0.0f;
+    st.m[r] = -std::numeric_limits<float>::infinity();
+    st.l[r] = V::zero();
+    st.pos[r] = it.first_pos + (row0 + r) / it.group;
+  }
+  // What load_kv under-reports by (a power of two: folding it in changes no rounding).
+  constexpr float unit = std::is_same_v<T, uint8_t> ? V::kFp8Unit : 1.0f;
+  const int key_end = std::min(it.key_end, st.pos[NR - 1] + 1);  // rows are in position order
+  Segment pool;
+  pool.k = it.k;
+  pool.v = it.v;
+  pool.k_blocks.table = pool.v_blocks.table = it.block_table;
+  pool.k_block_stride = pool.v_block_stride = it.block_stride;
+  pool.v_token_stride = it.v_token_stride;
+  const bool window = std::is_same_v<T, uint8_t> && it.tail_k != nullptr;
+  // With a bf16 V tail, an item whose keys reach the tail gives its rows in the values' own units
+  // (attention_item.hpp); the others, the FP8 body's partitions, stay as without a window.
+  const bool exact_values = window && it.tail_v != nullptr && it.key_end > it.tail_begin;
+  const int split = window ? std::clamp(it.tail_begin, it.key_begin, std::max(it.key_begin, key_end)) : key_end;
+  if (it.key_begin < split) {
+    load_q(it, row0, it.qk_scale * unit, st);
+    attend_keys<V, T, T, NR>(it, pool, it.key_begin, split, st);
+  }
+  if constexpr (std::is_same_v<T, uint8_t>) {
+    if (window) {
+      Segment tail = pool;  // V stays the pool's in a K-only window
+      tail.k = it.tail_k;
+      tail.k_blocks = BlockMap{nullptr, it.tail_first_block, it.tail_ring_blocks};
+      tail.k_block_stride = it.tail_block_stride;
+      if (split < key_end) load_q(it, row0, it.tail_qk_scale, st);
+      if (exact_values) {
+        tail.v = it.tail_v;
+        tail.v_blocks = tail.k_blocks;
+        tail.v_block_stride = it.tail_block_stride;
+        tail.v_token_stride = it.tail_v_token_stride;
+        fp8_sums_to_bf16(it.head_dim, it.v_scale * unit, st);
+        if (split < key_end) attend_keys<V, uint16_t, uint16_t, NR>(it, tail, split, key_end, st);
+        return store_rows<V, uint16_t, NR>(it, row0, 1.0f, 1.0f, st);
+      }
+      if (split < key_end) attend_keys<V, uint16_t, uint8_t, NR>(it, tail, split, key_end, st);
+    }
+  }
+  store_rows<V, T, NR>(it, row0, unit, it.v_scale, st);
 }
 
 // Rows [row0, row0 + n) for n <= NR, with the row count as a template argument.

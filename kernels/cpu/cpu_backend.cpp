@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "kernels/cpu/cpu_features.hpp"
+#include "kernels/cpu/kv_spill_cpu.hpp"
 #include "kernels/cpu/kv_write_cpu.hpp"
 #include "kernels/cpu/linear.hpp"
 
@@ -42,6 +43,7 @@ void CpuBackend::copy_blocks(const CopyBlocksParams& p, Stream /*stream*/) {
         throw std::out_of_range("copy_blocks: block id outside the pool");
       }
       for (void* base : {view.k, view.v}) {
+        if (base == nullptr) continue;  // a K-only tail pool
         auto* bytes = static_cast<unsigned char*>(base);
         std::memcpy(bytes + p.dst[i] * block_bytes, bytes + p.src[i] * block_bytes, block_bytes);
       }
@@ -67,6 +69,8 @@ void CpuBackend::rope(const RopeParams& p, Stream /*stream*/) {
   if (rope_table_.max_positions == 0) throw std::logic_error("rope: set_rope_table() was not called");
   rope_cpu(p, rope_table_, pool_);
 }
+
+void CpuBackend::kv_spill(const KvSpillParams& p, Stream /*stream*/) { kv_spill_cpu(p, pool_); }
 
 void CpuBackend::kv_write(const KvWriteParams& p, Stream /*stream*/) { kv_write_cpu(p, pool_); }
 

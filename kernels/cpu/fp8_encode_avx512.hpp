@@ -1,8 +1,9 @@
 #pragma once
-// fp8_e4m3_encode (kernels/fp8.hpp) on 16 floats at a time, bitwise the same (tested on every
-// rounding boundary against the scalar codec): the KV write quantizes every new token's K and V,
-// 2 x num_kv_heads x head_dim values per layer, where the scalar codec and its division took
-// ~100 us of a batch-1 decode step of SmolLM2. Callers must run on a CPU with AVX-512F.
+// fp8_e4m3_encode (kernels/fp8.hpp), and bf16_encode (kernels/bf16.hpp) on its way to it, on 16
+// floats at a time, bitwise the same (tested on every rounding boundary against the scalar
+// codecs): the KV write quantizes every new token's K and V, 2 x num_kv_heads x head_dim values
+// per layer, where the scalar codec and its division took ~100 us of a batch-1 decode step of
+// SmolLM2. Callers must run on a CPU with AVX-512F.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"  // GCC bug 105593 (_mm512_undefined_*)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -51,6 +52,22 @@ FP8SERVE_TARGET_AVX512F inline __m128i fp8_e4m3_encode16(__m512 x) {
   code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000)),
                                _mm512_set1_epi32(0x7f));
   return _mm512_cvtepi32_epi8(_mm512_or_si512(code, sign));
+}
+
+// bf16_encode (kernels/bf16.hpp) on the 16 floats whose bits are `bits`: each 32-bit lane holds
+// the bf16 code in its low half. The same integer rounding (round half to even by adding 0x7fff +
+// the lowest kept bit), NaN quieted with its sign.
+FP8SERVE_TARGET_AVX512F inline __m512i bf16_encode16(__m512i bits) {
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40)));
+}
+
+// bf16_decode(bf16_encode(x)) per lane: x rounded to bf16, as the window's FP8 writes take it.
+FP8SERVE_TARGET_AVX512F inline __m512 bf16_round16(__m512 x) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_encode16(_mm512_castps_si512(x)), 16));
 }
 
 // out[i] = fp8_e4m3_encode(in[i]) for i < 16.

@@ -3,16 +3,12 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "kernels/bf16.hpp"
-#include "kernels/cpu/cpu_features.hpp"
-#include "kernels/cpu/fp8_encode_avx512.hpp"
+#include "kernels/cpu/kv_store.hpp"
 #include "kernels/cpu/paged_kv_check.hpp"
-#include "kernels/fp8.hpp"
 
 namespace fp8serve::cpu {
 
@@ -38,65 +34,6 @@ float chunk_amax(const float* x, int64_t token_stride, int32_t first, int32_t co
   return amax;
 }
 
-// Writes one head row of one token, element d at dst + (d / pack) * group_stride + d % pack
-// (a V row: pack = head_dim; a K row: its 4-byte groups, block_size groups apart); returns the
-// number of saturated elements.
-template <class T, class Encode>
-uint64_t store_row(const float* src, T* dst, int32_t head_dim, int32_t pack, int64_t group_stride,
-                   Encode encode) {
-  uint64_t saturated = 0;
-  for (int32_t g = 0; g < head_dim; g += pack, dst += group_stride) {
-    for (int32_t i = 0; i < pack; ++i) saturated += encode(src[g + i], dst[i]);
-  }
-  return saturated;
-}
-
-// The FP8 case of store_row 16 values at a time (bitwise the scalar path: the same division,
-// fp8_encode_avx512.hpp's codec, the same saturation rule). PRECOND: head_dim % 16 == 0 and pack
-// a multiple or a divisor of 16.
-__attribute__((target("avx512f,popcnt"))) uint64_t store_row_fp8_avx512(const float* src, uint8_t* dst, int32_t head_dim,
-                                                                      int32_t pack, int64_t group_stride, float scale) {
-  uint64_t saturated = 0;
-  const __m512 divisor = _mm512_set1_ps(scale);
-  const __m512 limit = _mm512_set1_ps(kFp8SaturationThreshold);
-  alignas(16) uint8_t codes[16];
-  for (int32_t d = 0; d < head_dim; d += 16) {
-    const __m512 y = _mm512_div_ps(_mm512_loadu_ps(src + d), divisor);
-    const __m512 magnitude = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32(0x7fffffff)));
-    saturated += static_cast<uint64_t>(_mm_popcnt_u32(_mm512_cmp_ps_mask(magnitude, limit, _CMP_GT_OQ)));
-    _mm_store_si128(reinterpret_cast<__m128i*>(codes), fp8_e4m3_encode16(y));
-    if (pack % 16 == 0) {
-      std::memcpy(dst + (d / pack) * group_stride + d % pack, codes, 16);
-    } else {
-      for (int32_t g = 0; g < 16; g += pack) {
-        std::memcpy(dst + ((d + g) / pack) * group_stride, codes + g, static_cast<std::size_t>(pack));
-      }
-    }
-  }
-  return saturated;
-}
-
-uint64_t store_row(const float* src, void* pool, int64_t offset, int32_t head_dim, int32_t pack,
-                   int64_t group_stride, KvDtype dtype, float scale) {
-  if (dtype == KvDtype::bf16) {
-    return store_row(src, static_cast<uint16_t*>(pool) + offset, head_dim, pack, group_stride,
-                     [](float x, uint16_t& out) {
-                       out = bf16_encode(x);
-                       return 0u;
-                     });
-  }
-  if (head_dim % 16 == 0 && (pack % 16 == 0 || 16 % pack == 0) && cpu_features().avx512f) {
-    return store_row_fp8_avx512(src, static_cast<uint8_t*>(pool) + offset, head_dim, pack, group_stride, scale);
-  }
-  return store_row(src, static_cast<uint8_t*>(pool) + offset, head_dim, pack, group_stride,
-                   [scale](float x, uint8_t& out) {
-                     // A division, as the contract says: x * (1 / scale) rounds differently.
-                     const float y = x / scale;
-                     out = fp8_e4m3_encode(y);
-                     return kv_value_saturates(y) ? 1u : 0u;
-                   });
-}
-
 }  // namespace
 
 void validate_kv_write(const KvWriteParams& params) {
@@ -104,9 +41,7 @@ void validate_kv_write(const KvWriteParams& params) {
   const PagedBatch& batch = params.batch;
   validate_paged_kv_view(cache);
   validate_query_starts(batch);
-  if (batch.has_tail()) {
-    throw std::invalid_argument("the bf16 recent window (PagedBatch::fp8_lens) is not implemented by the CPU kernels yet");
-  }
+  validate_tail(batch, cache, params.tail);
   if (batch.num_tokens == 0) return;
   const int64_t row = static_cast<int64_t>(cache.num_kv_heads) * cache.head_dim;
   auto bad_stride = [row](int64_t stride) { return stride != 0 && stride < row; };
@@ -169,6 +104,12 @@ void kv_write_cpu(const KvWriteParams& given, ThreadPool& pool) {
     });
   }
 
+  // Where token t's rows go: its FP8 slot, or (window) the tail for positions >= fp8_lens.
+  const bool window = batch.has_tail();
+  const PagedKvView& tail = params.tail;
+  const RowCodec fp8_codec = !fp8 ? RowCodec::bf16 : window ? RowCodec::fp8_via_bf16 : RowCodec::fp8;
+  const int64_t tail_k_group_stride = static_cast<int64_t>(cache.block_size) * kv_k_pack(KvDtype::bf16);
+
   const int64_t num_items = (batch.num_tokens + kTokensPerItem - 1) / kTokensPerItem;
   std::vector<KvWriteCounts> item_counts(static_cast<std::size_t>(num_items));
   pool.parallel_for(num_items, [&](int64_t item) {
@@ -185,14 +126,34 @@ void kv_write_cpu(const KvWriteParams& given, ThreadPool& pool) {
       if (slot < 0) continue;  // padding token: no cache slot
       const float k_scale = fp8 ? batch.k_scales[seq] : 1.0f;
       const float v_scale = fp8 ? batch.v_scales[seq] : 1.0f;
+      bool k_to_tail = false, v_to_tail = false;
+      int64_t tail_slot = -1;
+      if (window) {
+        const int32_t pos = batch.context_lens[seq] - batch.num_new_tokens(seq) + (t - batch.query_start_loc[seq]);
+        k_to_tail = pos >= batch.fp8_lens[seq];
+        v_to_tail = k_to_tail && tail.v != nullptr;
+        if (k_to_tail) tail_slot = batch.tail_slot(seq, pos, cache.block_size);
+      }
       for (int32_t h = 0; h < cache.num_kv_heads; ++h) {
         const int64_t src = static_cast<int64_t>(h) * cache.head_dim;
-        counts.num_k_saturated += store_row(k + t * params.k_token_stride + src, cache.k, cache.k_offset(slot, h, 0),
-                                            cache.head_dim, k_pack, k_group_stride, cache.dtype, k_scale);
-        counts.num_v_saturated += store_row(v + t * params.v_token_stride + src, cache.v, cache.v_offset(slot, h),
-                                            cache.head_dim, cache.head_dim, 0, cache.dtype, v_scale);
+        const float* k_row = k + t * params.k_token_stride + src;
+        const float* v_row = v + t * params.v_token_stride + src;
+        if (k_to_tail) {
+          store_row(k_row, tail.k, tail.k_offset(tail_slot, h, 0), cache.head_dim, kv_k_pack(KvDtype::bf16),
+                    tail_k_group_stride, RowCodec::bf16, 1.0f);
+        } else {
+          counts.num_k_saturated += store_row(k_row, cache.k, cache.k_offset(slot, h, 0), cache.head_dim, k_pack,
+                                              k_group_stride, fp8_codec, k_scale);
+        }
+        if (v_to_tail) {
+          store_row(v_row, tail.v, tail.v_offset(tail_slot, h), cache.head_dim, cache.head_dim, 0, RowCodec::bf16, 1.0f);
+        } else {
+          counts.num_v_saturated += store_row(v_row, cache.v, cache.v_offset(slot, h), cache.head_dim, cache.head_dim,
+                                              0, fp8_codec, v_scale);
+        }
       }
-      counts.num_elements += static_cast<uint64_t>(row);
+      if (!k_to_tail) counts.num_elements += static_cast<uint64_t>(row);
+      if (!v_to_tail) counts.num_v_elements += static_cast<uint64_t>(row);
     }
   });
   if (params.counts != nullptr) {

@@ -50,7 +50,9 @@ void parallel_chunks(ThreadPool& pool, int64_t n, int64_t grain, const Fn& fn) {
 
 // ---------------------------------------------------------------------------------------------
 // RMSNorm: out = weight * (x * rsqrt(mean(x^2) + eps)), per row of `dim` elements, in that
-// order of operations (LlamaRMSNorm / Qwen3RMSNorm in fp32).
+// order of operations (LlamaRMSNorm / Qwen3RMSNorm in fp32). With params.residual set, first
+// residual += x, then the norm of the updated residual: bitwise what residual_add_cpu followed
+// by rms_norm_cpu on the residual gives.
 void rms_norm_cpu(const RmsNormParams& params, ThreadPool& pool);
 
 // ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-// RMSNorm over whole hidden rows and per head (Qwen3's q/k norm): see kernels/cpu/ops.hpp.
+// RMSNorm over whole hidden rows and per head (Qwen3's q/k norm), optionally fused with the
+// residual add: see kernels/cpu/ops.hpp.
 #include <cmath>
 #include <stdexcept>
 
@@ -43,14 +44,23 @@ void rms_norm_cpu(const RmsNormParams& p, ThreadPool& pool) {
   const int64_t row_elems = p.num_heads * p.dim;
   const int64_t x_stride = p.x_token_stride ? p.x_token_stride : row_elems;
   const int64_t out_stride = p.out_token_stride ? p.out_token_stride : row_elems;
+  const int64_t residual_stride = p.residual_token_stride ? p.residual_token_stride : row_elems;
   const int64_t num_rows = p.num_tokens * p.num_heads;
   const int64_t grain = 1 + 16384 / p.dim;  // enough work per item to amortize the hand-off
   parallel_chunks(pool, num_rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t token = row / p.num_heads;
       const int64_t head = row - token * p.num_heads;
-      rms_norm_row(f32(p.x) + token * x_stride + head * p.dim, p.weight,
-                   f32(p.out) + token * out_stride + head * p.dim, p.dim, p.eps);
+      const float* x = f32(p.x) + token * x_stride + head * p.dim;
+      float* out = f32(p.out) + token * out_stride + head * p.dim;
+      if (p.residual == nullptr) {
+        rms_norm_row(x, p.weight, out, p.dim, p.eps);
+        continue;
+      }
+      // The same additions, then the same norm, as residual_add followed by rms_norm.
+      float* residual = f32(p.residual) + token * residual_stride + head * p.dim;
+      for (int64_t i = 0; i < p.dim; ++i) residual[i] += x[i];
+      rms_norm_row(residual, p.weight, out, p.dim, p.eps);
     }
   });
 }

@@ -28,7 +28,10 @@ int32_t partition_tokens(int32_t block_size) {
 }
 
 // Merges one (sequence, KV head)'s partitions in partition order:
-// out = v_scale * sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p with M = max_p m_p.
+// out = v_scale * sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p with M = max_p m_p. With a
+// bf16 V tail the partitions that reach it hold their values' own units already: then
+// out = sum_p 2^(m_p - M) f_p o_p / sum_p 2^(m_p - M) l_p with f_p = v_scale for the others, 1
+// for them (attention_item.hpp).
 void merge_partials(const PagedAttentionParams& params, const AttentionWorkspace::Merge& merge,
                     const float* partials) {
   const int32_t head_dim = params.cache.head_dim;
@@ -37,8 +40,13 @@ void merge_partials(const PagedAttentionParams& params, const AttentionWorkspace
   const float* o = partials + merge.scratch;                 // [parts, rows, head_dim]
   const float* m = o + o_size;                               // [parts, rows]
   const float* l = m + static_cast<int64_t>(merge.num_parts) * merge.rows;  // [parts, rows]
-  const float v_scale =
-      params.cache.dtype == KvDtype::fp8_e4m3 ? params.batch.v_scales[merge.seq] : 1.0f;
+  const float v_scale = params.cache.dtype == KvDtype::fp8_e4m3 ? params.batch.v_scales[merge.seq] : 1.0f;
+  // Partition p reaches a bf16 V tail when its keys do, as the item decides (attend_rows).
+  const bool mixed = params.batch.has_tail() && params.tail.v != nullptr;
+  const int32_t part_tokens = partition_tokens(params.cache.block_size);
+  auto exact = [&](int32_t p) {
+    return std::min(params.batch.context_lens[merge.seq], (p + 1) * part_tokens) > params.batch.fp8_lens[merge.seq];
+  };
   const int32_t first_token = params.batch.query_start_loc[merge.seq];
   float* out = static_cast<float*>(params.out);
   float acc[kMaxHeadDim];
@@ -52,13 +60,15 @@ void merge_partials(const PagedAttentionParams& params, const AttentionWorkspace
       if (lp == 0.0f) continue;  // the partition lies wholly after this row's position
       const float w = std::exp2(m[p * merge.rows + row] - m_max);
       sum += lp * w;
+      // Mixed units (a tail): each partition's own factor; otherwise v_scale once, below.
+      const float wo = mixed ? w * (exact(p) ? 1.0f : v_scale) : w;
       const float* op = o + (static_cast<int64_t>(p) * merge.rows + row) * head_dim;
-      for (int32_t d = 0; d < head_dim; ++d) acc[d] += op[d] * w;
+      for (int32_t d = 0; d < head_dim; ++d) acc[d] += op[d] * wo;
     }
     const int32_t token = first_token + row / group;
     const int32_t head = merge.kv_head * group + row % group;
     float* dst = out + token * params.out_token_stride + static_cast<int64_t>(head) * head_dim;
-    const float mul = v_scale / sum;
+    const float mul = (mixed ? 1.0f : v_scale) / sum;
     for (int32_t d = 0; d < head_dim; ++d) dst[d] = acc[d] * mul;
   }
 }
@@ -102,6 +112,18 @@ void plan_work(const PagedAttentionParams& params, AttentionWorkspace& ws) {
       item.head_dim = cache.head_dim;
       item.qk_scale = params.softmax_scale * (fp8 ? batch.k_scales[s] : 1.0f);
       item.v_scale = fp8 ? batch.v_scales[s] : 1.0f;
+      if (batch.has_tail()) {
+        const PagedKvView& tail = params.tail;
+        const int64_t tail_head_bytes = h * tail.head_stride * static_cast<int64_t>(kv_dtype_size(KvDtype::bf16));
+        item.tail_k = static_cast<const char*>(tail.k) + tail_head_bytes;
+        item.tail_v = tail.v != nullptr ? static_cast<const char*>(tail.v) + tail_head_bytes : nullptr;
+        item.tail_begin = batch.fp8_lens[s];
+        item.tail_first_block = batch.tail_slots[s] * batch.tail_ring_blocks;
+        item.tail_ring_blocks = batch.tail_ring_blocks;
+        item.tail_block_stride = tail.block_stride;
+        item.tail_v_token_stride = tail.v_token_stride;
+        item.tail_qk_scale = params.softmax_scale;
+      }
       return item;
     };
     auto head_offset = [&](int32_t h) { return static_cast<int64_t>(h) * group * cache.head_dim; };
@@ -193,9 +215,7 @@ CpuIsa parse_cpu_isa(const std::string& name) {
 void validate_paged_attention(const PagedAttentionParams& params) {
   validate_paged_kv_view(params.cache);
   validate_query_starts(params.batch);
-  if (params.batch.has_tail()) {
-    throw std::invalid_argument("the bf16 recent window (PagedBatch::fp8_lens) is not implemented by the CPU kernels yet");
-  }
+  validate_tail(params.batch, params.cache, params.tail);
   if (params.num_heads <= 0 || params.num_heads % params.cache.num_kv_heads != 0) {
     throw std::invalid_argument("paged attention: num_heads must be a positive multiple of num_kv_heads");
   }

@@ -14,9 +14,9 @@ namespace {
 
 }  // namespace
 
-void validate_paged_kv_view(const PagedKvView& view) {
+void validate_paged_kv_view(const PagedKvView& view, bool v_optional) {
   if (view.dtype != KvDtype::fp8_e4m3 && view.dtype != KvDtype::bf16) fail("unknown KV dtype");
-  if (view.k == nullptr || view.v == nullptr) fail("null K or V pool");
+  if (view.k == nullptr || (view.v == nullptr && !v_optional)) fail("null K or V pool");
   if (view.num_blocks <= 0 || view.block_size <= 0 || view.num_kv_heads <= 0) {
     fail("num_blocks, block_size and num_kv_heads must be > 0");
   }
@@ -83,6 +83,33 @@ void validate_scales(const PagedBatch& batch, const PagedKvView& view) {
     const float v = batch.v_scales[s];
     if (!(k > 0.0f && k <= FLT_MAX && v > 0.0f && v <= FLT_MAX)) {
       fail("sequence " + std::to_string(s) + " has a K/V scale that is not finite and > 0");
+    }
+  }
+}
+
+void validate_tail(const PagedBatch& batch, const PagedKvView& cache, const PagedKvView& tail) {
+  if (!batch.has_tail()) return;
+  if (cache.dtype != KvDtype::fp8_e4m3) fail("the bf16 window needs an FP8 main pool");
+  validate_paged_kv_view(tail, true);
+  if (tail.dtype != KvDtype::bf16 || tail.block_size != cache.block_size || tail.num_kv_heads != cache.num_kv_heads ||
+      tail.head_dim != cache.head_dim) {
+    fail("the tail pool must be bf16 with the main pool's block_size, num_kv_heads and head_dim");
+  }
+  if (batch.tail_slots == nullptr || batch.tail_ring_blocks <= 0) fail("null tail_slots or tail_ring_blocks <= 0");
+  if (batch.num_seqs > 0 && batch.context_lens == nullptr) fail("null context_lens");
+  const int64_t ring_tokens = static_cast<int64_t>(batch.tail_ring_blocks) * cache.block_size;
+  const int64_t num_rings = tail.num_blocks / batch.tail_ring_blocks;
+  for (int32_t s = 0; s < batch.num_seqs; ++s) {
+    const std::string name = "sequence " + std::to_string(s);
+    if (batch.tail_slots[s] < 0 || batch.tail_slots[s] >= num_rings) {
+      fail(name + " has tail ring " + std::to_string(batch.tail_slots[s]) + ", the tail pool holds " +
+           std::to_string(num_rings));
+    }
+    const int32_t fp8_len = batch.fp8_lens[s];
+    const int32_t context_len = batch.context_lens[s];
+    if (fp8_len < 0 || fp8_len > context_len || context_len - fp8_len > ring_tokens) {
+      fail(name + ": fp8_len " + std::to_string(fp8_len) + " outside [context_len - " + std::to_string(ring_tokens) +
+           ", context_len " + std::to_string(context_len) + "]");
     }
   }
 }

@@ -1,9 +1,10 @@
-#include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device.hpp"
+#include "kernels/cuda/launch.hpp"
 #include "kernels/fp8.hpp"
 
 #include <cuda_fp8.h>
 
+#include <cstdio>
 #include <utility>
 
 namespace fp8serve::cuda {
@@ -22,11 +23,34 @@ std::string describe_device(int device) {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   int driver = 0;
   CUDA_CHECK(cudaDriverGetVersion(&driver));
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s (sm_%d%d, %.1f GiB, driver %d.%d)", prop.name, prop.major, prop.minor,
+  char details[96];
+  snprintf(details, sizeof details, " (sm_%d%d, %.1f GiB, driver %d.%d)", prop.major, prop.minor,
            static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), driver / 1000,
            (driver % 1000) / 10);
-  return buf;
+  return prop.name + std::string(details);
+}
+
+double measure_copy_bandwidth(int device) {
+  CUDA_CHECK(cudaSetDevice(device));
+  const size_t bytes = size_t{1} << 30;
+  DeviceBuffer src(bytes), dst(bytes);
+  CUDA_CHECK(cudaMemset(src.data(), 1, bytes));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  float best_ms = 0.0f;
+  for (int i = 0; i < 10; ++i) {
+    CUDA_CHECK(cudaEventRecord(start));
+    CUDA_CHECK(cudaMemcpy(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaEventRecord(stop));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i == 0 || ms < best_ms) best_ms = ms;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best_ms > 0.0f ? 2.0 * static_cast<double>(bytes) / (best_ms * 1e-3) : 0.0;
 }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
@@ -90,8 +114,8 @@ void encode_fp8_e4m3_on_device(const float* host_in, uint8_t* host_out, size_t n
   in.copy_from_host(host_in, n * sizeof(float));
   const unsigned threads = 256;
   const unsigned blocks = static_cast<unsigned>((n + threads - 1) / threads);
-  encode_fp8_kernel<<<blocks, threads, 0, static_cast<cudaStream_t>(stream.handle())>>>(
-      static_cast<const float*>(in.data()), static_cast<uint8_t*>(out.data()), n, use_cuda_intrinsic);
+  FP8SERVE_LAUNCH(encode_fp8_kernel, blocks, threads, 0, static_cast<cudaStream_t>(stream.handle()),
+                  static_cast<const float*>(in.data()), static_cast<uint8_t*>(out.data()), n, use_cuda_intrinsic);
   CUDA_CHECK(cudaGetLastError());
   stream.synchronize();
   out.copy_to_host(host_out, n);

@@ -15,6 +15,10 @@ int device_count();
 // "NVIDIA H200 (sm_90, 139.8 GiB, driver 13.0)": for the start-up log.
 std::string describe_device(int device);
 
+// Device-to-device copy bandwidth in bytes/s (bytes read + bytes written per second) over a
+// 1 GiB buffer, best of 10 copies: the ceiling the GPU benchmarks print their figures against.
+double measure_copy_bandwidth(int device);
+
 // Owns `bytes` of device memory; move-only.
 class DeviceBuffer {
  public:

@@ -150,9 +150,12 @@ std::string replace_all(const BuiltinContext& ctx, const std::string& s, const s
   return out;
 }
 
-// select / reject / selectattr / rejectattr share this: args after `skip` name a test.
+// select / reject / selectattr / rejectattr share this: args after `skip` name a test. As in
+// jinja2, a falsy input (none, false, 0, '', [], {}, undefined) yields nothing before the
+// arguments are even looked at.
 List filter_by_test(const BuiltinContext& ctx, const Value& input, CallArgs& args, size_t skip,
                     bool with_attribute, bool keep_if) {
+  if (!input.truthy()) return {};
   std::string attribute;
   if (with_attribute) {
     if (args.positional.empty()) fail("selectattr/rejectattr need an attribute name");
@@ -177,6 +180,7 @@ List filter_by_test(const BuiltinContext& ctx, const Value& input, CallArgs& arg
 
 Value map_filter(const BuiltinContext& ctx, const Value& input, CallArgs& args) {
   List out;
+  if (!input.truthy()) return Value(std::move(out));  // jinja2: `if value:` before anything else
   if (const Value* attribute = args.keyword_arg("attribute")) {
     const std::string& path = require_string(*attribute, "attribute");
     const Value* fallback = args.keyword_arg("default");
@@ -219,7 +223,7 @@ Value sort_filter(const Value& input, CallArgs& args) {
 
 Value items_filter(const Value& input) {
   if (input.is_undefined()) return Value(List{});
-  if (!input.is_dict()) fail(std::string("can only get item pairs from a mapping, not ") + input.type_name());
+  if (!input.is_dict()) fail("Can only get item pairs from a mapping.");
   List out;
   for (const auto& [k, v] : input.as_dict()) out.push_back(Value::tuple(List{Value(k), v}));
   return Value(std::move(out));
@@ -255,24 +259,12 @@ Value number_filter(const Value& input, CallArgs& args, bool to_int) {
 }
 
 Value first_or_last(const Value& input, bool first) {
+  // jinja2's last() calls reversed(), whose error names reversibility.
+  if (!first && !input.is_undefined() && !input.is_string() && !input.is_list() && !input.is_dict())
+    fail(std::string("'") + input.type_name() + "' object is not reversible");
   const List items = iterate(input);
   if (items.empty()) return Value::undefined("no first/last item");
   return first ? items.front() : items.back();
-}
-
-Value html_escape(const Value& input) {
-  std::string out;
-  for (char c : to_py_str(input)) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out.push_back(c);
-    }
-  }
-  return Value(std::move(out));
 }
 
 const std::set<std::string>& filter_names() {
@@ -302,16 +294,20 @@ Value apply_filter(const BuiltinContext& ctx, const std::string& name, const Val
   if (name == "trim") {
     const Value chars = arg_or(args, 0, "chars", Value::none());
     const std::string chars_s = chars.is_none() ? "" : to_py_str(chars);
-    return Value(py_strip(to_py_str(input), chars.is_none() ? nullptr : &chars_s, true, true));
+    std::string out = py_strip(to_py_str(input), chars.is_none() ? nullptr : &chars_s, true, true);
+    return input.is_markup() ? Value::markup(std::move(out)) : Value(std::move(out));
   }
   if (name == "length" || name == "count") return Value(static_cast<int64_t>(input.length()));
-  if (name == "upper") return Value(py_upper(to_py_str(input)));
-  if (name == "lower") return Value(py_lower(to_py_str(input)));
-  if (name == "capitalize") return Value(py_capitalize(to_py_str(input)));
+  // jinja2 applies these to soft_str(value), which keeps a Markup a Markup (title joins plain
+  // strings, so its result is plain).
+  const auto same_kind = [&](std::string s) { return input.is_markup() ? Value::markup(std::move(s)) : Value(std::move(s)); };
+  if (name == "upper") return same_kind(py_upper(to_py_str(input)));
+  if (name == "lower") return same_kind(py_lower(to_py_str(input)));
+  if (name == "capitalize") return same_kind(py_capitalize(to_py_str(input)));
   if (name == "title") return Value(jinja_title(to_py_str(input)));
-  if (name == "string") return Value(to_py_str(input));
-  if (name == "safe") return input;
-  if (name == "e" || name == "escape") return html_escape(input);
+  if (name == "string") return same_kind(to_py_str(input));
+  if (name == "safe") return input.is_markup() ? input : Value::markup(to_py_str(input));
+  if (name == "e" || name == "escape") return escape_to_markup(input);
   if (name == "tojson") {
     Value out = tojson_filter(input, args);
     ctx.check_string(out.as_string());
@@ -345,7 +341,15 @@ Value apply_filter(const BuiltinContext& ctx, const std::string& name, const Val
                              to_py_str(arg_or(args, 1, "new", Value(""))),
                              count.is_none() ? -1 : require_int(count, "count")));
   }
-  if (name == "indent") return indent_filter(ctx, input, args);
+  if (name == "indent") {
+    // jinja2 does `s += "\n"` and then s.splitlines(): only strings get that far.
+    if (input.is_undefined()) fail_undefined(input);
+    if (input.is_list()) fail("'list' object has no attribute 'splitlines'");
+    if (!input.is_string())
+      fail(std::string("unsupported operand type(s) for +=: '") + input.type_name() + "' and 'str'");
+    Value out = indent_filter(ctx, input, args);
+    return input.is_markup() ? Value::markup(out.as_string()) : out;
+  }
   if (name == "select" || name == "reject") {
     return Value(filter_by_test(ctx, input, args, 0, false, name == "select"));
   }
@@ -355,6 +359,8 @@ Value apply_filter(const BuiltinContext& ctx, const std::string& name, const Val
   if (name == "map") return map_filter(ctx, input, args);
   if (name == "sort") return sort_filter(input, args);
   if (name == "dictsort") {
+    if (input.is_undefined()) fail_undefined(input);
+    if (!input.is_dict()) fail(std::string("'") + input.type_name() + "' object has no attribute 'items'");
     Value pairs = items_filter(input);
     List items = pairs.as_list();
     const bool by_value = to_py_str(arg_or(args, 1, "by", Value("key"))) == "value";
@@ -382,16 +388,21 @@ Value apply_filter(const BuiltinContext& ctx, const std::string& name, const Val
     return Value(std::move(out));
   }
   if (name == "reverse") {
-    if (input.is_string()) {
+    if (!input.is_undefined() && !input.is_string() && !input.is_list() && !input.is_dict())
+      fail("argument must be iterable");
+    if (input.is_string()) {  // value[::-1]: a Markup slice is a Markup
       std::vector<char32_t> cps = decode_utf8(input.as_string());
       std::reverse(cps.begin(), cps.end());
-      return Value(encode_utf8(cps));
+      return input.is_markup() ? Value::markup(encode_utf8(cps)) : Value(encode_utf8(cps));
     }
     List items = iterate(input);
     std::reverse(items.begin(), items.end());
     return Value(std::move(items));
   }
-  if (name == "int" || name == "float") return number_filter(input, args, name == "int");
+  if (name == "int" || name == "float") {
+    if (input.is_undefined()) fail_undefined(input);  // int(Undefined) raises in jinja2
+    return number_filter(input, args, name == "int");
+  }
   if (name == "abs") {
     if (input.is_float()) return Value(std::fabs(input.as_double()));
     if (input.is_number()) {
@@ -401,7 +412,7 @@ Value apply_filter(const BuiltinContext& ctx, const std::string& name, const Val
     fail(std::string("bad operand type for abs(): '") + input.type_name() + "'");
   }
   if (name == "round") {
-    if (!input.is_number()) fail("round needs a number");
+    if (!input.is_number()) fail(std::string("type ") + input.type_name() + " doesn't define __round__ method");
     const int64_t precision = require_int(arg_or(args, 0, "precision", Value(int64_t{0})), "precision");
     const std::string method = to_py_str(arg_or(args, 1, "method", Value("common")));
     const double scale = std::pow(10.0, static_cast<double>(std::clamp<int64_t>(precision, -30, 30)));
@@ -409,6 +420,10 @@ Value apply_filter(const BuiltinContext& ctx, const std::string& name, const Val
     double r = 0;
     if (method == "common") {
       r = std::nearbyint(x);  // Python's round() rounds half to even
+      if (!input.is_float()) {  // Python: round(int, n) stays an int (n < 0 rounds it to 10^-n)
+        if (precision >= 0) return Value(input.as_int());
+        return Value(static_cast<int64_t>(r / scale));
+      }
     } else if (method == "ceil") {
       r = std::ceil(x);
     } else if (method == "floor") {
@@ -438,6 +453,7 @@ Value apply_filter(const BuiltinContext& ctx, const std::string& name, const Val
     return best;
   }
   if (name == "attr") {
+    if (input.is_undefined()) fail_undefined(input);
     return get_method(ctx, input, require_string(arg_or(args, 0, "name", Value("")), "attribute name"));
   }
   fail("no filter named '" + name + "'");
@@ -463,7 +479,7 @@ bool apply_test(const BuiltinContext& ctx, const std::string& name, const Value&
   if (name == "iterable") return input.is_undefined() || input.is_string() || input.is_list() || input.is_dict();
   if (name == "sequence") return input.is_undefined() || input.is_string() || input.is_list() || input.is_dict();
   if (name == "callable") return input.is_callable();
-  if (name == "escaped") return false;
+  if (name == "escaped") return input.is_markup();
   if (name == "sameas") {
     const Value o = other();
     if (input.is_none() || o.is_none()) return input.is_none() && o.is_none();

@@ -4,6 +4,7 @@
 
 #include "model/chat_template/interpreter.hpp"
 #include "model/chat_template/parser.hpp"
+#include "model/chat_template/unicode.hpp"
 
 namespace fp8serve {
 
@@ -132,6 +133,44 @@ nlohmann::ordered_json make_chat_context(const nlohmann::ordered_json& messages,
   ctx["add_generation_prompt"] = add_generation_prompt;
   for (const auto& [k, v] : extra.items()) ctx[k] = v;
   return ctx;
+}
+
+ChatTemplateResult render_continuing_final_message(const ChatTemplate& chat_template, nlohmann::ordered_json context,
+                                                   const ChatTemplateOptions& options) {
+  static const std::string kTag = "CONTINUE_FINAL_MESSAGE_TAG ";
+  static const std::string kTagStripped = "CONTINUE_FINAL_MESSAGE_TAG";
+  auto failure = [](std::string message) {
+    ChatTemplateResult r;
+    r.error = ChatTemplateError{jinja::ErrorKind::runtime, std::move(message)};
+    return r;
+  };
+  nlohmann::ordered_json* messages = context.contains("messages") ? &context["messages"] : nullptr;
+  if (messages == nullptr || !messages->is_array() || messages->empty())
+    return failure("continue_final_message is set but the conversation is empty");
+  nlohmann::ordered_json& last = messages->back();
+  if (!last.is_object() || !last.contains("content") || last["content"].is_null())
+    return failure("continue_final_message is set but the final message has no content to continue");
+  if (chat_template.source().find("content") == std::string::npos)
+    return failure("continue_final_message is set but the chat template never reads a message's content");
+  nlohmann::ordered_json* text = &last["content"];
+  if (text->is_array()) {  // text parts: continue the last one that has text
+    text = nullptr;
+    for (auto it = last["content"].rbegin(); it != last["content"].rend() && text == nullptr; ++it)
+      if (it->is_object() && it->contains("text")) text = &(*it)["text"];
+    if (text == nullptr) return failure("continue_final_message is set but the final message has no text to continue");
+  }
+  if (!text->is_string()) return failure("continue_final_message: the final message's text is not a string");
+  const std::string final_text = jinja::py_strip(text->get<std::string>(), nullptr, true, true);
+  *text = text->get<std::string>() + kTag;
+  ChatTemplateResult result = chat_template.render(context, options);
+  if (!result.ok()) return result;
+  const size_t at = result.text.rfind(kTagStripped);
+  if (at == std::string::npos || result.text.find(final_text) == std::string::npos)
+    return failure("continue_final_message is set but the final message does not appear in the rendered chat template");
+  const bool spacing_kept = result.text.compare(at, kTag.size(), kTag) == 0;
+  result.text.resize(at);
+  if (!spacing_kept) result.text = jinja::py_strip(result.text, nullptr, false, true);
+  return result;
 }
 
 }  // namespace fp8serve

@@ -72,4 +72,12 @@ nlohmann::ordered_json make_chat_context(const nlohmann::ordered_json& messages,
                                          bool add_generation_prompt,
                                          const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
 
+// transformers' continue_final_message: the prompt ends inside the last message, so the model
+// continues it instead of starting a new turn. The last message's text is tagged, the context
+// rendered, and the prompt cut where the tag appears (render_jinja_template in transformers
+// 5.24, which also sets add_generation_prompt false). An error when there is nothing to continue
+// or the template does not show the text.
+ChatTemplateResult render_continuing_final_message(const ChatTemplate& chat_template, nlohmann::ordered_json context,
+                                                   const ChatTemplateOptions& options = {});
+
 }  // namespace fp8serve

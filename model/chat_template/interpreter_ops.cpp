@@ -138,6 +138,11 @@ Value Interpreter::eval_binary(const Expr& expr, Scope& scope) {
   if (a.is_number() && b.is_number()) return arithmetic(op, a, b);
   if (op == "+") {
     if (a.is_string() && b.is_string()) {
+      if (a.is_markup() || b.is_markup()) {  // Markup.__add__ / __radd__ escape the plain side
+        std::string s = escape_to_markup(a).as_string() + escape_to_markup(b).as_string();
+        ctx_.check_string(s);
+        return Value::markup(std::move(s));
+      }
       std::string s = a.as_string() + b.as_string();
       ctx_.check_string(s);
       return Value(std::move(s));
@@ -209,7 +214,7 @@ Value Interpreter::eval_slice(const Expr& expr, Scope& scope) {
   if (object.is_string()) {
     std::string out;
     for (size_t i : picks) append_utf8(out, cps[i]);
-    return Value(std::move(out));
+    return object.is_markup() ? Value::markup(std::move(out)) : Value(std::move(out));
   }
   List out;
   out.reserve(picks.size());

@@ -196,7 +196,39 @@ int64_t clamp_index(int64_t i, int64_t n) {
 
 }  // namespace
 
+// markupsafe's Markup methods: case and strip methods and replace escape their string arguments
+// and return Markup; split and splitlines return Markup parts; join escapes the items. The rest
+// (find, startswith, isdigit, ...) are str's.
+Value markup_method(const BuiltinContext& ctx, const Value& object, const std::string& name) {
+  Value plain = string_method(ctx, object.as_string(), name);
+  static const char* const kEscaping[] = {"upper", "lower", "title", "capitalize", "strip", "lstrip", "rstrip", "replace"};
+  const bool escaping = std::find(std::begin(kEscaping), std::end(kEscaping), name) != std::end(kEscaping);
+  if (!plain.is_callable() || !(escaping || name == "split" || name == "splitlines" || name == "join")) return plain;
+  const Callable fn = plain.as_callable();
+  return Value::function("Markup." + name, [fn, escaping, name](CallArgs& a) {
+    auto escape_strings = [](Value& v) {
+      if (v.is_string()) v = escape_to_markup(v);
+    };
+    if (escaping) {
+      for (Value& v : a.positional) escape_strings(v);
+      for (auto& [k, v] : a.keyword) escape_strings(v);
+    }
+    if (name == "join" && !a.positional.empty()) {
+      List items;
+      for (const Value& item : iterate(a.positional[0])) items.push_back(item.is_string() ? escape_to_markup(item) : item);
+      a.positional[0] = Value(std::move(items));
+    }
+    Value result = fn.fn(a);
+    if (result.is_string()) return Value::markup(result.as_string());
+    if (!result.is_list()) return result;
+    List parts;
+    for (const Value& part : result.as_list()) parts.push_back(part.is_string() ? Value::markup(part.as_string()) : part);
+    return Value(std::move(parts));
+  });
+}
+
 Value get_method(const BuiltinContext& ctx, const Value& object, const std::string& name) {
+  if (object.is_markup()) return markup_method(ctx, object, name);
   if (object.is_string()) return string_method(ctx, object.as_string(), name);
   if (object.is_dict()) return dict_method(object, name);
   return Value::undefined(std::string("'") + object.type_name() + "' object has no attribute '" + name + "'");
@@ -218,7 +250,7 @@ Value get_item(const Value& object, const Value& key) {
       if (i < 0 || i >= n) return Value::undefined("string index out of range");
       std::string out;
       append_utf8(out, cps[static_cast<size_t>(i)]);
-      return Value(std::move(out));
+      return object.is_markup() ? Value::markup(std::move(out)) : Value(std::move(out));
     }
     return Value::undefined("no item");
   }
@@ -235,7 +267,7 @@ Value get_attr(const BuiltinContext& ctx, const Value& object, const std::string
   if (object.is_undefined()) fail_undefined(object);
   if (object.is_dict() && is_dict_method(name)) return dict_method(object, name);
   if (object.is_dict() || object.is_namespace()) return get_item(object, Value(name));
-  if (object.is_string()) return string_method(ctx, object.as_string(), name);
+  if (object.is_string()) return get_method(ctx, object, name);
   return Value::undefined(std::string("'") + object.type_name() + "' object has no attribute '" + name + "'");
 }
 

@@ -40,6 +40,12 @@ Value::Value(int64_t i) : kind_(Kind::integer), int_(i) {}
 Value::Value(double d) : kind_(Kind::floating), float_(d) {}
 Value::Value(std::string s)
     : kind_(Kind::string), string_(std::make_shared<const std::string>(std::move(s))) {}
+Value Value::markup(std::string s) {
+  Value v(std::move(s));
+  v.markup_ = true;
+  return v;
+}
+
 Value::Value(List items)
     : kind_(Kind::list), list_(std::make_shared<const List>(std::move(items))) {}
 Value::Value(Dict items) : kind_(Kind::dict), dict_(std::make_shared<Dict>(std::move(items))) {}
@@ -121,7 +127,7 @@ const char* Value::type_name() const {
     case Kind::boolean: return "bool";
     case Kind::integer: return "int";
     case Kind::floating: return "float";
-    case Kind::string: return "str";
+    case Kind::string: return markup_ ? "Markup" : "str";
     case Kind::list: return "list";
     case Kind::dict: return "dict";
     case Kind::ns: return "Namespace";
@@ -260,7 +266,7 @@ std::string to_py_repr(const Value& v, int depth) {
   if (depth > max_value_depth) fail("value nested too deeply to print");
   switch (v.kind()) {
     case Value::Kind::string:
-      return string_repr(v.as_string());
+      return v.is_markup() ? "Markup(" + string_repr(v.as_string()) + ")" : string_repr(v.as_string());
     case Value::Kind::list: {
       std::string out = v.is_tuple() ? "(" : "[";
       bool first = true;
@@ -286,6 +292,24 @@ std::string to_py_repr(const Value& v, int depth) {
       return to_py_str(v);
   }
 }
+
+std::string html_escape(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out.push_back(c);
+    }
+  }
+  return out;
+}
+
+Value escape_to_markup(const Value& v) { return v.is_markup() ? v : Value::markup(html_escape(to_py_str(v))); }
 
 std::string to_py_str(const Value& v) {
   switch (v.kind()) {

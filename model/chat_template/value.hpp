@@ -66,6 +66,9 @@ class Value {
   // A Python tuple: a list that prints as (a, b) and never equals a list.
   static Value tuple(List items);
   static Value function(std::string name, NativeFunction fn);
+  // markupsafe's Markup: a str that `|safe` and `|escape` make. Concatenating a plain str to it
+  // escapes that str, and its string methods return Markup; `~` and printing see plain text.
+  static Value markup(std::string s);
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::undefined; }
@@ -75,6 +78,7 @@ class Value {
   bool is_float() const { return kind_ == Kind::floating; }
   bool is_number() const { return is_bool() || is_int() || is_float(); }  // Python: bool is an int
   bool is_string() const { return kind_ == Kind::string; }
+  bool is_markup() const { return kind_ == Kind::string && markup_; }
   bool is_list() const { return kind_ == Kind::list; }
   bool is_tuple() const { return kind_ == Kind::list && tuple_; }
   bool is_dict() const { return kind_ == Kind::dict; }
@@ -105,6 +109,7 @@ class Value {
   Kind kind_ = Kind::undefined;
   bool bool_ = false;
   bool tuple_ = false;
+  bool markup_ = false;
   int64_t int_ = 0;
   double float_ = 0.0;
   std::string hint_;
@@ -113,6 +118,10 @@ class Value {
   std::shared_ptr<Dict> dict_;
   std::shared_ptr<const Callable> callable_;
 };
+
+// markupsafe.escape(): & < > " ' as HTML entities; a Markup value is returned unchanged.
+std::string html_escape(const std::string& text);
+Value escape_to_markup(const Value& v);
 
 // Python str(value) as Jinja prints it: None -> "None", True -> "True", 1.0 -> "1.0",
 // lists and dicts in repr form; Undefined prints as "".

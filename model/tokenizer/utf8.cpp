@@ -90,14 +90,19 @@ std::string to_valid_lossy(std::string_view bytes) {
   return out;
 }
 
-std::size_t complete_prefix_length(std::string_view bytes) {
-  char32_t cp;
-  std::size_t len;
-  for (std::size_t pos = 0; pos < bytes.size(); pos += len) {
-    // An invalid subpart that runs into the end of the buffer may still become valid.
-    if (!decode(bytes, pos, cp, len) && pos + len >= bytes.size()) return pos;
+std::size_t incomplete_tail_length(std::string_view bytes) {
+  // A character is at most 4 bytes, so an incomplete one starts within the last 3.
+  for (std::size_t back = 1; back <= 3 && back <= bytes.size(); ++back) {
+    const std::size_t pos = bytes.size() - back;
+    if ((static_cast<unsigned char>(bytes[pos]) & 0xC0) == 0x80) continue;  // a continuation byte
+    const auto lead = static_cast<unsigned char>(bytes[pos]);
+    char32_t cp;
+    std::size_t len;
+    // From a valid lead byte, decode() fails at the end of the input exactly when it runs out
+    // of bytes; an invalid continuation byte fails it earlier.
+    return lead >= 0xC2 && lead <= 0xF4 && !decode(bytes, pos, cp, len) && pos + len == bytes.size() ? back : 0;
   }
-  return bytes.size();
+  return 0;
 }
 
 }  // namespace fp8serve::utf8

@@ -18,8 +18,10 @@ bool is_valid(std::string_view s);
 // Replaces every invalid subpart by U+FFFD (String::from_utf8_lossy).
 std::string to_valid_lossy(std::string_view bytes);
 
-// Length of the longest prefix of `bytes` that does not end inside an incomplete (but so far
-// valid) multi-byte sequence: the part a streaming decoder may release now.
-std::size_t complete_prefix_length(std::string_view bytes);
+// Length of the incomplete character `bytes` ends with: a valid lead byte and the valid
+// continuation bytes that follow it, fewer than the lead byte announces (0 when there is none).
+// Everything before it a streaming decoder may release now; invalid bytes included, since no
+// later byte can make them valid.
+std::size_t incomplete_tail_length(std::string_view bytes);
 
 }  // namespace fp8serve::utf8

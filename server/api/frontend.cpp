@@ -3,6 +3,8 @@
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 
+#include <algorithm>
+#include <cstring>
 #include <ctime>
 
 namespace fp8serve {
@@ -27,6 +29,27 @@ HttpReply json_reply(const Json& body, int status = 200) {
 }
 
 std::string path_of(const std::string& target) { return target.substr(0, target.find('?')); }
+
+// "%2F" -> "/": a model id in the path may be percent-encoded by the client. Malformed escapes
+// stay as they are.
+std::string percent_decode(const std::string& s) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out += static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
 
 bool is_json_content_type(const std::string& value) {
   std::string media = value.substr(0, value.find(';'));
@@ -72,7 +95,20 @@ bool ApiFrontend::authorized(const std::string& authorization) const {
   return CRYPTO_memcmp(a, b, sizeof a) == 0 && !given.empty();
 }
 
-std::optional<ApiError> ApiFrontend::admit(int num_seqs) {
+std::optional<ApiError> ApiFrontend::admit(int num_seqs, int num_prompts, const ApiRequest& r) {
+  // A request larger than everything the server can hold at once would get 503 forever: that
+  // is the client's to fix, a 400 naming the limits.
+  const int capacity = model_->max_num_seqs + options_.max_waiting_requests;
+  if (num_seqs > capacity) {
+    std::string what = std::to_string(num_prompts) + " prompt" + (num_prompts == 1 ? "" : "s");
+    if (r.n > 1) what += " x n=" + std::to_string(r.n);
+    if (r.best_of > r.n) what += " (best_of=" + std::to_string(r.best_of) + ")";
+    return bad_request("This request needs " + std::to_string(num_seqs) + " sequences (" + what +
+                           ") but the server holds at most " + std::to_string(capacity) + " at once (--max-num-seqs " +
+                           std::to_string(model_->max_num_seqs) + " running + --max-waiting-requests " +
+                           std::to_string(options_.max_waiting_requests) + " waiting): split it into smaller requests.",
+                       r.best_of > 1 ? (r.best_of > r.n ? "best_of" : "n") : "prompt", "request_too_large");
+  }
   // Running sequences are at most max_num_seqs, so whatever is in flight beyond that waits:
   // an upper estimate of the queue that needs nothing from the engine thread.
   const int after = in_flight_seqs_.fetch_add(num_seqs) + num_seqs;
@@ -88,20 +124,24 @@ RouteResult ApiFrontend::handle(const HttpRequestIn& request) {
   const State state = state_.load(std::memory_order_acquire);
   const std::string& method = request.method;
 
+  // HEAD is GET without the body (the HTTP layer drops it): RFC 9110 §9.3.2.
   struct Route {
     const char* path;
     const char* method;
+    bool prefix;  // /v1/models/{id}
   };
-  static constexpr Route kRoutes[] = {{"/health", "GET"},          {"/v1/models", "GET"},   {"/metrics", "GET"},
-                                      {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
-                                      {"/tokenize", "POST"},       {"/detokenize", "POST"}};
+  static constexpr Route kRoutes[] = {{"/health", "GET", false},          {"/v1/models", "GET", false},
+                                      {"/v1/models/", "GET", true},       {"/metrics", "GET", false},
+                                      {"/v1/completions", "POST", false}, {"/v1/chat/completions", "POST", false},
+                                      {"/tokenize", "POST", false},       {"/detokenize", "POST", false}};
   const Route* route = nullptr;
   for (const Route& r : kRoutes)
-    if (path == r.path) route = &r;
+    if (r.prefix ? path.size() > std::strlen(r.path) && path.rfind(r.path, 0) == 0 : path == r.path) route = &r;
   if (route == nullptr) return error_reply(not_found("Route " + path + " not found.", "not_found"));
-  if (method != route->method) {
+  const bool get_route = std::strcmp(route->method, "GET") == 0;
+  if (method != route->method && !(get_route && method == "HEAD")) {
     HttpReply reply = error_reply(method_not_allowed(method, path));
-    reply.headers.emplace_back("Allow", route->method);
+    reply.headers.emplace_back("Allow", get_route ? "GET, HEAD" : route->method);
     return reply;
   }
   if (path == "/health") {
@@ -117,6 +157,7 @@ RouteResult ApiFrontend::handle(const HttpRequestIn& request) {
     return reply;
   }
   if (path == "/v1/models") return handle_models();
+  if (route->prefix) return handle_model(percent_decode(path.substr(std::strlen(route->path))));
   if (!is_json_content_type(request.content_type)) return error_reply(unsupported_media_type());
   if (path == "/tokenize") return handle_tokenize(request);
   if (path == "/detokenize") return handle_detokenize(request);
@@ -124,27 +165,56 @@ RouteResult ApiFrontend::handle(const HttpRequestIn& request) {
   return handle_generation(request, path == "/v1/completions" ? ApiKind::completion : ApiKind::chat);
 }
 
-HttpReply ApiFrontend::handle_models() const {
-  Json model = {{"id", model_->served_model_name}, {"object", "model"},        {"created", created_},
-                {"owned_by", "fp8serve"},           {"root", model_->served_model_name}, {"parent", nullptr},
-                {"max_model_len", model_->max_model_len}};
-  return json_reply({{"object", "list"}, {"data", Json::array({model})}});
+Json ApiFrontend::model_card() const {
+  return {{"id", model_->served_model_name}, {"object", "model"},        {"created", created_},
+          {"owned_by", "fp8serve"},           {"root", model_->served_model_name}, {"parent", nullptr},
+          {"max_model_len", model_->max_model_len}};
 }
 
-std::variant<std::string, ApiError> ApiFrontend::render_chat(const Json& messages, const Json& tools,
-                                                             bool add_generation_prompt, const Json& kwargs) const {
+HttpReply ApiFrontend::handle_models() const { return json_reply({{"object", "list"}, {"data", Json::array({model_card()})}}); }
+
+HttpReply ApiFrontend::handle_model(const std::string& id) const {
+  if (id != model_->served_model_name) return error_reply(not_found("The model '" + id + "' does not exist.", "model_not_found"));
+  return json_reply(model_card());
+}
+
+std::variant<std::string, ApiError> ApiFrontend::render_chat(const ApiRequest& r) const {
   if (model_->chat_template == nullptr)
     return bad_request("This model has no chat template: use /v1/completions, or start the server with --chat-template FILE.",
                        "messages");
   Json extras = model_->template_extras;
-  for (const auto& [key, value] : kwargs.items()) extras[key] = value;
+  if (!r.documents.is_null()) extras["documents"] = r.documents;
+  for (const auto& [key, value] : r.template_kwargs.items()) extras[key] = value;
   ChatTemplateOptions options;
   const std::time_t now = std::time(nullptr);
   localtime_r(&now, &options.now);
-  ChatTemplateResult result =
-      model_->chat_template->render(make_chat_context(messages, tools, add_generation_prompt, extras), options);
+  const Json context = make_chat_context(r.messages, r.tools, r.add_generation_prompt, extras);
+  ChatTemplateResult result = r.continue_final_message
+                                  ? render_continuing_final_message(*model_->chat_template, context, options)
+                                  : model_->chat_template->render(context, options);
   if (!result.ok()) return bad_request("The chat template rejected the messages: " + result.error->message, "messages");
   return std::move(result.text);
+}
+
+std::optional<ApiError> ApiFrontend::check_token_ids(const ApiRequest& r) const {
+  const int vocab = vocab_size();
+  auto outside = [&](int32_t id) { return id < 0 || id >= vocab; };
+  const std::string size = " is out of vocabulary (size " + std::to_string(vocab) + ").";
+  for (const int32_t id : r.stop_token_ids)
+    if (outside(id)) return bad_request("'stop_token_ids': token id " + std::to_string(id) + size, "stop_token_ids");
+  for (const auto& [id, bias] : r.sampling.logit_bias)
+    if (outside(id)) return bad_request("'logit_bias': token id " + std::to_string(id) + size, "logit_bias");
+  for (const int32_t id : r.sampling.allowed_token_ids)
+    if (outside(id)) return bad_request("'allowed_token_ids': token id " + std::to_string(id) + size, "allowed_token_ids");
+  for (const PromptInput& p : r.prompts)
+    for (const int32_t id : p.tokens)
+      if (outside(id)) return bad_request("Token id " + std::to_string(id) + size, "prompt");
+  return std::nullopt;
+}
+
+int ApiFrontend::vocab_size() const {
+  const int tokenizer_vocab = model_->tokenizer->vocab_size();
+  return model_->vocab_size > 0 ? std::min(tokenizer_vocab, model_->vocab_size) : tokenizer_vocab;
 }
 
 RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind kind) {
@@ -153,38 +223,43 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
   ApiRequest& r = std::get<ApiRequest>(parsed);
   if (!r.model.empty() && r.model != model_->served_model_name)
     return error_reply(not_found("The model '" + r.model + "' does not exist.", "model_not_found"));
+  if (auto error = check_token_ids(r)) return error_reply(*error);
 
   const Tokenizer& tokenizer = *model_->tokenizer;
   // Tokenized prompts and, for echo, their text.
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> texts;
   if (kind == ApiKind::chat) {
-    auto rendered = render_chat(r.messages, r.tools, r.add_generation_prompt, r.template_kwargs);
+    auto rendered = render_chat(r);
     if (auto* error = std::get_if<ApiError>(&rendered)) return error_reply(*error);
     // The template already wrote the special tokens (BOS) it wants, as vLLM does for chat.
-    prompts.push_back(tokenizer.encode(std::get<std::string>(rendered), /*add_special_tokens=*/false));
+    prompts.push_back(tokenizer.encode(std::get<std::string>(rendered), r.add_special_tokens.value_or(false)));
     texts.push_back(std::get<std::string>(rendered));
   } else {
     for (const PromptInput& p : r.prompts) {
       if (p.text) {
-        prompts.push_back(tokenizer.encode(*p.text, /*add_special_tokens=*/true));
+        prompts.push_back(tokenizer.encode(*p.text, r.add_special_tokens.value_or(true)));
         texts.push_back(*p.text);
       } else {
-        for (int32_t id : p.tokens)
-          if (id >= tokenizer.vocab_size())
-            return error_reply(bad_request("Token id " + std::to_string(id) + " is out of vocabulary (size " +
-                                               std::to_string(tokenizer.vocab_size()) + ").",
-                                           "prompt"));
         prompts.push_back(p.tokens);
         texts.push_back(tokenizer.decode(p.tokens, /*skip_special_tokens=*/false));
       }
     }
   }
-  for (int32_t id : r.stop_token_ids)
-    if (id >= tokenizer.vocab_size()) return error_reply(bad_request("stop_token_ids: id out of vocabulary.", "stop_token_ids"));
+  if (r.truncate_prompt_tokens) {
+    // vLLM's semantics: keep the last N tokens; echo then shows what the model saw.
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      if (static_cast<int>(prompts[p].size()) <= *r.truncate_prompt_tokens) continue;
+      prompts[p].erase(prompts[p].begin(), prompts[p].end() - *r.truncate_prompt_tokens);
+      texts[p] = tokenizer.decode(prompts[p], /*skip_special_tokens=*/false);
+    }
+  }
 
-  if (r.n > model_->max_num_seqs)
-    return error_reply(bad_request("'n' must be at most " + std::to_string(model_->max_num_seqs) + " (--max-num-seqs).", "n"));
+  for (const auto& [value, name] : {std::pair{r.n, "n"}, std::pair{r.best_of, "best_of"}})
+    if (value > model_->max_num_seqs)
+      return error_reply(bad_request("'" + std::string(name) + "' must be at most " + std::to_string(model_->max_num_seqs) +
+                                         " (--max-num-seqs).",
+                                     name));
   const int max_len = model_->max_model_len;
   std::vector<int> max_tokens(prompts.size());
   for (size_t p = 0; p < prompts.size(); ++p) {
@@ -201,8 +276,12 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
     max_tokens[p] = wanted;
   }
 
-  const int num_seqs = static_cast<int>(prompts.size()) * r.n;
-  if (auto error = admit(num_seqs)) return error_reply(*error);
+  // best_of > n: every candidate is a sequence; the n best (by cumulative logprob, which the
+  // sampler then computes for the chosen tokens) are returned by the ResponseBuilder.
+  const int num_seqs = static_cast<int>(prompts.size()) * r.best_of;
+  if (auto error = admit(num_seqs, static_cast<int>(prompts.size()), r)) return error_reply(*error);
+  SamplingParams sampling = r.sampling;
+  if (r.best_of > r.n) sampling.num_logprobs = std::max(sampling.num_logprobs, 0);
 
   ResponseMeta meta;
   meta.kind = kind;
@@ -210,10 +289,12 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
   meta.created = static_cast<int64_t>(std::time(nullptr));
   meta.model = model_->served_model_name;
   meta.n = r.n;
+  meta.best_of = r.best_of;
   meta.num_prompts = static_cast<int>(prompts.size());
   meta.stream = r.stream;
   meta.include_usage = r.include_usage;
   meta.num_logprobs = r.sampling.num_logprobs;
+  meta.tokens_as_ids = r.return_tokens_as_token_ids;
   if (r.echo) meta.echo_texts = texts;
   for (const auto& p : prompts) meta.prompt_tokens.push_back(static_cast<int>(p.size()));
 
@@ -231,39 +312,52 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
     GenerationRequest g;
     g.request_id = prompts.size() == 1 ? request.request_id : request.request_id + "-" + std::to_string(p);
     g.prompt_tokens = std::move(prompts[p]);
-    g.sampling = r.sampling;
+    g.sampling = sampling;
     g.max_tokens = max_tokens[p];
     g.stop = r.stop;
+    g.include_stop_str_in_output = r.include_stop_str_in_output;
     g.stop_token_ids = r.stop_token_ids;
     g.ignore_eos = r.ignore_eos;
-    g.n = r.n;
+    g.n = r.best_of;
     g.skip_special_tokens = r.skip_special_tokens;
     job.requests.push_back(std::move(g));
   }
   return job;
 }
 
+// vLLM's /tokenize and /detokenize: unknown fields are refused here too, and `model`, when
+// given, must be the served one.
+std::optional<ApiError> ApiFrontend::check_utility_body(const Json& body, const std::vector<std::string>& known) const {
+  if (!body.is_object()) return bad_request("the request body must be a JSON object.");
+  for (const auto& [key, value] : body.items())
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      return bad_request("Unknown parameter: '" + key + "'.", key, "unknown_parameter");
+  if (const auto it = body.find("model"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return bad_request("'model' must be a string.", "model");
+    if (*it != model_->served_model_name)
+      return not_found("The model '" + it->get<std::string>() + "' does not exist.", "model_not_found");
+  }
+  return std::nullopt;
+}
+
 HttpReply ApiFrontend::handle_tokenize(const HttpRequestIn& request) {
   auto doc = parse_json_body(request.body, options_.limits.max_json_depth);
   if (auto* error = std::get_if<ApiError>(&doc)) return error_reply(*error);
   const Json& body = std::get<Json>(doc);
-  if (!body.is_object()) return error_reply(bad_request("the request body must be a JSON object."));
-  auto flag = [&](const char* key, bool fallback) -> std::variant<bool, ApiError> {
-    auto it = body.find(key);
-    if (it == body.end() || it->is_null()) return fallback;
-    if (!it->is_boolean()) return bad_request(std::string("'") + key + "' must be a boolean.", key);
-    return it->get<bool>();
-  };
+  const bool chat = body.is_object() && body.contains("messages");
+  static const std::vector<std::string> kChatFields = {"model", "messages", "add_generation_prompt", "continue_final_message",
+                                                       "chat_template_kwargs", "add_special_tokens"};
+  static const std::vector<std::string> kPromptFields = {"model", "prompt", "add_special_tokens"};
+  if (auto error = check_utility_body(body, chat ? kChatFields : kPromptFields)) return error_reply(*error);
   std::string text;
   bool add_special = true;
-  if (body.contains("messages")) {
-    // Validate through the chat parser so /tokenize accepts exactly what chat accepts.
-    Json chat = {{"messages", body["messages"]}};
-    auto parsed = parse_api_request(dump_json(chat), ApiKind::chat, options_.limits);
+  if (chat) {
+    // Validate and render through the chat parser, so /tokenize accepts exactly what chat does.
+    Json chat_body = body;
+    chat_body.erase("add_special_tokens");
+    auto parsed = parse_api_request(dump_json(chat_body), ApiKind::chat, options_.limits);
     if (auto* error = std::get_if<ApiError>(&parsed)) return error_reply(*error);
-    auto gen = flag("add_generation_prompt", true);
-    if (auto* error = std::get_if<ApiError>(&gen)) return error_reply(*error);
-    auto rendered = render_chat(std::get<ApiRequest>(parsed).messages, nullptr, std::get<bool>(gen), Json::object());
+    auto rendered = render_chat(std::get<ApiRequest>(parsed));
     if (auto* error = std::get_if<ApiError>(&rendered)) return error_reply(*error);
     text = std::get<std::string>(rendered);
     add_special = false;
@@ -272,9 +366,11 @@ HttpReply ApiFrontend::handle_tokenize(const HttpRequestIn& request) {
     if (it == body.end() || !it->is_string()) return error_reply(bad_request("'prompt' (a string) or 'messages' is required.", "prompt"));
     text = it->get<std::string>();
   }
-  auto special = flag("add_special_tokens", add_special);
-  if (auto* error = std::get_if<ApiError>(&special)) return error_reply(*error);
-  const std::vector<int32_t> tokens = model_->tokenizer->encode(text, std::get<bool>(special));
+  if (const auto it = body.find("add_special_tokens"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) return error_reply(bad_request("'add_special_tokens' must be a boolean.", "add_special_tokens"));
+    add_special = it->get<bool>();
+  }
+  const std::vector<int32_t> tokens = model_->tokenizer->encode(text, add_special);
   return json_reply({{"tokens", tokens}, {"count", tokens.size()}, {"max_model_len", model_->max_model_len}});
 }
 
@@ -282,7 +378,9 @@ HttpReply ApiFrontend::handle_detokenize(const HttpRequestIn& request) {
   auto doc = parse_json_body(request.body, options_.limits.max_json_depth);
   if (auto* error = std::get_if<ApiError>(&doc)) return error_reply(*error);
   const Json& body = std::get<Json>(doc);
-  if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array())
+  static const std::vector<std::string> kFields = {"model", "tokens"};
+  if (auto error = check_utility_body(body, kFields)) return error_reply(*error);
+  if (!body.contains("tokens") || !body["tokens"].is_array())
     return error_reply(bad_request("'tokens' (a list of token ids) is required.", "tokens"));
   std::vector<int32_t> ids;
   for (const Json& id : body["tokens"]) {

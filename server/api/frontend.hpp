@@ -47,6 +47,7 @@ struct ModelContext {
   std::string served_model_name;
   int max_model_len = 0;
   int max_num_seqs = 1;           // caps n; and the waiting-queue estimate
+  int vocab_size = 0;             // the model's logits; 0 = the tokenizer's vocabulary
   int64_t max_pool_tokens = 0;    // tokens the whole KV pool holds; 0 = unchecked
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  // null: the model ships none
@@ -94,12 +95,19 @@ class ApiFrontend {
   RouteResult handle_generation(const HttpRequestIn& request, ApiKind kind);
   HttpReply handle_tokenize(const HttpRequestIn& request);
   HttpReply handle_detokenize(const HttpRequestIn& request);
+  std::optional<ApiError> check_utility_body(const nlohmann::ordered_json& body, const std::vector<std::string>& known) const;
   HttpReply handle_models() const;
+  HttpReply handle_model(const std::string& id) const;  // GET /v1/models/{id}
+  nlohmann::ordered_json model_card() const;
   bool authorized(const std::string& authorization) const;
-  // Renders `messages` with the model's chat template: the prompt text, or a 400.
-  std::variant<std::string, ApiError> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                                                  bool add_generation_prompt, const nlohmann::ordered_json& kwargs) const;
-  std::optional<ApiError> admit(int num_seqs);
+  // Renders a chat request's messages with the model's chat template: the prompt text, or a 400.
+  std::variant<std::string, ApiError> render_chat(const ApiRequest& r) const;
+  // Every token id the request names (prompt, stop_token_ids, logit_bias, allowed_token_ids)
+  // must index the model's logits.
+  std::optional<ApiError> check_token_ids(const ApiRequest& r) const;
+  int vocab_size() const;
+  // 400 for a request that can never fit; 503 + Retry-After while the queue is full.
+  std::optional<ApiError> admit(int num_seqs, int num_prompts, const ApiRequest& r);
 
   FrontendOptions options_;
   ServerMetrics& metrics_;

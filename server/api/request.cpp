@@ -1,105 +1,21 @@
 #include "server/api/request.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
+#include <map>
+
+#include "server/api/request_features.hpp"
+#include "server/api/request_fields.hpp"
 
 namespace fp8serve {
 
 namespace {
 
-using Json = nlohmann::ordered_json;
-
-// Thrown inside this file only and turned into a value at the parse boundary.
-struct Rejected {
-  ApiError error;
-};
-
-[[noreturn]] void reject(const std::string& param, const std::string& message) {
-  throw Rejected{bad_request(message, param)};
-}
+using namespace api_detail;
 
 struct TooDeep {};
-
-std::string type_name(const Json& v) {
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_number()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_array()) return "an array";
-  if (v.is_object()) return "an object";
-  return "null";
-}
-
-// Reads optional fields of one JSON object; a field that is absent or null counts as absent,
-// as the OpenAI API treats them.
-class Fields {
- public:
-  explicit Fields(const Json& object) : object_(object) {}
-
-  const Json* find(const char* key) const {
-    auto it = object_.find(key);
-    if (it == object_.end() || it->is_null()) return nullptr;
-    return &*it;
-  }
-
-  std::optional<double> number(const char* key, double lo, double hi, bool lo_open = false) const {
-    const Json* v = find(key);
-    if (v == nullptr) return std::nullopt;
-    if (!v->is_number()) reject(key, std::string("'") + key + "' must be a number, got " + type_name(*v) + ".");
-    const double x = v->get<double>();
-    const bool below = lo_open ? !(x > lo) : !(x >= lo);
-    if (below || !(x <= hi) || !std::isfinite(x)) {
-      std::string range = std::string(lo_open ? "(" : "[") + format(lo) + ", " + format(hi) + "]";
-      reject(key, std::string("'") + key + "' must be in " + range + ", got " + v->dump() + ".");
-    }
-    return x;
-  }
-
-  std::optional<int64_t> integer(const char* key, int64_t lo, int64_t hi) const {
-    const Json* v = find(key);
-    if (v == nullptr) return std::nullopt;
-    return as_integer(*v, key, lo, hi);
-  }
-
-  std::optional<bool> boolean(const char* key) const {
-    const Json* v = find(key);
-    if (v == nullptr) return std::nullopt;
-    if (!v->is_boolean()) reject(key, std::string("'") + key + "' must be a boolean, got " + type_name(*v) + ".");
-    return v->get<bool>();
-  }
-
-  std::optional<std::string> string(const char* key) const {
-    const Json* v = find(key);
-    if (v == nullptr) return std::nullopt;
-    if (!v->is_string()) reject(key, std::string("'") + key + "' must be a string, got " + type_name(*v) + ".");
-    return v->get<std::string>();
-  }
-
-  static int64_t as_integer(const Json& v, const std::string& param, int64_t lo, int64_t hi) {
-    // 5.0 is accepted as 5 (JSON has one number type); 5.5 is not.
-    int64_t x = 0;
-    if (v.is_number_integer()) {
-      if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        reject(param, "'" + param + "' must be at most " + std::to_string(hi) + ", got " + v.dump() + ".");
-      x = v.get<int64_t>();
-    } else if (v.is_number_float() && std::isfinite(v.get<double>()) && std::trunc(v.get<double>()) == v.get<double>() &&
-               std::fabs(v.get<double>()) < 9e18) {
-      x = static_cast<int64_t>(v.get<double>());
-    } else {
-      reject(param, "'" + param + "' must be an integer, got " + type_name(v) + ".");
-    }
-    if (x < lo || x > hi)
-      reject(param, "'" + param + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
-                        std::to_string(x) + ".");
-    return x;
-  }
-
- private:
-  static std::string format(double x) {
-    if (std::trunc(x) == x && std::fabs(x) < 1e15) return std::to_string(static_cast<int64_t>(x));
-    return Json(x).dump();
-  }
-  const Json& object_;
-};
 
 std::vector<int32_t> token_list(const Json& v, const std::string& param) {
   if (v.empty()) reject(param, "'" + param + "' must not be an empty list of token ids.");
@@ -196,8 +112,83 @@ std::vector<std::string> parse_stop(const Json* stop, const ApiLimits& limits) {
   return out;
 }
 
+std::vector<int32_t> id_list(const Json* v, const std::string& param, size_t max_size) {
+  std::vector<int32_t> ids;
+  if (v == nullptr) return ids;
+  if (!v->is_array()) reject(param, "'" + param + "' must be a list of token ids.");
+  if (v->size() > max_size) reject(param, "'" + param + "' holds at most " + std::to_string(max_size) + " token ids.");
+  for (const Json& id : *v)
+    ids.push_back(static_cast<int32_t>(Fields::as_integer(id, param, 0, std::numeric_limits<int32_t>::max())));
+  return ids;
+}
+
+// {"50256": -100, ...}: token ids as decimal strings (JSON keys are strings), biases in
+// [-100, 100] added to the logits. The ids are checked against the vocabulary by the front end.
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const Json* v, const ApiLimits& limits) {
+  std::vector<std::pair<int32_t, float>> out;
+  if (v == nullptr) return out;
+  if (!v->is_object())
+    reject("logit_bias", "'logit_bias' must be an object mapping token ids to biases, e.g. {\"50256\": -100}.");
+  if (static_cast<int>(v->size()) > limits.max_logit_bias)
+    reject("logit_bias", "'logit_bias' holds at most " + std::to_string(limits.max_logit_bias) + " entries, got " +
+                             std::to_string(v->size()) + ".");
+  std::map<int32_t, float> bias;  // "7" and "07" name one token: the later entry wins, as in a Python dict
+  for (const auto& [key, value] : v->items()) {
+    const bool digits = !key.empty() && key.size() <= 10 && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits || std::stoll(key) > std::numeric_limits<int32_t>::max())
+      reject("logit_bias", "'logit_bias' keys must be token ids written as decimal integers, got '" + key + "'.");
+    if (!value.is_number())
+      reject("logit_bias", "'logit_bias' values must be numbers in [-100, 100], got " + type_name(value) + " for token " + key + ".");
+    const double b = value.get<double>();
+    if (!(b >= -100.0 && b <= 100.0))
+      reject("logit_bias", "'logit_bias' values must be in [-100, 100], got " + value.dump() + " for token " + key + ".");
+    bias[static_cast<int32_t>(std::stoll(key))] = static_cast<float>(b);
+  }
+  out.assign(bias.begin(), bias.end());
+  return out;
+}
+
+void parse_stream_options(const Fields& f, ApiRequest& r) {
+  const Json* options = f.find("stream_options");
+  if (options == nullptr) return;
+  if (!options->is_object()) reject("stream_options", "'stream_options' must be an object.");
+  if (!r.stream) reject("stream_options", "'stream_options' is only allowed when 'stream' is true.");
+  for (const auto& [key, value] : options->items())
+    if (key != "include_usage" && key != "include_obfuscation" && key != "continuous_usage_stats")
+      reject("stream_options", "Unknown parameter: 'stream_options." + key + "'.", "unknown_parameter");
+  const Fields o(*options);
+  r.include_usage = o.boolean("include_usage").value_or(false);
+  (void)o.boolean("include_obfuscation");  // no obfuscation padding is ever sent: nothing to turn off
+  if (o.boolean("continuous_usage_stats").value_or(false))
+    reject("stream_options", "'stream_options.continuous_usage_stats' is not supported by this server: usage comes in "
+                             "the last chunk (include_usage).", "unsupported_parameter");
+}
+
+void parse_chat_fields(const Fields& f, ApiRequest& r) {
+  r.messages = parse_messages(f.find("messages"));
+  if (const Json* kwargs = f.find("chat_template_kwargs")) {
+    if (!kwargs->is_object()) reject("chat_template_kwargs", "'chat_template_kwargs' must be an object.");
+    r.template_kwargs = *kwargs;
+  }
+  if (const Json* documents = f.find("documents")) {
+    if (!documents->is_array()) reject("documents", "'documents' must be a list of objects.");
+    for (const Json& d : *documents)
+      if (!d.is_object()) reject("documents", "'documents' must be a list of objects, e.g. {\"title\": ..., \"text\": ...}.");
+    r.documents = *documents;
+  }
+  r.continue_final_message = f.boolean("continue_final_message").value_or(false);
+  const std::optional<bool> generation_prompt = f.boolean("add_generation_prompt");
+  if (r.continue_final_message && generation_prompt.value_or(false))
+    reject("continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true.");
+  r.add_generation_prompt = generation_prompt.value_or(!r.continue_final_message);
+  if (r.continue_final_message && !r.messages.back().contains("content"))
+    reject("continue_final_message", "'continue_final_message' needs a last message with text content.");
+  // tools / tool_choice were judged by check_request_fields: tools are not rendered (r.tools null).
+}
+
 ApiRequest parse_fields(const Json& body, ApiKind kind, const ApiLimits& limits) {
   if (!body.is_object()) reject("", "the request body must be a JSON object.");
+  check_request_fields(body, kind);
   const Fields f(body);
   ApiRequest r;
   r.kind = kind;
@@ -206,20 +197,11 @@ ApiRequest parse_fields(const Json& body, ApiKind kind, const ApiLimits& limits)
   if (kind == ApiKind::completion) {
     r.prompts = parse_prompts(f.find("prompt"), limits);
     r.echo = f.boolean("echo").value_or(false);
-    if (auto suffix = f.string("suffix"); suffix && !suffix->empty())
-      reject("suffix", "'suffix' is not supported by this server.");
   } else {
-    r.messages = parse_messages(f.find("messages"));
-    if (const Json* tools = f.find("tools")) {
-      if (!tools->is_array()) reject("tools", "'tools' must be a list.");
-      r.tools = *tools;
-    }
-    if (const Json* kwargs = f.find("chat_template_kwargs")) {
-      if (!kwargs->is_object()) reject("chat_template_kwargs", "'chat_template_kwargs' must be an object.");
-      r.template_kwargs = *kwargs;
-    }
-    r.add_generation_prompt = f.boolean("add_generation_prompt").value_or(true);
+    parse_chat_fields(f, r);
   }
+  r.add_special_tokens = f.boolean("add_special_tokens");
+  if (auto v = f.integer("truncate_prompt_tokens", 1, 1 << 24)) r.truncate_prompt_tokens = static_cast<int>(*v);
 
   // max_completion_tokens is the newer chat name; it wins when both are given.
   constexpr int64_t kMaxTokens = 1 << 24;
@@ -238,6 +220,12 @@ ApiRequest parse_fields(const Json& body, ApiKind kind, const ApiLimits& limits)
   s.repetition_penalty = static_cast<float>(f.number("repetition_penalty", 0.0, 2.0, /*lo_open=*/true).value_or(1.0));
   if (auto seed = f.integer("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()))
     s.seed = static_cast<uint64_t>(*seed);
+  s.logit_bias = parse_logit_bias(f.find("logit_bias"), limits);
+  if (const Json* allowed = f.find("allowed_token_ids")) {
+    if (allowed->is_array() && allowed->empty())
+      reject("allowed_token_ids", "'allowed_token_ids' must not be empty (it would leave nothing to sample).");
+    s.allowed_token_ids = id_list(allowed, "allowed_token_ids", 1u << 20);
+  }
 
   if (kind == ApiKind::completion) {
     if (auto v = f.integer("logprobs", 0, limits.max_logprobs)) s.num_logprobs = static_cast<int>(*v);
@@ -249,24 +237,22 @@ ApiRequest parse_fields(const Json& body, ApiKind kind, const ApiLimits& limits)
   }
   if (r.echo && s.num_logprobs >= 0)
     reject("echo", "'echo' together with 'logprobs' (prompt logprobs) is not supported by this server.");
+  r.return_tokens_as_token_ids = f.boolean("return_tokens_as_token_ids").value_or(false);
 
   r.stop = parse_stop(f.find("stop"), limits);
-  if (const Json* ids = f.find("stop_token_ids")) {
-    if (!ids->is_array()) reject("stop_token_ids", "'stop_token_ids' must be a list of token ids.");
-    if (static_cast<int>(ids->size()) > limits.max_stop) reject("stop_token_ids", "too many 'stop_token_ids'.");
-    for (const Json& id : *ids)
-      r.stop_token_ids.push_back(static_cast<int32_t>(Fields::as_integer(id, "stop_token_ids", 0, std::numeric_limits<int32_t>::max())));
-  }
+  r.stop_token_ids = id_list(f.find("stop_token_ids"), "stop_token_ids", static_cast<size_t>(limits.max_stop));
+  r.include_stop_str_in_output = f.boolean("include_stop_str_in_output").value_or(false);
   r.n = static_cast<int>(f.integer("n", 1, limits.max_n).value_or(1));
   r.stream = f.boolean("stream").value_or(false);
-  if (const Json* options = f.find("stream_options")) {
-    if (!options->is_object()) reject("stream_options", "'stream_options' must be an object.");
-    if (!r.stream) reject("stream_options", "'stream_options' is only allowed when 'stream' is true.");
-    r.include_usage = Fields(*options).boolean("include_usage").value_or(false);
-  }
+  r.best_of = static_cast<int>(f.integer("best_of", 1, limits.max_n).value_or(r.n));
+  if (r.best_of < r.n)
+    reject("best_of", "'best_of' must be at least 'n' (" + std::to_string(r.n) + "), got " + std::to_string(r.best_of) + ".");
+  if (r.stream && r.best_of > r.n)
+    reject("best_of", "'best_of' greater than 'n' cannot be streamed: which choices are best is known only when all "
+                      "are done.");
+  parse_stream_options(f, r);
   r.ignore_eos = f.boolean("ignore_eos").value_or(false);
   r.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);
-  (void)f.string("user");  // accepted and type-checked; not used
   return r;
 }
 
@@ -292,7 +278,7 @@ std::variant<ApiRequest, ApiError> parse_api_request(std::string_view body, ApiK
   if (auto* error = std::get_if<ApiError>(&doc)) return *error;
   try {
     return parse_fields(std::get<Json>(doc), kind, limits);
-  } catch (const Rejected& r) {
+  } catch (const api_detail::Rejected& r) {
     return r.error;
   } catch (const Json::exception& e) {
     // A type mismatch a check above did not foresee: still the client's input, still a 400.

@@ -2,7 +2,8 @@
 // The OpenAI request bodies of /v1/completions and /v1/chat/completions, parsed and validated.
 // Pure: no tokenizer, no engine. Every deterministic input error becomes a 400 ApiError naming
 // the offending parameter; checks that need the model (token ids in the vocabulary, the context
-// length) happen in the front end once the prompt is tokenized.
+// length) happen in the front end once the prompt is tokenized. Which fields exist at all, and
+// which are rejected or ignored, is request_features.hpp's table.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -28,6 +29,7 @@ struct ApiLimits {
   int max_stop_bytes = 512;
   int max_prompts = 64;  // prompts in one completions request
   int max_json_depth = 64;
+  int max_logit_bias = 1024;  // logit_bias entries
 };
 
 // One prompt of a completions request: either text or token ids.
@@ -41,19 +43,28 @@ struct ApiRequest {
   std::string model;                        // empty when the client did not name one
   std::vector<PromptInput> prompts;         // completion
   nlohmann::ordered_json messages;          // chat: array of message objects (text content)
-  nlohmann::ordered_json tools;             // chat: null when absent
+  // chat: tools to render into the prompt; null while tool calling is not supported (tools are
+  // accepted only with tool_choice "none" and then not shown to the model: request_features.cpp).
+  nlohmann::ordered_json tools;
+  nlohmann::ordered_json documents;         // chat: null when absent
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs
   bool add_generation_prompt = true;        // chat
+  bool continue_final_message = false;      // chat: the prompt ends inside the last message
+  std::optional<bool> add_special_tokens;   // unset: true for completions, false for chat
+  std::optional<int> truncate_prompt_tokens;  // keep the prompt's last N tokens
   std::optional<int> max_tokens;            // unset: completion 16, chat the rest of the context
-  SamplingParams sampling;
+  SamplingParams sampling;                  // logit_bias / allowed_token_ids ids not yet checked against the vocabulary
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
+  bool include_stop_str_in_output = false;
   int n = 1;
+  int best_of = 1;                          // >= n: choices generated; the n best are returned
   bool stream = false;
   bool include_usage = false;               // stream_options.include_usage
   bool echo = false;                        // completion: prepend the prompt to the text
   bool ignore_eos = false;
   bool skip_special_tokens = true;
+  bool return_tokens_as_token_ids = false;  // logprobs tokens as "token_id:N"
 };
 
 // Parses a JSON document with a nesting limit; malformed or too deep -> 400.

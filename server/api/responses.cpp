@@ -71,12 +71,13 @@ Json finish_json(const std::optional<FinishReason>& finish) {
 
 ResponseBuilder::ResponseBuilder(ResponseMeta meta, TokenBytesFn token_bytes)
     : meta_(std::move(meta)), token_bytes_(std::move(token_bytes)) {
-  choices_.resize(static_cast<size_t>(meta_.num_prompts) * static_cast<size_t>(meta_.n));
+  meta_.best_of = std::max(meta_.best_of, meta_.n);
+  choices_.resize(static_cast<size_t>(meta_.num_prompts) * static_cast<size_t>(meta_.best_of));
   cached_tokens_.assign(static_cast<size_t>(meta_.num_prompts), 0);
   if (meta_.prompt_tokens.size() < static_cast<size_t>(meta_.num_prompts)) meta_.prompt_tokens.resize(meta_.num_prompts, 0);
   for (auto& c : choices_) c.logprobs = nullptr;
   for (int p = 0; p < meta_.num_prompts && !meta_.echo_texts.empty(); ++p)
-    for (int i = 0; i < meta_.n; ++i) choices_[p * meta_.n + i].text = meta_.echo_texts[p];
+    for (int i = 0; i < meta_.best_of; ++i) choices_[p * meta_.best_of + i].text = meta_.echo_texts[p];
 }
 
 Json ResponseBuilder::chunk_base() const {
@@ -89,8 +90,13 @@ Json ResponseBuilder::chunk_base() const {
   return chunk;
 }
 
+std::string ResponseBuilder::token_text(int32_t token, const std::string& bytes) const {
+  return meta_.tokens_as_ids ? "token_id:" + std::to_string(token) : printable(bytes);
+}
+
 // The logprobs of this output's tokens, in the kind's format; also accumulated into the choice.
 Json ResponseBuilder::logprobs_delta(Choice& choice, const RequestOutput& output) {
+  for (const SampleResult& s : output.logprobs) choice.cumulative_logprob += s.logprob;
   if (meta_.num_logprobs < 0) return nullptr;
   Json delta;
   if (meta_.kind == ApiKind::chat) {
@@ -100,9 +106,9 @@ Json ResponseBuilder::logprobs_delta(Choice& choice, const RequestOutput& output
       Json top = Json::array();
       for (const TokenLogprob& t : s.top_logprobs) {
         const std::string tb = token_bytes_(t.token);
-        top.push_back({{"token", printable(tb)}, {"logprob", t.logprob}, {"bytes", bytes_array(tb)}});
+        top.push_back({{"token", token_text(t.token, tb)}, {"logprob", t.logprob}, {"bytes", bytes_array(tb)}});
       }
-      delta["content"].push_back({{"token", printable(bytes)}, {"logprob", s.logprob}, {"bytes", bytes_array(bytes)},
+      delta["content"].push_back({{"token", token_text(s.token, bytes)}, {"logprob", s.logprob}, {"bytes", bytes_array(bytes)},
                                   {"top_logprobs", std::move(top)}});
     }
   } else {
@@ -110,11 +116,11 @@ Json ResponseBuilder::logprobs_delta(Choice& choice, const RequestOutput& output
              {"text_offset", Json::array()}};
     for (const SampleResult& s : output.logprobs) {
       const std::string bytes = token_bytes_(s.token);
-      delta["tokens"].push_back(printable(bytes));
+      delta["tokens"].push_back(token_text(s.token, bytes));
       delta["token_logprobs"].push_back(s.logprob);
       Json top = Json::object();
       for (const TokenLogprob& t : s.top_logprobs) {
-        const std::string tb = printable(token_bytes_(t.token));
+        const std::string tb = token_text(t.token, token_bytes_(t.token));
         if (!top.contains(tb)) top[tb] = t.logprob;  // a dict: the first (most likely) wins
       }
       delta["top_logprobs"].push_back(meta_.num_logprobs > 0 ? std::move(top) : Json(nullptr));
@@ -141,10 +147,10 @@ void ResponseBuilder::append_logprobs(Json& into, const Json& delta, ApiKind kin
 
 std::vector<std::string> ResponseBuilder::on_output(int prompt_index, const RequestOutput& output) {
   std::vector<std::string> events;
-  if (prompt_index < 0 || prompt_index >= meta_.num_prompts || output.index < 0 || output.index >= meta_.n) return events;
-  Choice& choice = choices_[static_cast<size_t>(prompt_index * meta_.n + output.index)];
+  if (prompt_index < 0 || prompt_index >= meta_.num_prompts || output.index < 0 || output.index >= meta_.best_of) return events;
+  Choice& choice = choices_[static_cast<size_t>(prompt_index * meta_.best_of + output.index)];
   if (choice.finish) return events;  // late news for a finished choice
-  const int choice_index = prompt_index * meta_.n + output.index;
+  const int choice_index = prompt_index * meta_.n + output.index;  // streamed only when best_of == n
   meta_.prompt_tokens[prompt_index] = std::max(meta_.prompt_tokens[prompt_index], output.prompt_tokens);
   cached_tokens_[prompt_index] = std::max(cached_tokens_[prompt_index], output.cached_tokens);
   choice.completion_tokens = std::max(choice.completion_tokens, output.completion_tokens);
@@ -188,7 +194,7 @@ std::vector<std::string> ResponseBuilder::stream_head() const {
     if (meta_.kind == ApiKind::chat) {
       c["delta"] = {{"role", "assistant"}, {"content", ""}};
     } else if (!meta_.echo_texts.empty()) {
-      c["text"] = meta_.echo_texts[static_cast<size_t>(i / meta_.n)];
+      c["text"] = meta_.echo_texts[static_cast<size_t>(i / meta_.best_of)];
     } else {
       continue;  // completions have no role chunk
     }
@@ -249,21 +255,35 @@ Json ResponseBuilder::final_body() const {
   body["created"] = meta_.created;
   body["model"] = meta_.model;
   body["choices"] = Json::array();
-  for (int i = 0; i < static_cast<int>(choices_.size()); ++i) {
-    const Choice& choice = choices_[static_cast<size_t>(i)];
-    Json c;
-    c["index"] = i;
-    if (meta_.kind == ApiKind::chat) {
-      c["message"] = {{"role", "assistant"}, {"content", choice.text}};
-    } else {
-      c["text"] = choice.text;
+  for (int p = 0; p < meta_.num_prompts; ++p) {
+    const std::vector<int> returned = returned_choices(p);
+    for (int rank = 0; rank < meta_.n; ++rank) {
+      const Choice& choice = choices_[static_cast<size_t>(returned[static_cast<size_t>(rank)])];
+      Json c;
+      c["index"] = p * meta_.n + rank;
+      if (meta_.kind == ApiKind::chat) {
+        c["message"] = {{"role", "assistant"}, {"content", choice.text}};
+      } else {
+        c["text"] = choice.text;
+      }
+      c["logprobs"] = choice.logprobs;
+      c["finish_reason"] = finish_json(choice.finish);
+      body["choices"].push_back(std::move(c));
     }
-    c["logprobs"] = choice.logprobs;
-    c["finish_reason"] = finish_json(choice.finish);
-    body["choices"].push_back(std::move(c));
   }
   body["usage"] = usage_json();
   return body;
+}
+
+std::vector<int> ResponseBuilder::returned_choices(int prompt_index) const {
+  std::vector<int> order(static_cast<size_t>(meta_.best_of));
+  for (int i = 0; i < meta_.best_of; ++i) order[static_cast<size_t>(i)] = prompt_index * meta_.best_of + i;
+  if (meta_.best_of > meta_.n)
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return choices_[static_cast<size_t>(a)].cumulative_logprob > choices_[static_cast<size_t>(b)].cumulative_logprob;
+    });
+  order.resize(static_cast<size_t>(meta_.n));
+  return order;
 }
 
 }  // namespace fp8serve

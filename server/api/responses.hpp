@@ -33,11 +33,13 @@ struct ResponseMeta {
   std::string id;             // cmpl-... / chatcmpl-...
   int64_t created = 0;        // unix seconds
   std::string model;
-  int n = 1;                  // choices per prompt
+  int n = 1;                  // choices per prompt returned
+  int best_of = 1;            // choices per prompt generated (>= n); the n best are returned
   int num_prompts = 1;
   bool stream = false;
   bool include_usage = false;
   int num_logprobs = -1;      // -1: logprobs not requested
+  bool tokens_as_ids = false; // logprobs tokens as "token_id:N" (vLLM's return_tokens_as_token_ids)
   std::vector<std::string> echo_texts;  // completion echo: the prompt text of each prompt
   std::vector<int> prompt_tokens;       // per prompt
 };
@@ -52,8 +54,8 @@ class ResponseBuilder {
  public:
   ResponseBuilder(ResponseMeta meta, TokenBytesFn token_bytes);
 
-  // Consumes one output of prompt `prompt_index`. In stream mode returns the SSE events to send
-  // now (possibly none); otherwise accumulates and returns nothing.
+  // Consumes one output of prompt `prompt_index` (output.index < best_of). In stream mode returns
+  // the SSE events to send now (possibly none); otherwise accumulates and returns nothing.
   std::vector<std::string> on_output(int prompt_index, const RequestOutput& output);
 
   bool done() const { return num_finished_ == static_cast<int>(choices_.size()); }
@@ -66,7 +68,8 @@ class ResponseBuilder {
 
   // Stream mode, after done(): the usage chunk (when asked for) and `data: [DONE]`.
   std::vector<std::string> stream_tail() const;
-  // Non-stream mode, after done(): the whole response object.
+  // Non-stream mode, after done(): the whole response object; with best_of > n, each prompt's n
+  // choices of highest cumulative logprob, best first (ties: generation order).
   nlohmann::ordered_json final_body() const;
   // The first stream events: the role chunk of every chat choice, the echoed prompt.
   std::vector<std::string> stream_head() const;
@@ -78,16 +81,19 @@ class ResponseBuilder {
     std::optional<FinishReason> finish;
     int completion_tokens = 0;
     int text_offset = 0;              // completion logprobs: bytes of token text so far
+    double cumulative_logprob = 0;    // of the chosen tokens (best_of ranks by it)
   };
 
   nlohmann::ordered_json chunk_base() const;
   nlohmann::ordered_json logprobs_delta(Choice& choice, const RequestOutput& output);
   static void append_logprobs(nlohmann::ordered_json& into, const nlohmann::ordered_json& delta, ApiKind kind);
   nlohmann::ordered_json usage_json() const;
+  std::string token_text(int32_t token, const std::string& bytes) const;
+  std::vector<int> returned_choices(int prompt_index) const;  // indices into choices_
 
   ResponseMeta meta_;
   TokenBytesFn token_bytes_;
-  std::vector<Choice> choices_;       // [num_prompts * n]
+  std::vector<Choice> choices_;       // [num_prompts * best_of]
   std::vector<int> cached_tokens_;    // per prompt, as the engine reported
   int num_finished_ = 0;
   std::optional<std::string> engine_error_;

@@ -18,6 +18,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <random>
 #include <stdexcept>
 
@@ -61,14 +62,19 @@ http::response<http::string_body> make_response(const HttpReply& reply, unsigned
 // An error found before the request could be handed to the front end (413, 431, 400): answer
 // it and close, since the rest of the byte stream cannot be trusted to start a new request.
 net::awaitable<void> reply_and_close(beast::tcp_stream& stream, ApiFrontend& frontend, ApiError error,
-                                     SessionLimits limits, std::string route) {
+                                     SessionLimits limits, std::string route, bool head) {
   const std::string request_id = new_request_id();
   auto res = make_response(error_reply(error), 11, false, request_id);
   frontend.metrics().record_http_status(error.status);
   log_access({request_id, route, error.status, 0, 0, -1, 0, {}});
   boost::system::error_code ec;
   stream.expires_after(limits.request_timeout);
-  co_await http::async_write(stream, res, net::redirect_error(net::use_awaitable, ec));
+  if (head) {  // a response to HEAD never has a body
+    http::response_serializer<http::string_body> header_only{res};
+    co_await http::async_write_header(stream, header_only, net::redirect_error(net::use_awaitable, ec));
+  } else {
+    co_await http::async_write(stream, res, net::redirect_error(net::use_awaitable, ec));
+  }
   stream.socket().shutdown(net::ip::tcp::socket::shutdown_send, ec);
   // Lingering close: discard what the client is still sending (the rest of an oversized body)
   // for a moment, so that closing with unread data does not reset the connection and destroy
@@ -77,6 +83,24 @@ net::awaitable<void> reply_and_close(beast::tcp_stream& stream, ApiFrontend& fro
   stream.expires_after(std::chrono::seconds(1));
   for (size_t total = 0; !ec && total < (64u << 20);)
     total += co_await stream.async_read_some(net::buffer(scratch), net::redirect_error(net::use_awaitable, ec));
+}
+
+// RFC 9112 §3.2: an HTTP/1.1 request needs exactly one Host header; §3.2.2: a server must
+// accept the absolute form ("GET http://host:port/v1/models"), whose path is what routes.
+std::optional<ApiError> check_request_target(const http::request<http::string_body>& request, std::string& target) {
+  const size_t hosts = request.count(http::field::host);
+  if (request.version() >= 11 && hosts == 0) return bad_request("HTTP/1.1 requests need a Host header (RFC 9112, 3.2).");
+  if (hosts > 1) return bad_request("More than one Host header (RFC 9112, 3.2).");
+  target = std::string(request.target());
+  const size_t scheme_end = target.find("://");
+  if (!target.empty() && target[0] != '/' && scheme_end != std::string::npos) {
+    const std::string scheme = target.substr(0, scheme_end);
+    if (!beast::iequals(scheme, "http") && !beast::iequals(scheme, "https"))
+      return bad_request("Unsupported scheme '" + scheme + "' in the request target.");
+    const size_t path = target.find_first_of("/?", scheme_end + 3);
+    target = path == std::string::npos ? "/" : target[path] == '?' ? "/" + target.substr(path) : target.substr(path);
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -109,14 +133,14 @@ net::awaitable<void> run_session(beast::tcp_stream stream, ApiFrontend& frontend
       const ApiError error{413, "Request body larger than " + std::to_string(limits.max_body_bytes) + " bytes.",
                            "invalid_request_error", {}, "request_too_large", 0};
       const std::string route = "(body too large)";
-      co_await reply_and_close(stream, frontend, error, limits, route);
+      co_await reply_and_close(stream, frontend, error, limits, route, parser.get().method() == http::verb::head);
       break;
     }
     if (ec == http::error::header_limit) {
       const ApiError error{431, "Request headers larger than " + std::to_string(limits.max_header_bytes) + " bytes.",
                            "invalid_request_error", {}, "headers_too_large", 0};
       const std::string route = "(headers too large)";
-      co_await reply_and_close(stream, frontend, error, limits, route);
+      co_await reply_and_close(stream, frontend, error, limits, route, parser.get().method() == http::verb::head);
       break;
     }
     if (ec) {
@@ -124,7 +148,7 @@ net::awaitable<void> run_session(beast::tcp_stream stream, ApiFrontend& frontend
       if (ec != http::error::partial_message) {
         const ApiError error = bad_request("Malformed HTTP request: " + ec.message());
         const std::string route = "(malformed)";
-      co_await reply_and_close(stream, frontend, error, limits, route);
+        co_await reply_and_close(stream, frontend, error, limits, route, parser.get().method() == http::verb::head);
       }
       break;
     }
@@ -133,7 +157,11 @@ net::awaitable<void> run_session(beast::tcp_stream stream, ApiFrontend& frontend
     http::request<http::string_body> request = parser.release();
     HttpRequestIn in;
     in.method = std::string(request.method_string());
-    in.target = std::string(request.target());
+    if (const std::optional<ApiError> error = check_request_target(request, in.target)) {
+      const std::string route = "(bad request target or Host)";
+      co_await reply_and_close(stream, frontend, *error, limits, route, request.method() == http::verb::head);
+      break;
+    }
     in.authorization = std::string(request[http::field::authorization]);
     in.content_type = std::string(request[http::field::content_type]);
     in.body = std::move(request.body());
@@ -153,7 +181,14 @@ net::awaitable<void> run_session(beast::tcp_stream stream, ApiFrontend& frontend
       auto res = make_response(*reply, request.version(), keep_alive, in.request_id);
       frontend.metrics().record_http_status(reply->status);
       stream.expires_after(limits.request_timeout);
-      co_await http::async_write(stream, res, net::redirect_error(net::use_awaitable, ec));
+      if (request.method() == http::verb::head) {
+        // The header of the GET answer (its Content-Length included) and never a body: the next
+        // response on a kept-alive connection must start right after the blank line.
+        http::response_serializer<http::string_body> header_only{res};
+        co_await http::async_write_header(stream, header_only, net::redirect_error(net::use_awaitable, ec));
+      } else {
+        co_await http::async_write(stream, res, net::redirect_error(net::use_awaitable, ec));
+      }
       access.status = reply->status;
       access.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       if (in.target != "/metrics" && in.target != "/health") log_access(access);

@@ -6,7 +6,8 @@
 // sequence scattered over the pool as in a long-running server. Contexts 512..16384, batch
 // 1..32. Usage: bench_attention [--threads N] [--max-gib G] [--context C --batch B (one cell)]
 // [--isa best|avx512bf16|avx512|avx2|scalar] [--warm 1 (every call re-reads the same blocks: with
-// a small cell, the kernels' compute alone)]
+// a small cell, the kernels' compute alone)] [--window W (instead: FP8 decode without and with a
+// bf16 recent window of W tokens, K+V and K only, at 512, 4096 and 16384 tokens)]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -21,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "cache/kv_window.hpp"
 #include "machine_limits.hpp"
 #include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/host_memory.hpp"
@@ -58,6 +60,10 @@ struct Setup {
   const uint8_t* v(KvDtype dtype) const { return dtype == KvDtype::fp8_e4m3 ? v8.data() : v16.data(); }
   std::vector<int32_t> query_start_loc, context_lens;
   std::vector<float> q, out, k_scales, v_scales;
+  // The bf16 window's tail pool (--window): ring s for sequence s, random bf16.
+  PoolBytes tail_k, tail_v;
+  std::vector<int32_t> fp8_lens, rings;
+  KvWindow window;
   int32_t num_blocks = 0;
   std::vector<int32_t> ids;  // every block id, shuffled: blocks sit anywhere, as in a long-running server
 
@@ -99,9 +105,11 @@ std::vector<double> median_seconds(const std::vector<Step>& steps) {
   return medians;
 }
 
-// One decode step of `batch` sequences of `context` tokens.
+// One decode step of `batch` sequences of `context` tokens; `tail`: FP8 with s.window's bf16
+// window, K+V (values) or K only, its newest tokens in the tail (what the engine reads; PRECOND:
+// s.fp8_lens holds the batch's FP8 lengths).
 Step decode_step(cpu::ThreadPool& pool, cpu::AttentionWorkspace& workspace, cpu::CpuIsa isa, Setup& s,
-                 KvDtype dtype, int32_t batch, int32_t context) {
+                 KvDtype dtype, int32_t batch, int32_t context, bool tail = false, bool values = true) {
   const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
   s.query_start_loc.resize(static_cast<std::size_t>(batch) + 1);
   std::iota(s.query_start_loc.begin(), s.query_start_loc.end(), 0);
@@ -121,6 +129,14 @@ Step decode_step(cpu::ThreadPool& pool, cpu::AttentionWorkspace& workspace, cpu:
   p.batch.max_blocks_per_seq = blocks_per_seq;
   p.batch.k_scales = s.k_scales.data();
   p.batch.v_scales = s.v_scales.data();
+  if (tail) {
+    p.tail = make_paged_kv_view(s.tail_k.data(), values ? s.tail_v.data() : nullptr, KvDtype::bf16,
+                                static_cast<int32_t>(s.rings.size()) * s.window.ring_blocks(), kBlockSize, kNumKvHeads,
+                                kHeadDim);
+    p.batch.fp8_lens = s.fp8_lens.data();
+    p.batch.tail_slots = s.rings.data();
+    p.batch.tail_ring_blocks = s.window.ring_blocks();
+  }
   return [&pool, &workspace, &s, isa, p, n = int64_t{blocks_per_seq} * batch](int64_t call) mutable {
     p.batch.block_tables = s.tables(call, n);
     cpu::paged_attention_cpu(p, pool, workspace, isa);
@@ -178,6 +194,7 @@ int main(int argc, char** argv) {
   int32_t only_context = 0, only_batch = 0;  // one cell of the table, for experiments
   cpu::CpuIsa isa = cpu::CpuIsa::best;
   bool warm = false;
+  int32_t window = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--threads") threads = std::atoi(argv[i + 1]);
@@ -186,6 +203,7 @@ int main(int argc, char** argv) {
     else if (flag == "--batch") only_batch = std::atoi(argv[i + 1]);
     else if (flag == "--isa") isa = cpu::parse_cpu_isa(argv[i + 1]);
     else if (flag == "--warm") warm = std::atoi(argv[i + 1]) != 0;
+    else if (flag == "--window") window = std::atoi(argv[i + 1]);
   }
   cpu::ThreadPool pool(threads);
   cpu::AttentionWorkspace workspace;
@@ -221,6 +239,37 @@ int main(int argc, char** argv) {
   s.out.resize(s.q.size());
   s.k_scales.assign(32, 0.01f);
   s.v_scales.assign(32, 0.01f);
+
+  if (window > 0) {
+    // FP8 decode without and with the window, timed in turn (median_seconds): what the
+    // two-segment read costs. The tail's bytes are the same in every call (they are few).
+    s.window = KvWindow{window, true, kBlockSize};
+    s.rings.resize(32);
+    std::iota(s.rings.begin(), s.rings.end(), 0);
+    const std::size_t tail_elems = s.rings.size() * s.window.ring_blocks() * kBlockSize * kNumKvHeads * kHeadDim;
+    s.tail_k.resize(2 * tail_elems), s.tail_v.resize(2 * tail_elems);
+    fill_random(s.tail_k, 5, false);
+    fill_random(s.tail_v, 6, false);
+    std::printf("bf16 window %d tokens (rings of %d blocks): FP8 decode without it, with it (K+V), with it (K only)\n\n",
+                window, s.window.ring_blocks());
+    std::printf("%7s %5s | %8s | %8s %7s | %8s %7s\n", "context", "batch", "fp8 ms", "+w kv ms", "ratio", "+w k ms", "ratio");
+    for (int32_t context : {512, 4096, 16384}) {
+      for (int32_t batch : {1, 8}) {
+        if ((only_context != 0 && context != only_context) || (only_batch != 0 && batch != only_batch)) continue;
+        if (int64_t{(context + kBlockSize - 1) / kBlockSize} * batch > s.num_blocks) continue;
+        s.fp8_lens.assign(static_cast<std::size_t>(batch), s.window.fp8_len(context));
+        const std::vector<double> t = median_seconds(
+            {decode_step(pool, workspace, isa, s, KvDtype::fp8_e4m3, batch, context),
+             decode_step(pool, workspace, isa, s, KvDtype::fp8_e4m3, batch, context, true, true),
+             decode_step(pool, workspace, isa, s, KvDtype::fp8_e4m3, batch, context, true, false)});
+        std::printf("%7d %5d | %8.3f | %8.3f %6.3fx | %8.3f %6.3fx\n", context, batch, t[0] * 1e3, t[1] * 1e3,
+                    t[1] / t[0], t[2] * 1e3, t[2] / t[0]);
+        std::fflush(stdout);
+      }
+    }
+    std::printf("\ntarget: the window within 3%% of pure FP8 at long contexts (ratio <= 1.03)\n");
+    return 0;
+  }
 
   // %strm: of the stream read above; %gath: of a pure read of the same bytes in the same order
   // (time_gather_read: the ceiling of this access pattern, measured next to each cell).

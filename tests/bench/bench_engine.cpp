@@ -2,10 +2,12 @@
 // runs), bf16 and FP8 weights (--quantization fp8) times bf16 and FP8 KV, each figure next to the
 // machine limit it chases, all measured in this run with the same threads (issues 4 and 14).
 //
-//   bench_engine [MODEL] [--threads N] [--quick] [--weights bf16,fp8,fp8head] [--kv bf16,fp8] [--profile]
+//   bench_engine [MODEL] [--threads N] [--quick] [--weights bf16,fp8,fp8head] [--kv bf16,fp8]
+//                [--window W [--window-tensors kv|k]] [--profile]
 //
 //   weights: bf16 as loaded; fp8 = --quantization fp8 (LM head bf16, the default); fp8head = and
-//   --fp8-lm-head
+//   --fp8-lm-head. KV: bf16, or FP8 without a window; --window adds fp8w, FP8 KV with a bf16
+//   recent window of W tokens, to every weight dtype's rows.
 //
 //   machine        streaming read bandwidth (1 GiB) and fp32 FMA peak
 //   load           peak RSS and time of loading the model and uploading its weights (a forked
@@ -263,6 +265,8 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool quick = false, profile = false, bound_only = false;
   std::vector<std::string> weight_dtypes = {"bf16", "fp8"}, kv_dtypes = {"bf16", "fp8"};
+  int window = 0;
+  bool window_values = true;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--threads" && i + 1 < argc) {
@@ -277,14 +281,19 @@ int main(int argc, char** argv) {
       weight_dtypes = split(argv[++i]);
     } else if (arg == "--kv" && i + 1 < argc) {
       kv_dtypes = split(argv[++i]);
+    } else if (arg == "--window" && i + 1 < argc) {
+      window = std::stoi(argv[++i]);
+    } else if (arg == "--window-tensors" && i + 1 < argc) {
+      window_values = std::string(argv[++i]) == "kv";
     } else if (arg.rfind("--", 0) != 0) {
       model_path = arg;
     } else {
       std::fprintf(stderr, "usage: bench_engine [MODEL] [--threads N] [--quick] [--weights bf16,fp8,fp8head] [--kv bf16,fp8] "
-                           "[--profile]\n");
+                           "[--window W [--window-tensors kv|k]] [--profile]\n");
       return 2;
     }
   }
+  if (window > 0) kv_dtypes.push_back("fp8w");
   if (!std::filesystem::exists(model_path)) {
     std::fprintf(stderr, "bench_engine: no model at %s (run .ci/fetch-model)\n", model_path.c_str());
     return 1;
@@ -344,9 +353,11 @@ int main(int argc, char** argv) {
   std::vector<IdleEstimate> idle_estimates;
   for (const std::string& w : weight_dtypes) {
     for (const std::string& kv : kv_dtypes) {
-      const KvDtype dtype = kv == "fp8" ? KvDtype::fp8_e4m3 : KvDtype::bf16;
+      const KvDtype dtype = kv == "bf16" ? KvDtype::bf16 : KvDtype::fp8_e4m3;
       EngineOptions options;
       options.kv_dtype = dtype;
+      options.kv_bf16_window = kv == "fp8w" ? window : 0;  // the fp8 rows: the plain FP8 pool
+      options.kv_bf16_window_values = window_values;
       options.quantize_fp8 = w != "bf16";
       options.quantize_lm_head = w == "fp8head";
       options.threads = threads;
@@ -407,6 +418,7 @@ int main(int argc, char** argv) {
               "that row's batch-1 decode\n"
               "targets (issues 4, 14): b=1 decode >= 85%% of the bound; b=16 >= 8x b=1; FP8 KV no slower than bf16 at "
               "short contexts, faster at long ones\n");
+  if (window > 0) std::printf("fp8w: FP8 KV with a bf16 window of %d tokens (%s)\n", window, window_values ? "K+V" : "K only");
   std::printf("\nbatch-1 decode at CPU time / %d threads (what an idle machine would take; the wall figures above "
               "include the neighbours):\n", threads);
   for (const IdleEstimate& e : idle_estimates) {
@@ -415,7 +427,8 @@ int main(int argc, char** argv) {
 
   if (profile) {
     for (const std::string& w : weight_dtypes) {
-      const std::string kv = kv_dtypes.back();
+      // The last KV dtype asked for (the timing run has no window: fp8w profiles as fp8).
+      const std::string kv = kv_dtypes.back() == "fp8w" ? "fp8" : kv_dtypes.back();
       const auto it = step_ms.find(w + "/" + kv);
       const Profile p = profile_decode(probe, threads, w != "bf16", w == "fp8head", kv == "fp8" ? KvDtype::fp8_e4m3 : KvDtype::bf16,
                                        take(corpus, 5, short_len), gen);

@@ -1,11 +1,13 @@
 // bench_kv_quality: the seed's FP8-vs-bf16 table (issue 4), reproduced on this machine with the
-// default model: bf16 KV against FP8 KV at several --kv-scale-margin values (and, where the CPU
-// attention runs on bf16 dot products, bf16 KV through the fp32 attention build). With
-// --weights, the same for FP8 weights (issue 14): bf16 weights against --quantization fp8 (LM
-// head FP8 or bf16), the fp32-dot projections against the bf16 dot, and FP8 KV on top.
+// default model: bf16 KV against FP8 KV at several --kv-scale-margin values and bf16 recent
+// windows (--kv-bf16-window, K and V or K only; issue 17), and, where the CPU attention runs on
+// bf16 dot products, bf16 KV through the fp32 attention build. With --weights, the same for FP8
+// weights (issue 14): bf16 weights against --quantization fp8 (LM head FP8 or bf16), the
+// fp32-dot projections against the bf16 dot, and FP8 KV (the first of --windows) on top.
 //
-//   bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] [--text FILE] [--weights]
-//                    [--reference NAME] [--reference-only (only the third table)]
+//   bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] [--windows 0,32,64]
+//                    [--window-tensors kv,k] [--text FILE]... [--weights] [--reference NAME]
+//                    [--reference-only (only the third table)]
 //
 // Workloads (prompts are token windows of natural English text, the repository's READMEs by
 // default): one long prompt (1000 tokens) + 256 generated, batch 1; and 50 short prompts
@@ -24,7 +26,10 @@
 // margin there (a near-tie is < 0.01).
 // It drives the Transformer directly (no scheduler): one sequence per contiguous run of blocks,
 // the whole prompt set prefilled in one step, so the FP8 scales are calibrated on each full
-// prompt, as the engine does with an unchunked prefill.
+// prompt, as the engine does with an unchunked prefill; with a window, sequence s owns tail
+// ring s and its FP8 part follows the block manager's rule (KvWindow::fp8_len).
+// Also printed: KV bytes per token of one sequence at 128 to 8k tokens of context (its FP8
+// blocks plus its tail ring), what the window costs in memory.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -44,6 +49,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_inputs.hpp"
+#include "cache/kv_cache_spec.hpp"
 #include "child_process.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "model/loader.hpp"
@@ -58,13 +64,16 @@ struct KvConfig {
   KvDtype dtype = KvDtype::bf16;
   float margin = 1.0f;
   cpu::CpuIsa attention_isa = cpu::CpuIsa::best;
+  int window = 0;       // --kv-bf16-window
+  bool values = true;   // K and V in the window (false: K only)
   bool fp8_weights = false;  // --quantization fp8
   bool fp8_lm_head = false;  // with it, the LM head too
   cpu::LinearIsa linear_isa = cpu::LinearIsa::best;
   std::string name() const {
     char buf[64];
     if (dtype == KvDtype::bf16) std::snprintf(buf, sizeof buf, "bf16");
-    else std::snprintf(buf, sizeof buf, "fp8 m=%.1f", margin);
+    else if (window == 0) std::snprintf(buf, sizeof buf, "fp8 m=%.1f", margin);
+    else std::snprintf(buf, sizeof buf, "fp8 m=%.1f w=%d %s", margin, window, values ? "kv" : "k");
     std::string out = buf;
     if (attention_isa != cpu::CpuIsa::best) out += std::string(" ") + cpu::cpu_isa_name(attention_isa);
     if (fp8_weights) out = std::string("W fp8") + (fp8_lm_head ? " (LM head fp8)" : "") + ", KV " + out;
@@ -97,12 +106,15 @@ class Stepper {
     options.max_model_len = blocks_per_seq_ * kBlock;
     options.quantize_fp8 = kv.fp8_weights;
     options.quantize_lm_head = kv.fp8_lm_head;
+    options.window = KvWindow{kv.window, kv.values, kBlock};
+    window_ = options.window;
     transformer_ = std::make_unique<Transformer>(model.config, model.weights, backend_, options);
     const auto layers = static_cast<std::size_t>(config_.num_layers);
     k_scales_.assign(layers * static_cast<std::size_t>(num_seqs), 1.0f);
     v_scales_ = k_scales_;
     counts_.resize(layers);
     lengths_.assign(static_cast<std::size_t>(num_seqs), 0);
+    num_fp8_.assign(static_cast<std::size_t>(num_seqs), 0);
     logits_.resize(static_cast<std::size_t>(num_seqs) * static_cast<std::size_t>(config_.vocab_size));
   }
 
@@ -118,7 +130,7 @@ class Stepper {
     run(chunks, false);
     return logits_;
   }
-  uint64_t kv_bytes() const { return transformer_->kv_cache_bytes(); }
+  uint64_t kv_bytes() const { return transformer_->kv_cache_bytes() + transformer_->tail_bytes(); }
   KvWriteCounts saturation() const {
     KvWriteCounts total;
     for (const KvWriteCounts& c : counts_) total += c;
@@ -130,7 +142,7 @@ class Stepper {
 
   void run(const std::vector<std::vector<int32_t>>& chunks, bool calibrate) {
     const auto num_seqs = static_cast<int32_t>(chunks.size());
-    std::vector<int32_t> ids, positions, qsl{0}, context, table, rows;
+    std::vector<int32_t> ids, positions, qsl{0}, context, table, rows, fp8_lens, spill_starts, rings;
     std::vector<int64_t> slots;
     for (int32_t s = 0; s < num_seqs; ++s) {
       int32_t& len = lengths_[static_cast<std::size_t>(s)];
@@ -144,6 +156,13 @@ class Stepper {
       context.push_back(len);
       rows.push_back(static_cast<int32_t>(ids.size()) - 1);
       for (int b = 0; b < blocks_per_seq_; ++b) table.push_back(s * blocks_per_seq_ + b);
+      if (window_.enabled()) {  // the block manager's rule (cache/block_manager.hpp)
+        int32_t& num_fp8 = num_fp8_[static_cast<std::size_t>(s)];
+        spill_starts.push_back(num_fp8);
+        num_fp8 = std::max(num_fp8, window_.fp8_len(len));
+        fp8_lens.push_back(num_fp8);
+        rings.push_back(s);
+      }
     }
     const std::vector<uint8_t> cal(static_cast<std::size_t>(num_seqs), calibrate ? 1 : 0);
     ForwardBatch batch;
@@ -158,6 +177,9 @@ class Stepper {
     batch.v_scales = v_scales_;
     batch.calibrate = cal;
     batch.sample_rows = rows;
+    batch.fp8_lens = fp8_lens;
+    batch.spill_starts = spill_starts;
+    batch.tail_slots = rings;
     transformer_->forward(batch, logits_, counts_);
   }
 
@@ -169,6 +191,8 @@ class Stepper {
   std::vector<float> k_scales_, v_scales_, logits_;
   std::vector<KvWriteCounts> counts_;
   std::vector<int32_t> lengths_;
+  KvWindow window_;
+  std::vector<int32_t> num_fp8_;  // per sequence: positions final in FP8
 };
 
 int32_t argmax(const float* row, int vocab) {
@@ -225,7 +249,7 @@ FreeRun free_run(const LoadedModel& model, cpu::ThreadPool& pool, const KvConfig
   r.wall_s = std::chrono::duration<double>(t3 - t0).count();
   r.kv_bytes = stepper.kv_bytes();
   const KvWriteCounts sat = stepper.saturation();
-  r.elements = 2 * sat.num_elements;  // K and V
+  r.elements = sat.num_elements + sat.num_v_elements;  // quantized K and V
   r.saturated = sat.num_k_saturated + sat.num_v_saturated;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -302,6 +326,10 @@ void run_free(const LoadedModel& model, int threads, const std::vector<KvConfig>
   for (const KvConfig& kv : configs) w.runs.push_back(free_run_isolated(model, threads, kv, w.prompts, w.num_generate));
 }
 
+// Configurations run in lockstep with the bf16 reference per teacher-forced pass: each holds
+// its own copy of the weights, so the passes go in groups (the reference reruns, identically).
+constexpr std::size_t kLockstepGroup = 6;
+
 void print_table(const LoadedModel& model, int threads, const std::vector<KvConfig>& configs, const Workload& w) {
   const auto& prompts = w.prompts;
   const auto& runs = w.runs;
@@ -312,8 +340,14 @@ void print_table(const LoadedModel& model, int threads, const std::vector<KvConf
               num_generate);
   std::vector<KvConfig> fp8(configs.begin() + 1, configs.end());
   cpu::ThreadPool pool(threads);
-  const std::vector<Divergence> kl = teacher_forced(model, pool, fp8, prompts, runs[0].tokens, num_generate);
-  std::printf("| config | KV MiB | peak RSS MiB | wall s | prefill tok/s | decode tok/s | greedy tokens = bf16 | "
+  std::vector<Divergence> kl;
+  for (std::size_t first = 0; first < fp8.size(); first += kLockstepGroup) {
+    const std::vector<KvConfig> group(fp8.begin() + static_cast<std::ptrdiff_t>(first),
+                                      fp8.begin() + static_cast<std::ptrdiff_t>(std::min(fp8.size(), first + kLockstepGroup)));
+    const std::vector<Divergence> part = teacher_forced(model, pool, group, prompts, runs[0].tokens, num_generate);
+    kl.insert(kl.end(), part.begin(), part.end());
+  }
+  std::printf("| config | KV MiB (+ tail) | peak RSS MiB | wall s | prefill tok/s | decode tok/s | greedy tokens = bf16 | "
               "sequences all = bf16 | mean KL | max KL | saturated |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::size_t prompt_tokens = 0;
@@ -393,6 +427,29 @@ void print_reference(const LoadedModel& model, int threads, const std::vector<Kv
   }
 }
 
+// KV bytes per token of one sequence at several context lengths: its FP8 (or bf16) blocks plus,
+// with a window, its tail ring - what the window costs, next to pure FP8.
+void print_memory_table(const ModelConfig& c, const std::vector<KvConfig>& configs) {
+  const int contexts[] = {128, 1024, 4096, 8192};
+  std::printf("\n## KV bytes per token of one sequence (its blocks of 16 + its tail ring), and / pure FP8\n\n");
+  std::printf("| KV | tail ring | 128 | 1k | 4k | 8k |\n|---|---|---|---|---|---|\n");
+  for (const KvConfig& kv : configs) {
+    if (kv.attention_isa != cpu::CpuIsa::best || kv.fp8_weights || kv.linear_isa != cpu::LinearIsa::best) continue;
+    KvCacheSpec spec{16, c.num_layers, c.num_kv_heads, c.head_dim, kv.dtype, KvWindow{kv.window, kv.values, 16}};
+    KvCacheSpec fp8 = spec;
+    fp8.dtype = KvDtype::fp8_e4m3;
+    fp8.window = KvWindow{};
+    const uint64_t ring = spec.tail_bytes(1);
+    std::printf("| %s | %.0f KiB |", kv.name().c_str(), ring / 1024.0);
+    for (const int n : contexts) {
+      const uint64_t blocks = static_cast<uint64_t>((n + 15) / 16) * spec.bytes_per_block() + ring;
+      const double per_token = static_cast<double>(blocks) / n;
+      std::printf(" %.0f (%.3f) |", per_token, per_token / static_cast<double>(fp8.bytes_per_token()));
+    }
+    std::printf("\n");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -402,6 +459,15 @@ int main(int argc, char** argv) {
   bool quick = false, weights = false, reference_only = false;
   std::string reference;
   std::vector<float> margins = {1.0f, 2.0f, 4.0f};
+  std::vector<int> windows = {0};
+  std::vector<bool> tensors = {true};  // values in the window: kv = true, k = false
+  bool own_texts = false;
+  auto list_of = [](const char* arg) {
+    std::vector<std::string> items;
+    std::stringstream list(arg);
+    for (std::string item; std::getline(list, item, ',');) items.push_back(item);
+    return items;
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--threads" && i + 1 < argc) {
@@ -414,17 +480,25 @@ int main(int argc, char** argv) {
       reference_only = true;
     } else if (arg == "--reference" && i + 1 < argc) {
       reference = argv[++i];
-    } else if (arg == "--text" && i + 1 < argc) {
-      texts = {argv[++i]};
+    } else if (arg == "--text" && i + 1 < argc) {  // repeatable: the files, in order
+      if (!own_texts) texts.clear();
+      own_texts = true;
+      texts.push_back(argv[++i]);
     } else if (arg == "--margins" && i + 1 < argc) {
       margins.clear();
-      std::stringstream list(argv[++i]);
-      for (std::string m; std::getline(list, m, ',');) margins.push_back(std::stof(m));
+      for (const std::string& m : list_of(argv[++i])) margins.push_back(std::stof(m));
+    } else if (arg == "--windows" && i + 1 < argc) {
+      windows.clear();
+      for (const std::string& w : list_of(argv[++i])) windows.push_back(std::stoi(w));
+    } else if (arg == "--window-tensors" && i + 1 < argc) {
+      tensors.clear();
+      for (const std::string& t : list_of(argv[++i])) tensors.push_back(t == "kv");
     } else if (arg.rfind("--", 0) != 0) {
       model_path = arg;
     } else {
-      std::fprintf(stderr, "usage: bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] [--text FILE] "
-                           "[--weights] [--reference NAME] [--reference-only]\n");
+      std::fprintf(stderr, "usage: bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] "
+                           "[--windows 0,32,64] [--window-tensors kv,k] [--text FILE]... [--weights] "
+                           "[--reference NAME] [--reference-only]\n");
       return 2;
     }
   }
@@ -452,8 +526,9 @@ int main(int argc, char** argv) {
       fp32_dot.linear_isa = cpu::LinearIsa::avx512;
       configs.push_back(fp32_dot);
     }
-    configs.push_back({KvDtype::fp8_e4m3, m});
-    KvConfig both{KvDtype::fp8_e4m3, m};
+    const KvConfig fp8_kv{KvDtype::fp8_e4m3, m, cpu::CpuIsa::best, windows.front(), tensors.front()};
+    configs.push_back(fp8_kv);
+    KvConfig both = fp8_kv;
     both.fp8_weights = true;
     configs.push_back(both);
   } else {
@@ -462,7 +537,15 @@ int main(int argc, char** argv) {
     if (cpu::resolve_cpu_isa(cpu::CpuIsa::best, model.config.head_dim) == cpu::CpuIsa::avx512bf16) {
       configs.push_back({KvDtype::bf16, 1.0f, cpu::CpuIsa::avx512});
     }
-    for (const float m : margins) configs.push_back({KvDtype::fp8_e4m3, m});
+    for (const float m : margins) {
+      for (const int w : windows) {
+        if (w == 0) {
+          configs.push_back({KvDtype::fp8_e4m3, m});
+          continue;
+        }
+        for (const bool values : tensors) configs.push_back({KvDtype::fp8_e4m3, m, cpu::CpuIsa::best, w, values});
+      }
+    }
   }
   if (reference.empty()) {
     const std::filesystem::path path(model_path);
@@ -488,6 +571,7 @@ int main(int argc, char** argv) {
     print_reference(model, threads, configs, reference);
     return 0;
   }
+  print_memory_table(model.config, configs);
   run_free(model, threads, configs, long_workload);
   run_free(model, threads, configs, short_workload);
   print_table(model, threads, configs, long_workload);

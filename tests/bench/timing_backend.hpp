@@ -5,6 +5,7 @@
 // by their shape (qkv, o, gate_up, down, LM head).
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "kernels/backend.hpp"
@@ -29,6 +30,7 @@ class TimingBackend final : public Backend {
   bool supports_weight_dtype(WeightDtype d) const override { return inner_.supports_weight_dtype(d); }
   void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
   void free(void* ptr) override { inner_.free(ptr); }
+  std::optional<DeviceMemory> memory_info() const override { return inner_.memory_info(); }
   void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream s) override {
     time("copy", [&] { inner_.copy_to_device(dst, src, bytes, s); });
   }
@@ -46,6 +48,7 @@ class TimingBackend final : public Backend {
     time("linear " + std::to_string(p.out_features) + "x" + std::to_string(p.in_features), [&] { inner_.linear(p, s); });
   }
   void rope(const RopeParams& p, Stream s) override { time("rope", [&] { inner_.rope(p, s); }); }
+  void kv_spill(const KvSpillParams& p, Stream s) override { time("kv_spill", [&] { inner_.kv_spill(p, s); }); }
   void kv_write(const KvWriteParams& p, Stream s) override { time("kv_write", [&] { inner_.kv_write(p, s); }); }
   void paged_attention(const PagedAttentionParams& p, Stream s) override {
     time("attention", [&] { inner_.paged_attention(p, s); });

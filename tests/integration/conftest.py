@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 TINY_QWEN3 = FIXTURES / "models" / "tiny-qwen3"
+TINY_LLAMA = FIXTURES / "models" / "tiny-llama"
 DEFAULT_MODEL = ROOT / ".models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -34,8 +35,8 @@ def free_port():
 class Server:
     """One `fp8serve serve` process; stop() sends SIGTERM and returns the exit code."""
 
-    def __init__(self, model, *flags, tmp_path=None):
-        self.port = free_port()
+    def __init__(self, model, *flags, tmp_path=None, port=None):
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(tmp_path or "/tmp") / f"fp8serve-{self.port}.log"
         self.log = open(self.log_path, "w")

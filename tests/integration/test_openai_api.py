@@ -212,7 +212,8 @@ def test_metrics_pass_promtool_and_the_prometheus_parser(tiny, openai_client):
                  "fp8serve:prefix_cache_queries", "fp8serve:prefix_cache_hits", "fp8serve:request_success",
                  "fp8serve:time_to_first_token_seconds", "fp8serve:inter_token_latency_seconds",
                  "fp8serve:e2e_request_latency_seconds", "fp8serve:request_queue_time_seconds",
-                 "fp8serve:kv_fp8_saturated_elements", "fp8serve:kv_scale"]:
+                 "fp8serve:kv_fp8_saturated_elements", "fp8serve:kv_scale", "fp8serve:kv_bf16_tail_usage_perc",
+                 "fp8serve:kv_bf16_tail_tokens"]:
         assert name in families, name
     layers = {s.labels["layer"] for s in families["fp8serve:kv_fp8_saturated_elements"].samples}
     assert layers == {"0", "1", "2"}  # tiny-qwen3 has three layers

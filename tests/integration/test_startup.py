@@ -22,6 +22,7 @@ def run(*args, timeout=60):
     ("--port", "70000", "--port: must be in [1, 65535]"),
     ("--max-waiting-requests", "0", "--max-waiting-requests: must be in [1, "),
     ("--kv-cache-dtype", "fp4", "--kv-cache-dtype: must be one of fp8_e4m3, bf16"),
+    ("--kv-bf16-window", "20", "--kv-bf16-window: must be a multiple of --block-size (16), got 20"),
 ])
 def test_invalid_flag_stops_startup_naming_the_flag(flag, value, needle):
     r = run("serve", TINY_QWEN3, flag, value)
@@ -36,7 +37,8 @@ def test_config_file_and_command_line_override(tmp_path):
         models = json.loads(s.get("/v1/models")[2])["data"]
         assert models[0]["id"] == "from-file" and models[0]["max_model_len"] == 512
         log = s.log_text()
-        for needle in ["listening on http://127.0.0.1:", "device: cpu", "model: ", "KV cache: ", "fp8_e4m3", "margin"]:
+        for needle in ["listening on http://127.0.0.1:", "device: cpu", "model: ", "KV cache: ", "fp8_e4m3", "margin",
+                       "bf16 window", "pool + tail"]:
             assert needle in log, needle
     finally:
         assert s.stop() == 0
@@ -53,7 +55,8 @@ def test_port_in_use_is_a_clear_error():
 @pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="default model absent")
 def test_health_is_503_while_the_model_loads(tmp_path):
     port = free_port()
-    proc = subprocess.Popen([str(binary()), "serve", str(DEFAULT_MODEL), "--port", str(port), "--kv-cache-memory", "16000000"],
+    proc = subprocess.Popen([str(binary()), "serve", str(DEFAULT_MODEL), "--port", str(port), "--kv-cache-memory", "64000000",
+                             "--max-num-seqs", "8"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen = []
     try:

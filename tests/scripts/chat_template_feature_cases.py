@@ -94,8 +94,15 @@ CASES = [
     ("f_indent", "{{ 'a\\nb\\n\\nc' | indent }}|{{ 'a\\nb' | indent(2, true) }}|{{ 'a\\n\\nb' | indent(first=true, blank=true) }}|{{ 'x\\ny' | indent('> ') }}", {}),
     ("f_sort_unique_reverse", "{{ ['b', 'A', 'c'] | sort }} {{ [3, 1, 2] | sort(reverse=true) }} {{ xs | sort(attribute='n') | map(attribute='n') | list }} {{ ['a', 'A', 'b'] | unique | list }} {{ [1, 2, 3] | reverse | list }} {{ 'abc' | reverse }}", {"xs": [{"n": 2}, {"n": 1}]}),
     ("f_numbers", "{{ '42' | int }} {{ '4.7' | int }} {{ 'x' | int(7) }} {{ 3.9 | int }} {{ '2.5' | float }} {{ -3 | abs }} {{ 2.5 | round }} {{ 3.5 | round }} {{ 2.567 | round(2) }} {{ 2.1 | round(method='ceil') }} {{ [3, 1, 2] | max }} {{ [3, 1, 2] | min }} {{ [1, 2.5] | sum }}", {}),
+    ("f_round_ints", "{{ 5 | round }} {{ 15 | round(-1) }} {{ 25 | round(-1) }} {{ -35 | round(-1) }} {{ 7 | round(1, 'floor') }} {{ 7 | round(method='ceil') }} {{ true | round }}", {}),
     ("f_list_dictsort", "{{ 'ab' | list }} {{ {'b': 1, 'a': 2} | dictsort }}", {}),
     ("f_escape_safe", "{{ '<a href=\"x\">&\\'</a>' | e }} {{ '<b>' | safe }}", {}),
+    # markupsafe's Markup (|safe, |escape): a plain str concatenated to it is escaped, its methods
+    # return Markup, `~` gives plain text (functionary-medium-v3.1 builds its tool list this way)
+    ("markup_concat", "{{ 'a<'|safe + '<b>' + 'c' }}|{{ 'x&' + '<'|safe }}|{{ ('x'|safe + '<') ~ '<' }}|{{ '<'|e + '&' }}|{{ '<'|e|e }}|{{ '<'|safe is escaped }}|{{ '<' is escaped }}|{{ none|e }}", {}),
+    ("markup_methods", "{{ ('a'|safe + '<').upper() }}|{{ ('a'|safe).replace('a', '<') }}|{{ ('<b>'|safe)[0:2] + '<' }}|{{ ('a<'|safe).split('<') }}|{{ ('a'|safe + '<')|upper }}|{{ ('a'|safe + '<')|title }}|{{ (', '|safe).join(['<', '>']) }}|{{ (' x'|safe + '<')|trim }}|{{ ['a'|safe] }}|{{ ('a'|safe)[0] + '<' }}|{{ ('ab'|safe)|reverse + '<' }}|{{ ('a'|safe)|string + '<' }}|{{ ('a'|safe).startswith('a') }}", {}),
+    ("markup_functionary_tools", "{{ 'Use the function '|safe + t['name'] + ' to '|safe + t['description'] + '\n'|safe + t | tojson }}", {"t": {"name": "f<x>", "description": "it's \"quoted\" & more"}}),
+    ("markup_add_int_error", "{{ 'a'|safe + 1 }}", {}),
     # tests
     ("tests_types", "{{ 1 is number }}{{ 1 is integer }}{{ 1.0 is float }}{{ true is boolean }}{{ true is integer }}{{ 'a' is string }}{{ {} is mapping }}{{ [] is iterable }}{{ 'a' is iterable }}{{ 1 is iterable }}{{ [] is sequence }}{{ none is none }}{{ missing is undefined }}{{ range is callable }}", {}),
     ("tests_values", "{{ 3 is odd }}{{ 4 is even }}{{ 9 is divisibleby 3 }}{{ 'a' is equalto 'a' }}{{ 2 is gt 1 }}{{ 1 is lt 2 }}{{ 2 is ge 2 }}{{ 'b' is in 'abc' }}{{ 'abc' is lower }}{{ 'ABC' is upper }}{{ false is false }}{{ 0 is false }}{{ true is true }}{{ none is sameas none }}{{ 2 is ne 3 }}", {}),
@@ -168,4 +175,42 @@ def random_cases(seed, count):
             else:
                 parts.append('{{ ' + rng.choice(RANDOM_EXPRS) + ' }}')
         cases.append((f"random_{seed}_{i}", ''.join(parts), RANDOM_CONTEXT))
+    return cases
+
+
+# Every filter on every falsy value (and on two truthy non-iterables): jinja2's select, reject,
+# selectattr, rejectattr and map yield nothing for a falsy input, other filters iterate, call
+# len() or convert it and raise; the C++ side must do exactly what jinja2 does, error message
+# included. Generator results are piped through `list` (a generator object prints its address).
+FALSY_INPUTS = [("none", "none"), ("false", "false"), ("zero", "0"), ("zero_float", "0.0"), ("empty_str", "''"),
+                ("empty_list", "[]"), ("empty_dict", "{}"), ("undefined", "missing"), ("true", "true"), ("five", "5")]
+FALSY_FILTERS = [
+    ("select", "select | list"), ("select_test", "select('none') | list"), ("reject", "reject | list"),
+    ("reject_test", "reject('defined') | list"), ("selectattr", "selectattr('a') | list"),
+    ("selectattr_test", "selectattr('a', 'equalto', 1) | list"), ("rejectattr", "rejectattr('a') | list"),
+    ("rejectattr_test", "rejectattr('a', 'none') | list"), ("map_filter", "map('upper') | list"),
+    ("map_attribute", "map(attribute='a') | list"), ("map_attribute_default", "map(attribute='a', default=1) | list"),
+    ("unique", "unique | list"), ("reverse", "reverse | list"), ("items", "items | list"), ("list", "list"),
+    ("sort", "sort"), ("dictsort", "dictsort"), ("join", "join(', ')"), ("join_attribute", "join(',', attribute='a')"),
+    ("first", "first"), ("last", "last"), ("length", "length"), ("count", "count"), ("sum", "sum"), ("max", "max"),
+    ("min", "min"), ("int", "int"), ("float", "float"), ("abs", "abs"), ("round", "round"), ("string", "string"),
+    ("upper", "upper"), ("lower", "lower"), ("title", "title"), ("capitalize", "capitalize"), ("trim", "trim"),
+    ("escape", "e"), ("safe", "safe"), ("tojson", "tojson"), ("default", "default('d')"),
+    ("default_boolean", "default('d', true)"), ("indent", "indent(2)"), ("replace", "replace('o', '0')"),
+    ("attr", "attr('a')"),
+]
+
+
+def falsy_cases():
+    cases = []
+    for input_name, expr in FALSY_INPUTS:
+        for filter_name, chain in FALSY_FILTERS:
+            cases.append((f"falsy_{filter_name}_{input_name}", "{{ " + expr + " | " + chain + " }}", {}))
+    # The template that showed it: functionary-medium-v3.1 does `tools | selectattr(...)` with
+    # tools none, and for-loops over filtered falsy values must simply run zero times.
+    cases.append(("falsy_functionary_pattern",
+                  "{% for t in tools | selectattr('type', 'equalto', 'function') %}x{% endfor %}[{{ tools | "
+                  "selectattr('type') | list | length }}]", {"tools": None}))
+    cases.append(("falsy_loop_over_map", "{% for n in messages | map(attribute='name') %}{{ n }}{% endfor %}.",
+                  {"messages": []}))
     return cases

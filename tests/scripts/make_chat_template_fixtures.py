@@ -58,15 +58,45 @@ def mirrored_env():
     return env
 
 
-def render_both(template, messages, tools, add_generation_prompt, extra):
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def mirrored_continue(template, chat, render):
+    """transformers' continue_final_message on a plain jinja2 render: tag the final message's
+    text, render, cut the prompt at the tag (render_jinja_template, transformers 5.24.0)."""
+    if not chat:
+        raise ValueError("empty conversation")
+    final = chat[-1].get("content")
+    if final is None or "content" not in template:
+        raise ValueError("nothing to continue")
+    if isinstance(final, (list, tuple)):
+        for block in reversed(final):
+            if "text" in block:
+                final = block["text"]
+                block["text"] = block["text"] + CONTINUE_TAG
+                break
+        else:
+            raise ValueError("no text to continue")
+    else:
+        chat[-1]["content"] = final + CONTINUE_TAG
+    rendered = render(chat)
+    if final.strip() not in rendered or CONTINUE_TAG.strip() not in rendered:
+        raise ValueError("the final message does not appear in the rendered chat")
+    loc = rendered.rindex(CONTINUE_TAG.strip())
+    return rendered[:loc] if rendered[loc:loc + len(CONTINUE_TAG)] == CONTINUE_TAG else rendered[:loc].rstrip()
+
+
+def render_both(template, messages, tools, add_generation_prompt, extra, continue_final_message=False):
     """Returns ("ok", text) or ("raised", message) or ("error", type name)."""
     outcomes = []
+    extra = dict(extra)
+    documents = extra.pop("documents", None)
     # 1. transformers
     try:
         chat = ctu._normalize_chat_messages(messages)
         rendered, _ = ctu.render_jinja_template(
-            conversations=[chat], tools=tools, chat_template=template,
-            add_generation_prompt=add_generation_prompt, **extra)
+            conversations=[chat], tools=tools, documents=documents, chat_template=template,
+            add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message, **extra)
         outcomes.append(("ok", rendered[0]))
     except jinja2.exceptions.TemplateError as e:
         outcomes.append(("raised", str(e)) if type(e) is jinja2.exceptions.TemplateError else ("error", type(e).__name__))
@@ -75,8 +105,12 @@ def render_both(template, messages, tools, add_generation_prompt, extra):
     # 2. plain jinja2 with the same inputs transformers passes
     try:
         chat = ctu._alias_reasoning_fields(ctu._plain_template_data(ctu._normalize_chat_messages(messages)))
-        ctx = dict(messages=chat, tools=tools, documents=None, add_generation_prompt=add_generation_prompt, **extra)
-        outcomes.append(("ok", mirrored_env().from_string(template).render(**ctx)))
+
+        def render(chat):
+            ctx = dict(messages=chat, tools=tools, documents=documents, add_generation_prompt=add_generation_prompt, **extra)
+            return mirrored_env().from_string(template).render(**ctx)
+
+        outcomes.append(("ok", mirrored_continue(template, chat, render) if continue_final_message else render(chat)))
     except jinja2.exceptions.TemplateError as e:
         outcomes.append(("raised", str(e)) if type(e) is jinja2.exceptions.TemplateError else ("error", type(e).__name__))
     except Exception as e:  # noqa: BLE001
@@ -118,12 +152,26 @@ SEARCH_TOOL = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer", "default": 5}},
                    "required": ["query"]}}}
 
+DESCRIBED_TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a city — ☀️",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "City name, e.g. Zürich"},
+            "unit": {"type": "string", "description": "Temperature unit", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "search", "description": "Search the web",
+        "parameters": {"type": "object", "properties": {
+            "query": {"type": "string", "description": "What to look for"},
+            "limit": {"type": "integer", "description": "How many results", "default": 5}}, "required": ["query"]}}},
+]
+
 
 def tool_call(name, arguments):
     return {"type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def base_conversations():
+def base_conversations(with_issue13_conversations=False):
     convs = {
         "single_user": [u("Hello, who are you?")],
         "system_user": [s("You are a helpful assistant."), u("What is 2+2?")],
@@ -168,6 +216,8 @@ def base_conversations():
         "think_in_content": [u("2+2?"), a("<think>\nadd\n</think>\n\n4"), u("and 3+3?"), a("<think>add again</think>6")],
         "tool_response_as_user": [u("<tool_response>\nx\n</tool_response>")],
     }
+    if with_issue13_conversations:
+        convs["trailing_space_assistant"] = [u("Count to three."), a("One, two, ")]
     rng = random.Random(1234)
     for i in range(8):
         msgs = []
@@ -189,14 +239,60 @@ SPECIAL = {
     "llama3_2": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
     "zephyr": {"bos_token": "<s>", "eos_token": "</s>"},
     "mistral_v0_2": {"bos_token": "<s>", "eos_token": "</s>"},
+    # Added for issue 13 (real templates no one here wrote; see SOURCES.md). Special tokens as
+    # each model's tokenizer_config.json declares them.
+    "seed_oss": {"bos_token": "<seed:bos>", "eos_token": "<seed:eos>", "pad_token": "<seed:pad>"},
+    "command_r_plus_tool_use": {"bos_token": "<BOS_TOKEN>", "eos_token": "<|END_OF_TURN_TOKEN|>"},
+    "command_r7b_tool_use": {"bos_token": "<BOS_TOKEN>", "eos_token": "<|END_OF_TURN_TOKEN|>"},
+    "mistral_small_3_2": {"bos_token": "<s>", "eos_token": "</s>"},
+    "nemotron_nano_v2": {"bos_token": "<SPECIAL_10>", "eos_token": "<SPECIAL_12>"},
+    "hermes_3_tool_use": {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"},
+    "qwq_32b": {"bos_token": None, "eos_token": "<|im_end|>"},
+    "deepseek_r1_distill": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
+    "deepseek_v3_1": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
+    "firefunction_v2": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+    "gemma_2": {"bos_token": "<bos>", "eos_token": "<eos>"},
+    "granite_3_3": {"bos_token": "<|end_of_text|>", "eos_token": "<|end_of_text|>"},
+    "functionary_v3_1": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+    "functionary_v3_2": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+    "phi_3_5": {"bos_token": "<s>", "eos_token": "<|endoftext|>"},
+    "mistral_nemo": {"bos_token": "<s>", "eos_token": "</s>"},
+    "kimi_k2": {"bos_token": "[BOS]", "eos_token": "[EOS]"},
+    "gpt_oss": {"bos_token": "<|startoftext|>", "eos_token": "<|return|>"},
+    "devstral_small": {"bos_token": "<s>", "eos_token": "</s>"},
 }
+
+# The first seven templates; their fixtures stay exactly as they were generated.
+ORIGINAL_TEMPLATES = {"smollm2", "qwen2_5", "qwen3", "llama3_1", "llama3_2", "zephyr", "mistral_v0_2"}
+# Templates that render a tools list, and those that render RAG documents.
+TOOL_TEMPLATES = {"qwen2_5", "qwen3", "llama3_1", "llama3_2", "seed_oss", "command_r_plus_tool_use", "command_r7b_tool_use",
+                  "mistral_small_3_2", "nemotron_nano_v2", "hermes_3_tool_use", "qwq_32b", "firefunction_v2",
+                  "granite_3_3", "functionary_v3_1", "functionary_v3_2", "mistral_nemo", "kimi_k2", "gpt_oss",
+                  "devstral_small"}
+DOCUMENT_TEMPLATES = {"command_r7b_tool_use", "granite_3_3"}
+# continue_final_message (vLLM's field, transformers' semantics) on the templates added for issue 13.
+CONTINUE_TEMPLATES = set(TOOL_TEMPLATES | {"deepseek_r1_distill", "deepseek_v3_1", "gemma_2", "phi_3_5"}) - {
+    "qwen2_5", "qwen3", "llama3_1", "llama3_2"}
+CONTINUE_CONVERSATIONS = {"ends_with_assistant", "newlines_and_padding", "unicode", "think_in_content",
+                          "tool_call_dict_args", "single_user", "empty_user", "none_content", "list_content",
+                          "trailing_space_assistant"}
+DOCUMENTS = [{"title": "Zürich weather", "text": "Sunny, 21 °C."}, {"title": "Rome", "text": "Rain\nall day"}]
 
 
 def variants(name):
     """(case suffix, tools, extra kwargs) combinations to render each conversation with."""
-    out = [("", None, {})]
-    if name in ("qwen2_5", "qwen3", "llama3_1", "llama3_2"):
-        out.append(("tools", [WEATHER_TOOL, SEARCH_TOOL], {}))
+    base = {}
+    if name == "firefunction_v2":  # its template reads the tools from `functions` and the date from `datetime`
+        base = {"functions": json.dumps([t["function"] for t in DESCRIBED_TOOLS], ensure_ascii=False), "datetime": "2025-03-07"}
+    out = [("", None, dict(base))]
+    if name in TOOL_TEMPLATES:
+        # Command R's tool parser prints every parameter's description: the added templates get
+        # tools whose parameters all have one.
+        out.append(("tools", DESCRIBED_TOOLS if name not in ORIGINAL_TEMPLATES else [WEATHER_TOOL, SEARCH_TOOL], dict(base)))
+    if name in DOCUMENT_TEMPLATES:
+        out.append(("documents", None, {**base, "documents": DOCUMENTS}))
+    if name == "nemotron_nano_v2":
+        out.append(("no_think", None, {**base, "enable_thinking": False}))
     if name == "qwen3":
         out.append(("no_think", None, {"enable_thinking": False}))
         out.append(("think", None, {"enable_thinking": True}))
@@ -219,26 +315,29 @@ def main():
         field = GGUFReader(GGUF).fields["tokenizer.chat_template"]
         if bytes(field.parts[field.data[0]]).decode() != sources["smollm2"]:
             sys.exit("smollm2.jinja differs from the GGUF's tokenizer.chat_template")
-    convs = base_conversations()
     for name, template in sources.items():
+        convs = base_conversations(with_issue13_conversations=name not in ORIGINAL_TEMPLATES)
         cases = []
         for conv_name, messages in convs.items():
-            for suffix, tools, kwargs in variants(name):
-                if suffix and conv_name.startswith("random_"):
-                    continue
-                for agp in (True, False):
-                    extra = {k: v for k, v in SPECIAL[name].items()}
-                    extra.update(kwargs)
-                    status, payload = render_both(template, messages, tools, agp, extra)
-                    case = {"name": f"{conv_name}{'/' + suffix if suffix else ''}/{'gen' if agp else 'nogen'}",
-                            "messages": messages, "tools": tools, "add_generation_prompt": agp, "extra": extra}
-                    if status == "ok":
-                        case["expected"] = payload
-                    else:
-                        case["error"] = status
-                        if status == "raised":
-                            case["message"] = payload
-                    cases.append(case)
+            runs = [(suffix, tools, kwargs, agp, False) for suffix, tools, kwargs in variants(name) for agp in (True, False)
+                    if not (suffix and conv_name.startswith("random_"))]
+            if conv_name in CONTINUE_CONVERSATIONS and name in CONTINUE_TEMPLATES:
+                runs.append(("continue", None, variants(name)[0][2], False, True))
+            for suffix, tools, kwargs, agp, cont in runs:
+                extra = {k: v for k, v in SPECIAL[name].items()}
+                extra.update(kwargs)
+                status, payload = render_both(template, messages, tools, agp, extra, cont)
+                case = {"name": f"{conv_name}{'/' + suffix if suffix else ''}/{'gen' if agp else 'nogen'}",
+                        "messages": messages, "tools": tools, "add_generation_prompt": agp, "extra": extra}
+                if cont:
+                    case["continue_final_message"] = True
+                if status == "ok":
+                    case["expected"] = payload
+                else:
+                    case["error"] = status
+                    if status == "raised":
+                        case["message"] = payload
+                cases.append(case)
         doc = {"template": name + ".jinja", "now": FIXED_NOW.isoformat(),
                "generator": "tests/scripts/make_chat_template_fixtures.py",
                "versions": {"jinja2": jinja2.__version__, "transformers": transformers.__version__},
@@ -252,7 +351,9 @@ def main():
               f"{os.path.getsize(path)} bytes")
 
 
-def render_feature(template, context):
+def render_feature(template, context, error_messages=False):
+    """("ok", text) | ("raised", message) | ("syntax", None) | ("error", None), or with
+    error_messages ("error", "TypeError: 'NoneType' object is not iterable")."""
     env = mirrored_env()
     try:
         compiled = env.from_string(template)
@@ -265,21 +366,23 @@ def render_feature(template, context):
     except jinja2.exceptions.TemplateError as e:
         if type(e) is jinja2.exceptions.TemplateError:
             return ("raised", str(e))
-        return ("error", type(e).__name__)
+        return ("error", f"{type(e).__name__}: {e}" if error_messages else None)
     except Exception as e:  # noqa: BLE001
-        return ("error", type(e).__name__)
+        return ("error", f"{type(e).__name__}: {e}" if error_messages else None)
 
 
-def write_features(file_name, feature_cases):
+def write_features(file_name, feature_cases, error_messages=False):
+    """error_messages: also record the message of errors other than raise_exception (str(e) of
+    the Python exception), which the C++ test then compares exactly."""
     cases = []
     for name, template, context in feature_cases:
-        status, payload = render_feature(template, context)
+        status, payload = render_feature(template, context, error_messages)
         case = {"name": name, "template": template, "context": context}
         if status == "ok":
             case["expected"] = payload
         else:
             case["error"] = status
-            if status == "raised":
+            if payload is not None:  # raise_exception's message, or (error_messages) the exception
                 case["message"] = payload
         cases.append(case)
     path = os.path.join(FIXTURES, file_name)
@@ -295,5 +398,6 @@ if __name__ == "__main__":
     import chat_template_feature_cases as features
     write_features("features.cases.json", features.CASES)
     write_features("random.cases.json", features.random_cases(1, 1500))
+    write_features("falsy.cases.json", features.falsy_cases(), error_messages=True)
     if "--features-only" not in sys.argv:
         main()

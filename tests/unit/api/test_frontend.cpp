@@ -215,3 +215,160 @@ TEST_CASE("admission: beyond max_num_seqs + max_waiting_requests the answer is 5
   f.frontend.release(b.num_seqs);
   CHECK(std::holds_alternative<GenerationJob>(f.call("POST", "/v1/completions", R"({"prompt": "b"})")));
 }
+
+TEST_CASE("admission: a request that can never fit is a 400 naming the limits, not a 503 forever") {
+  FrontendOptions options;
+  options.max_waiting_requests = 2;
+  Fixture f(options);
+  f.ready(64, /*max_num_seqs=*/2);
+  // 8 prompts on an idle server with room for 2 running + 2 waiting.
+  HttpReply r = f.reply("POST", "/v1/completions", R"({"prompt": ["a", "b", "c", "d", "e", "f", "g", "h"]})");
+  CHECK(r.status == 400);
+  CHECK(r.headers.empty());  // no Retry-After: retrying cannot help
+  const Json e = error_of(r);
+  CHECK(e["code"] == "request_too_large");
+  CHECK(e["param"] == "prompt");
+  const std::string message = e["message"];
+  CHECK(message.find("needs 8 sequences") != std::string::npos);
+  CHECK(message.find("--max-num-seqs 2") != std::string::npos);
+  CHECK(message.find("--max-waiting-requests 2") != std::string::npos);
+  CHECK(f.frontend.in_flight_seqs() == 0);
+  // 4 fit exactly, on an idle server.
+  GenerationJob four = f.job("/v1/completions", R"({"prompt": ["a", "b", "c", "d"]})");
+  CHECK(four.num_seqs == 4);
+  // Now full: the next one can fit later, so it is a 503 with Retry-After.
+  HttpReply busy = f.reply("POST", "/v1/completions", R"({"prompt": "a"})");
+  CHECK(busy.status == 503);
+  CHECK(busy.headers.at(0).first == "Retry-After");
+  f.frontend.release(four.num_seqs);
+  // The default limits: 64 prompts x n = 16 is 1024 sequences > 64 + 256.
+  Fixture g;
+  g.ready(64, /*max_num_seqs=*/64);
+  Json prompts = Json::array();
+  for (int i = 0; i < 64; ++i) prompts.push_back("p");
+  HttpReply big = g.reply("POST", "/v1/completions", Json{{"prompt", prompts}, {"n", 16}, {"max_tokens", 1}}.dump());
+  CHECK(big.status == 400);
+  CHECK(error_of(big)["param"] == "n");
+}
+
+TEST_CASE("GET /v1/models/{id}: the model card, 404 in the error shape for another id") {
+  Fixture f;
+  f.ready();
+  HttpReply r = f.reply("GET", "/v1/models/tiny");
+  CHECK(r.status == 200);
+  const Json card = Json::parse(r.body);
+  CHECK(card["id"] == "tiny");
+  CHECK(card["object"] == "model");
+  CHECK(card == Json::parse(f.reply("GET", "/v1/models").body)["data"][0]);
+  CHECK(f.reply("GET", "/v1/models/ti%6Ey").status == 200);  // percent-encoded by a client
+  HttpReply missing = f.reply("GET", "/v1/models/gpt-4");
+  CHECK(missing.status == 404);
+  CHECK(error_of(missing)["code"] == "model_not_found");
+  CHECK(f.reply("POST", "/v1/models/tiny").status == 405);
+}
+
+TEST_CASE("HEAD: GET routes answer as GET (the HTTP layer drops the body), other routes 405 naming their methods") {
+  Fixture f;
+  f.ready();
+  for (const char* path : {"/health", "/v1/models", "/v1/models/tiny", "/metrics"}) {
+    INFO(path);
+    const HttpReply get = f.reply("GET", path);
+    const HttpReply head = f.reply("HEAD", path);
+    CHECK(head.status == 200);
+    CHECK(head.content_type == get.content_type);
+  }
+  HttpReply r = f.reply("HEAD", "/v1/completions");
+  CHECK(r.status == 405);
+  CHECK(r.headers.at(0) == std::pair<std::string, std::string>("Allow", "POST"));
+  r = f.reply("DELETE", "/health");
+  CHECK(r.status == 405);
+  CHECK(r.headers.at(0) == std::pair<std::string, std::string>("Allow", "GET, HEAD"));
+  CHECK(f.reply("HEAD", "/nothing").status == 404);
+}
+
+TEST_CASE("token ids of logit_bias, allowed_token_ids and stop_token_ids must be in the vocabulary") {
+  Fixture f;
+  f.ready();
+  const int vocab = f.tokenizer->vocab_size();
+  for (const char* field : {"logit_bias", "allowed_token_ids", "stop_token_ids"}) {
+    INFO(field);
+    Json body = {{"prompt", "x"}};
+    body[field] = std::string(field) == "logit_bias" ? Json{{std::to_string(vocab), 1}} : Json::array({vocab});
+    HttpReply r = f.reply("POST", "/v1/completions", body.dump());
+    CHECK(r.status == 400);
+    CHECK(error_of(r)["param"] == field);
+    CHECK(error_of(r)["message"].get<std::string>().find("out of vocabulary") != std::string::npos);
+  }
+  GenerationJob job = f.job("/v1/completions", Json{{"prompt", "x"}, {"logit_bias", {{std::to_string(vocab - 1), -5}}},
+                                                    {"allowed_token_ids", {0, vocab - 1}}}
+                                                   .dump());
+  CHECK(job.requests[0].sampling.logit_bias == std::vector<std::pair<int32_t, float>>{{vocab - 1, -5.0f}});
+  CHECK(job.requests[0].sampling.allowed_token_ids == std::vector<int32_t>{0, vocab - 1});
+}
+
+TEST_CASE("best_of: best_of sequences generated, logprobs computed for ranking, n returned") {
+  Fixture f;
+  f.ready(64, /*max_num_seqs=*/4);
+  GenerationJob job = f.job("/v1/completions", R"({"prompt": "x", "n": 2, "best_of": 4, "max_tokens": 2})");
+  CHECK(job.num_seqs == 4);
+  CHECK(job.requests[0].n == 4);
+  CHECK(job.requests[0].sampling.num_logprobs == 0);  // the chosen tokens' logprobs, to rank by
+  CHECK(job.builder->meta().n == 2);
+  CHECK(job.builder->meta().best_of == 4);
+  CHECK(job.builder->meta().num_logprobs == -1);  // ... but not shown: none were asked for
+  f.frontend.release(job.num_seqs);
+  HttpReply r = f.reply("POST", "/v1/completions", R"({"prompt": "x", "best_of": 5})");
+  CHECK(r.status == 400);
+  CHECK(error_of(r)["param"] == "best_of");  // more than --max-num-seqs 4
+}
+
+TEST_CASE("prompt options: truncate_prompt_tokens, add_special_tokens, continue_final_message, documents") {
+  Fixture f;
+  f.ready(/*max_model_len=*/512);
+  GenerationJob t = f.job("/v1/completions", R"({"prompt": [1, 2, 3, 4, 5], "truncate_prompt_tokens": 2, "echo": true})");
+  CHECK(t.requests[0].prompt_tokens == std::vector<int32_t>{4, 5});
+  f.frontend.release(t.num_seqs);
+  GenerationJob plain = f.job("/v1/completions", R"({"prompt": "Hello", "add_special_tokens": false})");
+  CHECK(plain.requests[0].prompt_tokens == f.tokenizer->encode("Hello", false));
+  f.frontend.release(plain.num_seqs);
+  // continue_final_message against the transformers rendering recorded in the fixtures.
+  const Json cases = Json::parse(read_file(FP8SERVE_FIXTURES_DIR "/chat_templates/qwq_32b.cases.json"));
+  size_t checked = 0;
+  for (const Json& c : cases["cases"]) {
+    if (!c.value("continue_final_message", false) || !c.contains("expected") || c["messages"].back()["content"].is_array())
+      continue;
+    Json body = {{"messages", c["messages"]}, {"continue_final_message", true}};
+    Fixture g;
+    g.chat_template = std::make_unique<ChatTemplate>(ChatTemplate::parse(read_file(FP8SERVE_FIXTURES_DIR "/chat_templates/qwq_32b.jinja")));
+    g.ready(/*max_model_len=*/4096);
+    GenerationJob job = g.job("/v1/chat/completions", body.dump());
+    INFO(c["name"]);
+    CHECK(job.requests[0].prompt_tokens == g.tokenizer->encode(c["expected"].get<std::string>(), false));
+    g.frontend.release(job.num_seqs);
+    ++checked;
+  }
+  CHECK(checked >= 3);
+  CHECK(std::holds_alternative<GenerationJob>(
+      f.call("POST", "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "documents": [{"title": "t", "text": "d"}]})")));
+  // Nothing to continue: a last message without text.
+  HttpReply r = f.reply("POST", "/v1/chat/completions",
+                        R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": null}], "continue_final_message": true})");
+  CHECK(r.status == 400);
+  CHECK(error_of(r)["message"].get<std::string>().find("no content to continue") != std::string::npos);
+}
+
+TEST_CASE("/tokenize and /detokenize: unknown fields and another model are refused") {
+  Fixture f;
+  f.ready();
+  HttpReply r = f.reply("POST", "/tokenize", R"({"prompt": "x", "add_special_token": false})");
+  CHECK(r.status == 400);
+  CHECK(error_of(r)["code"] == "unknown_parameter");
+  CHECK(f.reply("POST", "/tokenize", R"({"prompt": "x", "model": "other"})").status == 404);
+  CHECK(f.reply("POST", "/tokenize", R"({"prompt": "x", "model": "tiny"})").status == 200);
+  CHECK(f.reply("POST", "/detokenize", R"({"tokens": [1], "skip": true})").status == 400);
+  CHECK(f.reply("POST", "/detokenize", R"({"tokens": [1], "model": "other"})").status == 404);
+  const Json t = Json::parse(
+      f.reply("POST", "/tokenize", R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": false}})")
+          .body);
+  CHECK(t["count"].get<int>() > 0);
+}

@@ -182,3 +182,68 @@ TEST_CASE("http: slowloris headers are cut off at the request deadline") {
   CHECK(c.closed_by_peer());
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(3));
 }
+
+TEST_CASE("http: HEAD has no body, so a GET on the same keep-alive connection reads cleanly") {
+  Server s;
+  Client c(s.server->port());
+  c.send("HEAD /v1/models HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string r = c.read_until("\r\n\r\n{}");
+  const size_t second = r.find("HTTP/1.1 200 OK\r\n", 1);
+  REQUIRE(r.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  REQUIRE(second != std::string::npos);
+  // The HEAD answer ends with its blank line; the next status line follows at once.
+  CHECK(r.find("\r\n\r\n") + 4 == second);
+  CHECK(r.substr(0, second).find("Content-Length: ") != std::string::npos);  // what GET would send
+  CHECK(r.substr(0, second).find("Content-Length: 0\r\n") == std::string::npos);
+  // HEAD on a POST route: 405 naming POST, no body either.
+  Client d(s.server->port());
+  d.send("HEAD /v1/completions HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string r2 = d.read_until("\r\n\r\n{}");
+  REQUIRE(r2.rfind("HTTP/1.1 405", 0) == 0);
+  CHECK(r2.find("Allow: POST\r\n") != std::string::npos);
+  CHECK(r2.find("\r\n\r\nHTTP/1.1 200 OK\r\n") != std::string::npos);
+}
+
+TEST_CASE("http: Host header rules (RFC 9112 3.2) and absolute-form targets (3.2.2)") {
+  Server s;
+  auto status_of = [&](const std::string& request) {
+    Client c(s.server->port());
+    c.send(request);
+    const std::string r = c.read_until("\r\n\r\n");
+    return r.size() > 12 ? std::stoi(r.substr(9, 3)) : 0;
+  };
+  CHECK(status_of("GET /health HTTP/1.1\r\n\r\n") == 400);                             // no Host
+  CHECK(status_of("GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n") == 400);      // two
+  CHECK(status_of("GET /health HTTP/1.0\r\n\r\n") == 200);                             // HTTP/1.0 needs none
+  CHECK(status_of("GET http://127.0.0.1:8000/v1/models HTTP/1.1\r\nHost: x\r\n\r\n") == 200);
+  CHECK(status_of("GET HTTP://x/v1/models/tiny?a=1 HTTP/1.1\r\nHost: x\r\n\r\n") == 200);
+  CHECK(status_of("GET http://x HTTP/1.1\r\nHost: x\r\n\r\n") == 404);  // path "/"
+  CHECK(status_of("GET ftp://x/health HTTP/1.1\r\nHost: x\r\n\r\n") == 400);
+  Client c(s.server->port());
+  c.send("GET /health HTTP/1.1\r\n\r\n");
+  CHECK(c.read_until("}}").find("Host header") != std::string::npos);
+}
+
+TEST_CASE("http: the listener reuses its address, so a restart while connections sit in TIME_WAIT binds at once") {
+  uint16_t port = 0;
+  {
+    Server s;
+    port = s.server->port();
+    // The server closes these connections first (Connection: close), so their TIME_WAIT is on
+    // the listening port's side.
+    for (int i = 0; i < 3; ++i) {
+      Client c(port);
+      c.send("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+      CHECK(c.read_until("{}").rfind("HTTP/1.1 200", 0) == 0);
+      CHECK(c.closed_by_peer());
+    }
+  }
+  ServerMetrics metrics;
+  ApiFrontend frontend(FrontendOptions{}, metrics);
+  HttpServerOptions o;
+  o.port = port;
+  HttpServer again(o, frontend);
+  CHECK_NOTHROW(again.start());
+  CHECK(again.port() == port);
+  again.stop();
+}

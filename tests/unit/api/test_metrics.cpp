@@ -67,6 +67,8 @@ TEST_CASE("ServerMetrics renders vLLM-named families with engine gauges") {
   e.num_running = 3;
   e.num_waiting = 1;
   e.kv_usage = 0.25;
+  e.kv_tail_usage = 0.375;
+  e.kv_tail_tokens = 96;
   e.num_preemptions = 7;
   e.prefix_queries = 100;
   e.prefix_hits = 40;
@@ -77,6 +79,8 @@ TEST_CASE("ServerMetrics renders vLLM-named families with engine gauges") {
   CHECK(s.at("fp8serve:num_requests_running") == 3);
   CHECK(s.at("fp8serve:num_requests_waiting") == 1);
   CHECK(s.at("fp8serve:kv_cache_usage_perc") == 0.25);
+  CHECK(s.at("fp8serve:kv_bf16_tail_usage_perc") == 0.375);
+  CHECK(s.at("fp8serve:kv_bf16_tail_tokens") == 96);
   CHECK(s.at("fp8serve:num_preemptions_total") == 7);
   CHECK(s.at("fp8serve:prefix_cache_hits_total") == 40);
   CHECK(s.at("fp8serve:prompt_tokens_total") == 14);

@@ -49,7 +49,7 @@ TEST_CASE("sampling parameters land in SamplingParams") {
   auto r = ok(R"({"prompt": "x", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.1,
                   "seed": -1, "stop": "END", "n": 3, "stream": true, "stream_options": {"include_usage": true},
                   "logprobs": 2, "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1,
-                  "ignore_eos": true, "user": "u", "unknown_field": {"ignored": [1, 2]}})");
+                  "ignore_eos": true, "user": "u"})");
   CHECK(r.max_tokens == 7);
   CHECK(r.sampling.temperature == 0.5f);
   CHECK(r.sampling.top_p == 0.9f);
@@ -135,6 +135,31 @@ TEST_CASE("400 matrix: each deterministic input error names its parameter") {
       {R"({"prompt": "x", "echo": true, "logprobs": 1})", C, "echo"},
       {R"({"prompt": "x", "seed": 1.5})", C, "seed"},
       {R"({"prompt": "x", "suffix": "tail"})", C, "suffix"},
+      {R"({"prompt": "x", "temprature": 0})", C, "temprature"},  // a typo is not silently ignored
+      {R"({"prompt": "x", "logit_bias": {"abc": 1}})", C, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"1.5": 1}})", C, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"-1": 1}})", C, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"": 1}})", C, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"99999999999": 1}})", C, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"1": "5"}})", C, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"1": true}})", C, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"1": 100.5}})", C, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"1": -101}})", C, "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": [1]})", C, "logit_bias"},
+      {R"({"prompt": "x", "best_of": 1.5})", C, "best_of"},
+      {R"({"prompt": "x", "best_of": "2"})", C, "best_of"},
+      {R"({"prompt": "x", "n": 3, "best_of": 2})", C, "best_of"},
+      {R"({"prompt": "x", "best_of": 0})", C, "best_of"},
+      {R"({"prompt": "x", "best_of": 17})", C, "best_of"},
+      {R"({"prompt": "x", "best_of": 2, "stream": true})", C, "best_of"},
+      {R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": true, "x": 1}})", C, "stream_options"},
+      {R"({"prompt": "x", "response_format": {"type": "json_object"}})", C, "response_format"},
+      {R"({"prompt": "x", "response_format": {"type": "xml"}})", C, "response_format.type"},
+      {R"({"prompt": "x", "response_format": {}})", C, "response_format.type"},
+      {R"({"prompt": "x", "response_format": "json"})", C, "response_format"},
+      {R"({"prompt": "x", "allowed_token_ids": []})", C, "allowed_token_ids"},
+      {R"({"prompt": "x", "truncate_prompt_tokens": 0})", C, "truncate_prompt_tokens"},
+      {R"({"prompt": "x", "max_completion_tokens": 5})", C, "max_completion_tokens"},  // a chat field
       {R"({"prompt": "x", "model": 3})", C, "model"},
       {R"({"prompt": "x", "user": 3})", C, "user"},
       {R"({"prompt": "x", "ignore_eos": 1})", C, "ignore_eos"},
@@ -152,6 +177,22 @@ TEST_CASE("400 matrix: each deterministic input error names its parameter") {
       {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 1})", H, "logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": {}})", H, "tools"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0})", H, "max_completion_tokens"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {}}})", H,
+       "response_format"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", H, "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "sometimes"})", H, "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "function", "function": {"name": "f"}}})", H,
+       "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]})", H,
+       "tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"})",
+       H, "tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"function": {"name": "f"}}], "tool_choice": "none"})", H,
+       "tools[0]"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "echo": true})", H, "echo"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "prompt": "x"})", H, "prompt"},  // a completions field
+      {R"({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true, "add_generation_prompt": true})",
+       H, "continue_final_message"},
   };
   for (const Case& c : cases) {
     INFO(c.body);
@@ -175,4 +216,64 @@ TEST_CASE("hostile JSON: deep nesting, invalid UTF-8, lone surrogates, huge stop
   for (int i = 0; i < 1000; ++i) stops += std::string(i ? "," : "") + "\"s" + std::to_string(i) + "\"";
   CHECK(bad(stops + "]}").param == "stop");
   CHECK(bad(R"({"prompt": "x", "stop": [")" + std::string(10000, 'a') + "\"]}").param == "stop");
+}
+
+TEST_CASE("logit_bias: string token ids to biases in [-100, 100]; duplicates of one id, the last wins") {
+  auto r = ok(R"({"prompt": "x", "logit_bias": {"50256": -100, "7": 2.5, "007": 1, "0": 100}})");
+  CHECK(r.sampling.logit_bias == std::vector<std::pair<int32_t, float>>{{0, 100.0f}, {7, 1.0f}, {50256, -100.0f}});
+  CHECK(ok(R"({"prompt": "x", "logit_bias": {}})").sampling.logit_bias.empty());
+  CHECK(ok(R"({"prompt": "x", "logit_bias": null})").sampling.logit_bias.empty());
+  std::string many = R"({"prompt": "x", "logit_bias": {)";
+  for (int i = 0; i < 1025; ++i) many += std::string(i ? "," : "") + "\"" + std::to_string(i) + "\": 1";
+  CHECK(bad(many + "}}").param == "logit_bias");
+}
+
+TEST_CASE("best_of: at least n, at most 16, never streamed when larger than n") {
+  CHECK(ok(R"({"prompt": "x"})").best_of == 1);
+  CHECK(ok(R"({"prompt": "x", "n": 3})").best_of == 3);
+  auto r = ok(R"({"prompt": "x", "n": 2, "best_of": 5})");
+  CHECK((r.n == 2 && r.best_of == 5));
+  CHECK(ok(R"({"prompt": "x", "n": 2, "best_of": 2, "stream": true})").best_of == 2);
+  CHECK(ok(R"({"messages": [{"role": "user", "content": "x"}], "best_of": 3})", ApiKind::chat).best_of == 3);
+  CHECK(bad(R"({"prompt": "x", "n": 3, "best_of": 2})").message.find("at least 'n' (3)") != std::string::npos);
+}
+
+TEST_CASE("unknown fields get a 400 naming them; structured output and forced tool calls are refused") {
+  const ApiError e = bad(R"({"prompt": "x", "max_token": 5})");
+  CHECK(e.code == "unknown_parameter");
+  CHECK(e.message.rfind("Unknown parameter: 'max_token'.", 0) == 0);
+  const ApiError f = bad(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})",
+                         ApiKind::chat);
+  CHECK(f.code == "unsupported_parameter");
+  CHECK(f.message.find("structured output") != std::string::npos);
+  const ApiError t = bad(R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]})",
+                         ApiKind::chat);
+  CHECK(t.message.find("tool_choice") != std::string::npos);
+  // Accepted: text format, tools that the model will not see with tool_choice none, auto without tools.
+  const auto chat = [](const std::string& extra) {
+    return ok(R"({"messages": [{"role": "user", "content": "x"}], )" + extra + "}", ApiKind::chat);
+  };
+  CHECK(chat(R"("response_format": {"type": "text"})").tools.is_null());
+  CHECK(chat(R"("tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none")").tools.is_null());
+  CHECK(chat(R"("tool_choice": "auto")").tools.is_null());
+  CHECK(chat(R"("tools": [], "tool_choice": "auto")").tools.is_null());
+  CHECK(chat(R"("parallel_tool_calls": false, "store": false, "metadata": {"a": "b"}, "user": "u")").messages.size() == 1);
+}
+
+TEST_CASE("vLLM's extensions that are implemented land in the request") {
+  auto r = ok(R"({"prompt": "x", "include_stop_str_in_output": true, "truncate_prompt_tokens": 3, "allowed_token_ids": [4, 5],
+                  "add_special_tokens": false, "return_tokens_as_token_ids": true, "spaces_between_special_tokens": false,
+                  "min_tokens": 0, "priority": 0, "use_beam_search": false, "length_penalty": 1.0})");
+  CHECK(r.include_stop_str_in_output);
+  CHECK(r.truncate_prompt_tokens == 3);
+  CHECK(r.sampling.allowed_token_ids == std::vector<int32_t>{4, 5});
+  CHECK(r.add_special_tokens == false);
+  CHECK(r.return_tokens_as_token_ids);
+  auto c = ok(R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+                  "continue_final_message": true, "documents": [{"title": "t", "text": "d"}]})",
+              ApiKind::chat);
+  CHECK(c.continue_final_message);
+  CHECK_FALSE(c.add_generation_prompt);  // continuing the last message: no new turn
+  CHECK(c.documents.size() == 1);
+  CHECK_FALSE(c.add_special_tokens.has_value());
 }

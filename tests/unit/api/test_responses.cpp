@@ -180,3 +180,45 @@ TEST_CASE("logprob tokens cut inside a UTF-8 character print as U+FFFD and merge
   CHECK(content[0]["bytes"] == Json::array({0xe6}));
   CHECK(content[0]["top_logprobs"][2]["token"] == "\xc3\xa9");
 }
+
+TEST_CASE("best_of: the n choices of highest cumulative logprob, best first, renumbered; usage counts all") {
+  ResponseMeta meta;
+  meta.n = 2;
+  meta.best_of = 4;
+  meta.num_prompts = 2;
+  ResponseBuilder b(meta, fake_bytes);
+  // Prompt p, candidate i: two tokens whose logprobs sum to -sums[p][i].
+  const double sums[2][4] = {{3.0, 1.0, 2.0, 0.5}, {1.0, 1.0, 4.0, 2.0}};
+  for (int p = 0; p < 2; ++p) {
+    for (int i = 0; i < 4; ++i) {
+      RequestOutput o = out(i, {10 * p + i, 7}, "p" + std::to_string(p) + "c" + std::to_string(i), FinishReason::length, 2);
+      o.logprobs = {SampleResult{10 * p + i, static_cast<float>(-sums[p][i] / 2), {}}, SampleResult{7, static_cast<float>(-sums[p][i] / 2), {}}};
+      b.on_output(p, o);
+    }
+  }
+  REQUIRE(b.done());
+  const Json body = b.final_body();
+  REQUIRE(body["choices"].size() == 4);
+  const char* expected[] = {"p0c3", "p0c1", "p1c0", "p1c1"};  // ties keep generation order
+  for (int k = 0; k < 4; ++k) {
+    CHECK(body["choices"][k]["index"] == k);
+    CHECK(body["choices"][k]["text"] == expected[k]);
+    CHECK(body["choices"][k]["logprobs"].is_null());  // not asked for
+  }
+  CHECK(body["usage"]["completion_tokens"] == 16);  // every candidate's tokens
+}
+
+TEST_CASE("return_tokens_as_token_ids: logprobs tokens are token_id:N") {
+  ResponseMeta meta;
+  meta.kind = ApiKind::chat;
+  meta.num_logprobs = 1;
+  meta.tokens_as_ids = true;
+  ResponseBuilder b(meta, fake_bytes);
+  RequestOutput o = out(0, {42}, "x", FinishReason::stop, 1);
+  o.logprobs = {SampleResult{42, -0.5f, {{42, -0.5f}}}};
+  b.on_output(0, o);
+  const Json lp = b.final_body()["choices"][0]["logprobs"]["content"][0];
+  CHECK(lp["token"] == "token_id:42");
+  CHECK(lp["top_logprobs"][0]["token"] == "token_id:42");
+  CHECK(lp["bytes"] == Json::array({'t', '4', '2'}));
+}

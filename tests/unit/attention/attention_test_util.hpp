@@ -1,7 +1,8 @@
 #pragma once
-// Shared by the attention tests: a paged pool with randomly scattered blocks, random K/V/Q,
-// and the references the kernels are checked against - plain loops that read the pool through
-// their own slot arithmetic (not PagedKvView::offset) and compute attention in double.
+// Shared by the attention tests: a paged pool with randomly scattered blocks (and the bf16
+// window's tail pool), random K/V/Q, and the references the kernels are checked against - plain
+// loops that read the pool through their own slot arithmetic (not PagedKvView::offset) and
+// compute attention in double - with the tolerances test_paged_attention.cpp explains.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include "kernels/bf16.hpp"
+#include "kernels/cpu/kv_write_cpu.hpp"
+#include "kernels/cpu/paged_attention_cpu.hpp"
 #include "kernels/fp8.hpp"
 #include "kernels/paged_kv.hpp"
 
@@ -122,6 +125,80 @@ struct PoolFixture {
   }
 };
 
+// The bf16 recent window's tail pool for a PoolFixture's sequences (kernels/paged_kv.hpp): one
+// ring of ring_blocks blocks per sequence, the rings in shuffled order among spare ones, junk
+// in every slot. values == false: a K-only window (no V tail). fp8_lens says where each
+// sequence's tail starts.
+struct TailFixture {
+  int32_t ring_blocks = 0;
+  bool values = true;
+  int32_t num_rings = 0;
+  std::vector<uint8_t> k_bytes, v_bytes;  // bf16 elements
+  std::vector<int32_t> rings;             // [num_seqs]
+  std::vector<int32_t> fp8_lens;          // [num_seqs]
+
+  TailFixture(const PoolFixture& pool, int32_t window, bool values_, std::mt19937& rng)
+      : ring_blocks(window / pool.block_size + 1), values(values_), num_rings(pool.num_seqs() + 2) {
+    std::vector<int32_t> ids(static_cast<std::size_t>(num_rings));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    rings.assign(ids.begin(), ids.begin() + pool.num_seqs());
+    const std::size_t bytes = static_cast<std::size_t>(num_rings) * ring_blocks * pool.block_size *
+                              pool.num_kv_heads * pool.head_dim * 2;
+    k_bytes.resize(bytes);
+    v_bytes.resize(values ? bytes : 0);
+    for (uint8_t& b : k_bytes) b = static_cast<uint8_t>(rng() % 0x7e);  // no NaN or huge bf16 junk
+    for (uint8_t& b : v_bytes) b = static_cast<uint8_t>(rng() % 0x7e);
+    // The engine's rule: the newest `window` tokens (whole blocks) in the tail.
+    for (const SeqSpec& s : pool.seqs) {
+      fp8_lens.push_back(s.context_len > window ? (s.context_len - window) / pool.block_size * pool.block_size : 0);
+    }
+  }
+
+  PagedKvView view(const PoolFixture& pool) {
+    return make_paged_kv_view(k_bytes.data(), values ? v_bytes.data() : nullptr, KvDtype::bf16,
+                              num_rings * ring_blocks, pool.block_size, pool.num_kv_heads, pool.head_dim);
+  }
+  void attach(PagedBatch& batch) const {
+    batch.fp8_lens = fp8_lens.data();
+    batch.tail_slots = rings.data();
+    batch.tail_ring_blocks = ring_blocks;
+  }
+  // Element indices in the tail pool, by the test's own arithmetic: ring block (pos / B) % R.
+  int64_t block(const PoolFixture& pool, int32_t seq, int32_t pos) const {
+    return static_cast<int64_t>(rings[static_cast<std::size_t>(seq)]) * ring_blocks + (pos / pool.block_size) % ring_blocks;
+  }
+  int64_t k_index(const PoolFixture& pool, int32_t seq, int32_t pos, int32_t kv_head, int32_t d) const {
+    return (block(pool, seq, pos) * pool.num_kv_heads + kv_head) * pool.block_size * pool.head_dim +
+           (d / 2) * pool.block_size * 2 + (pos % pool.block_size) * 2 + d % 2;
+  }
+  int64_t v_index(const PoolFixture& pool, int32_t seq, int32_t pos, int32_t kv_head, int32_t d) const {
+    return ((block(pool, seq, pos) * pool.num_kv_heads + kv_head) * pool.block_size + pos % pool.block_size) *
+               pool.head_dim + d;
+  }
+  static double bf16_at(const std::vector<uint8_t>& bytes, int64_t i) {
+    uint16_t h;
+    std::memcpy(&h, bytes.data() + 2 * i, 2);
+    return bf16_decode(h);
+  }
+  // The sequence's context as the kernels must read it: the FP8 pool below fp8_lens (and all of
+  // V in a K-only window), the tail's exact bf16 from there on.
+  SeqKv stored(const PoolFixture& pool, int32_t seq) const {
+    SeqKv kv = pool.dequantized(seq);
+    const int32_t len = pool.seqs[static_cast<std::size_t>(seq)].context_len;
+    for (int32_t pos = fp8_lens[static_cast<std::size_t>(seq)]; pos < len; ++pos) {
+      for (int32_t h = 0; h < pool.num_kv_heads; ++h) {
+        for (int32_t d = 0; d < pool.head_dim; ++d) {
+          const std::size_t i = (static_cast<std::size_t>(pos) * pool.num_kv_heads + h) * pool.head_dim + d;
+          kv.k[i] = bf16_at(k_bytes, k_index(pool, seq, pos, h, d));
+          if (values) kv.v[i] = bf16_at(v_bytes, v_index(pool, seq, pos, h, d));
+        }
+      }
+    }
+    return kv;
+  }
+};
+
 // Batch arrays for one step: every sequence's last num_new tokens are the queries.
 struct BatchArrays {
   std::vector<int32_t> query_start_loc, context_lens;
@@ -204,6 +281,160 @@ inline std::vector<double> reference_attention(const std::vector<SeqSpec>& seqs,
     }
   }
   return out;
+}
+
+// Tolerances (test_paged_attention.cpp's header derives them).
+constexpr double kTight = 1e-5;
+constexpr double kTightBf16Dot = 1.5e-2;
+constexpr double kLooseFp8 = 0.10;
+constexpr double kLooseBf16 = 0.0064;
+
+// The tight limit for the build `isa` resolves to on this CPU.
+inline double tight_limit(cpu::CpuIsa isa, int32_t head_dim) {
+  return cpu::resolve_cpu_isa(isa, head_dim) == cpu::CpuIsa::avx512bf16 ? kTightBf16Dot : kTight;
+}
+
+// Writes every sequence's whole context through kv_write as one calibrating chunk (with a
+// tail: through the window, positions from tail->fp8_lens on into the tail), so the pools hold
+// exactly what the kernel would have written. Keys get a few large channels (as real keys do)
+// so the scale is set by outliers. Returns the unquantized values.
+inline std::vector<SeqKv> fill_context(PoolFixture& pool, cpu::ThreadPool& threads, std::mt19937& rng,
+                                       TailFixture* tail = nullptr) {
+  const int32_t row = pool.num_kv_heads * pool.head_dim;
+  std::vector<int32_t> starts{0}, lens;
+  std::vector<int64_t> slots;
+  for (int32_t s = 0; s < pool.num_seqs(); ++s) {
+    const int32_t len = pool.seqs[static_cast<std::size_t>(s)].context_len;
+    starts.push_back(starts.back() + len);
+    lens.push_back(len);
+    for (int32_t p = 0; p < len; ++p) slots.push_back(pool.slot(s, p));
+  }
+  const std::size_t n = static_cast<std::size_t>(starts.back()) * row;
+  std::vector<float> k = random_normal(n, rng), v = random_normal(n, rng);
+  for (std::size_t i = 0; i < n; i += static_cast<std::size_t>(pool.head_dim)) k[i + 3] *= 6.0f;
+  std::vector<uint8_t> calibrate(pool.seqs.size(), 1);
+  KvWriteParams w;
+  w.k = k.data();
+  w.v = v.data();
+  w.k_token_stride = w.v_token_stride = row;
+  w.cache = pool.view();
+  w.batch.num_seqs = pool.num_seqs();
+  w.batch.num_tokens = starts.back();
+  w.batch.query_start_loc = starts.data();
+  w.batch.context_lens = lens.data();
+  w.batch.block_tables = pool.block_tables.data();
+  w.batch.max_blocks_per_seq = pool.max_blocks_per_seq;
+  w.batch.slot_mapping = slots.data();
+  w.batch.k_scales = pool.k_scales.data();
+  w.batch.v_scales = pool.v_scales.data();
+  w.batch.calibrate = calibrate.data();
+  if (tail != nullptr) {
+    w.tail = tail->view(pool);
+    tail->attach(w.batch);
+  }
+  cpu::kv_write_cpu(w, threads);
+  std::vector<SeqKv> raw(pool.seqs.size());
+  for (int32_t s = 0; s < pool.num_seqs(); ++s) {
+    const std::size_t first = static_cast<std::size_t>(starts[s]) * row;
+    const std::size_t last = static_cast<std::size_t>(starts[s + 1]) * row;
+    raw[s].k.assign(k.begin() + first, k.begin() + last);
+    raw[s].v.assign(v.begin() + first, v.begin() + last);
+  }
+  return raw;
+}
+
+// One attention call over the pool's step (every sequence's last num_new tokens), random q.
+struct Run {
+  std::vector<float> q, out;
+  int32_t num_heads;
+  BatchArrays arrays;
+  PagedAttentionParams params;
+
+  Run(PoolFixture& pool, int32_t num_heads_, std::mt19937& rng, TailFixture* tail = nullptr)
+      : num_heads(num_heads_), arrays(pool) {
+    const std::size_t n = static_cast<std::size_t>(arrays.query_start_loc.back()) * num_heads * pool.head_dim;
+    q = random_normal(n, rng, 1.5f);
+    out.assign(n, NAN);
+    params.q = q.data();
+    params.out = out.data();
+    params.q_token_stride = params.out_token_stride = static_cast<int64_t>(num_heads) * pool.head_dim;
+    params.num_heads = num_heads;
+    params.softmax_scale = 1.0f / std::sqrt(static_cast<float>(pool.head_dim));
+    params.cache = pool.view();
+    params.batch = arrays.batch(pool);
+    if (tail != nullptr) {
+      params.tail = tail->view(pool);
+      tail->attach(params.batch);
+    }
+  }
+};
+
+// max over elements of |out - ref| / max|v of that sequence and kv head|: errors measured
+// against the size of the values being averaged.
+inline double max_scaled_error(const PoolFixture& pool, const std::vector<SeqKv>& kv, const std::vector<float>& out,
+                               const std::vector<double>& ref, int32_t num_heads) {
+  const int32_t hd = pool.head_dim, group = num_heads / pool.num_kv_heads;
+  double worst = 0.0;
+  int64_t token = 0;
+  for (std::size_t s = 0; s < pool.seqs.size(); ++s) {
+    for (int32_t i = 0; i < pool.seqs[s].num_new; ++i, ++token) {
+      for (int32_t h = 0; h < num_heads; ++h) {
+        double vmax = 1e-30;
+        for (int32_t j = 0; j < pool.seqs[s].context_len; ++j) {
+          for (int32_t d = 0; d < hd; ++d) {
+            vmax = std::max(vmax, std::fabs(kv[s].v[(static_cast<std::size_t>(j) * pool.num_kv_heads + h / group) * hd + d]));
+          }
+        }
+        for (int32_t d = 0; d < hd; ++d) {
+          const std::size_t e = (static_cast<std::size_t>(token) * num_heads + h) * hd + d;
+          const double err = std::fabs(static_cast<double>(out[e]) - ref[e]) / vmax;
+          if (!(err <= worst)) worst = std::isnan(err) ? INFINITY : err;
+        }
+      }
+    }
+  }
+  return worst;
+}
+
+// sqrt(sum (out - ref)^2 / sum ref^2).
+inline double relative_rms_error(const std::vector<float>& out, const std::vector<double>& ref) {
+  double num = 0.0, den = 0.0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    num += (out[i] - ref[i]) * (out[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// Runs each sequence of `run` alone in a batch of one and returns the first whose rows are not
+// bit-identical to `reference` (the batched output), or -1: the engine relies on that.
+inline int32_t first_sequence_not_alone_invariant(const Run& run, PoolFixture& pool, const TailFixture* tail,
+                                                   cpu::ThreadPool& threads, cpu::AttentionWorkspace& workspace,
+                                                   const std::vector<float>& reference) {
+  const int64_t row = static_cast<int64_t>(run.num_heads) * pool.head_dim;
+  for (int32_t s = 0; s < pool.num_seqs(); ++s) {
+    const int32_t first = run.arrays.query_start_loc[s];
+    const int32_t count = pool.seqs[static_cast<std::size_t>(s)].num_new;
+    const int32_t starts[2] = {0, count};
+    std::vector<float> out(static_cast<std::size_t>(count * row), NAN);
+    PagedAttentionParams alone = run.params;
+    alone.q = run.q.data() + first * row;
+    alone.out = out.data();
+    alone.batch.num_seqs = 1;
+    alone.batch.num_tokens = count;
+    alone.batch.query_start_loc = starts;
+    alone.batch.context_lens = run.arrays.context_lens.data() + s;
+    alone.batch.block_tables = pool.block_tables.data() + static_cast<int64_t>(s) * pool.max_blocks_per_seq;
+    alone.batch.k_scales = pool.k_scales.data() + s;
+    alone.batch.v_scales = pool.v_scales.data() + s;
+    if (tail != nullptr) {
+      alone.batch.fp8_lens = tail->fp8_lens.data() + s;
+      alone.batch.tail_slots = tail->rings.data() + s;
+    }
+    cpu::paged_attention_cpu(alone, threads, workspace);
+    if (std::memcmp(out.data(), reference.data() + first * row, out.size() * sizeof(float)) != 0) return s;
+  }
+  return -1;
 }
 
 }  // namespace fp8serve::test

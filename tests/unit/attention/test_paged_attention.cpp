@@ -29,8 +29,6 @@
 #include <stdexcept>
 
 #include "attention_test_util.hpp"
-#include "kernels/cpu/kv_write_cpu.hpp"
-#include "kernels/cpu/paged_attention_cpu.hpp"
 
 using namespace fp8serve;
 using namespace fp8serve::test;
@@ -38,117 +36,6 @@ using fp8serve::cpu::CpuIsa;
 using fp8serve::cpu::ThreadPool;
 
 namespace {
-
-constexpr double kTight = 1e-5;
-constexpr double kTightBf16Dot = 1.5e-2;
-
-// The tight limit for the build `isa` resolves to on this CPU.
-double tight_limit(CpuIsa isa, int32_t head_dim) {
-  return cpu::resolve_cpu_isa(isa, head_dim) == CpuIsa::avx512bf16 ? kTightBf16Dot : kTight;
-}
-constexpr double kLooseFp8 = 0.10;
-constexpr double kLooseBf16 = 0.0064;
-
-// Writes every sequence's whole context through kv_write as one calibrating chunk, so the
-// pool holds exactly what the kernel would have written. Keys get a few large channels (as
-// real keys do) so the scale is set by outliers. Returns the unquantized values.
-std::vector<SeqKv> fill_context(PoolFixture& pool, ThreadPool& threads, std::mt19937& rng) {
-  const int32_t row = pool.num_kv_heads * pool.head_dim;
-  std::vector<int32_t> starts{0}, lens;
-  std::vector<int64_t> slots;
-  for (int32_t s = 0; s < pool.num_seqs(); ++s) {
-    const int32_t len = pool.seqs[static_cast<std::size_t>(s)].context_len;
-    starts.push_back(starts.back() + len);
-    lens.push_back(len);
-    for (int32_t p = 0; p < len; ++p) slots.push_back(pool.slot(s, p));
-  }
-  const std::size_t n = static_cast<std::size_t>(starts.back()) * row;
-  std::vector<float> k = random_normal(n, rng), v = random_normal(n, rng);
-  for (std::size_t i = 0; i < n; i += static_cast<std::size_t>(pool.head_dim)) k[i + 3] *= 6.0f;
-  std::vector<uint8_t> calibrate(pool.seqs.size(), 1);
-  KvWriteParams w;
-  w.k = k.data();
-  w.v = v.data();
-  w.k_token_stride = w.v_token_stride = row;
-  w.cache = pool.view();
-  w.batch.num_seqs = pool.num_seqs();
-  w.batch.num_tokens = starts.back();
-  w.batch.query_start_loc = starts.data();
-  w.batch.context_lens = lens.data();
-  w.batch.block_tables = pool.block_tables.data();
-  w.batch.max_blocks_per_seq = pool.max_blocks_per_seq;
-  w.batch.slot_mapping = slots.data();
-  w.batch.k_scales = pool.k_scales.data();
-  w.batch.v_scales = pool.v_scales.data();
-  w.batch.calibrate = calibrate.data();
-  cpu::kv_write_cpu(w, threads);
-  std::vector<SeqKv> raw(pool.seqs.size());
-  for (int32_t s = 0; s < pool.num_seqs(); ++s) {
-    const std::size_t first = static_cast<std::size_t>(starts[s]) * row;
-    const std::size_t last = static_cast<std::size_t>(starts[s + 1]) * row;
-    raw[s].k.assign(k.begin() + first, k.begin() + last);
-    raw[s].v.assign(v.begin() + first, v.begin() + last);
-  }
-  return raw;
-}
-
-struct Run {
-  std::vector<float> q, out;
-  int32_t num_heads;
-  BatchArrays arrays;
-  PagedAttentionParams params;
-
-  Run(PoolFixture& pool, int32_t num_heads_, std::mt19937& rng)
-      : num_heads(num_heads_), arrays(pool) {
-    const std::size_t n = static_cast<std::size_t>(arrays.query_start_loc.back()) * num_heads * pool.head_dim;
-    q = random_normal(n, rng, 1.5f);
-    out.assign(n, NAN);
-    params.q = q.data();
-    params.out = out.data();
-    params.q_token_stride = params.out_token_stride = static_cast<int64_t>(num_heads) * pool.head_dim;
-    params.num_heads = num_heads;
-    params.softmax_scale = 1.0f / std::sqrt(static_cast<float>(pool.head_dim));
-    params.cache = pool.view();
-    params.batch = arrays.batch(pool);
-  }
-};
-
-// max over elements of |out - ref| / max|v of that sequence and kv head|: errors measured
-// against the size of the values being averaged.
-double max_scaled_error(const PoolFixture& pool, const std::vector<SeqKv>& kv, const std::vector<float>& out,
-                        const std::vector<double>& ref, int32_t num_heads) {
-  const int32_t hd = pool.head_dim, group = num_heads / pool.num_kv_heads;
-  double worst = 0.0;
-  int64_t token = 0;
-  for (std::size_t s = 0; s < pool.seqs.size(); ++s) {
-    for (int32_t i = 0; i < pool.seqs[s].num_new; ++i, ++token) {
-      for (int32_t h = 0; h < num_heads; ++h) {
-        double vmax = 1e-30;
-        for (int32_t j = 0; j < pool.seqs[s].context_len; ++j) {
-          for (int32_t d = 0; d < hd; ++d) {
-            vmax = std::max(vmax, std::fabs(kv[s].v[(static_cast<std::size_t>(j) * pool.num_kv_heads + h / group) * hd + d]));
-          }
-        }
-        for (int32_t d = 0; d < hd; ++d) {
-          const std::size_t e = (static_cast<std::size_t>(token) * num_heads + h) * hd + d;
-          const double err = std::fabs(static_cast<double>(out[e]) - ref[e]) / vmax;
-          if (!(err <= worst)) worst = std::isnan(err) ? INFINITY : err;
-        }
-      }
-    }
-  }
-  return worst;
-}
-
-// sqrt(sum (out - ref)^2 / sum ref^2).
-double relative_rms_error(const std::vector<float>& out, const std::vector<double>& ref) {
-  double num = 0.0, den = 0.0;
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    num += (out[i] - ref[i]) * (out[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num / den);
-}
 
 // A mixed batch exercising every path: decode at context 1, short and long decodes (split
 // into partitions, up to 4096), a chunk longer than a query tile over a cached context, a
@@ -228,26 +115,7 @@ TEST_CASE("paged attention output does not depend on the thread count or the bat
     cpu::paged_attention_cpu(packed, two, workspace);
     CHECK(std::memcmp(run.out.data(), reference.data(), reference.size() * sizeof(float)) == 0);
     // Each sequence alone in a batch of one: bit-identical rows (the engine relies on it).
-    const int64_t row = static_cast<int64_t>(run.num_heads) * pool.head_dim;
-    for (int32_t s = 0; s < pool.num_seqs(); ++s) {
-      const int32_t first = run.arrays.query_start_loc[s];
-      const int32_t count = pool.seqs[static_cast<std::size_t>(s)].num_new;
-      const int32_t starts[2] = {0, count};
-      std::vector<float> out(static_cast<std::size_t>(count * row), NAN);
-      PagedAttentionParams alone = run.params;
-      alone.q = run.q.data() + first * row;
-      alone.out = out.data();
-      alone.batch.num_seqs = 1;
-      alone.batch.num_tokens = count;
-      alone.batch.query_start_loc = starts;
-      alone.batch.context_lens = run.arrays.context_lens.data() + s;
-      alone.batch.block_tables = pool.block_tables.data() + static_cast<int64_t>(s) * pool.max_blocks_per_seq;
-      alone.batch.k_scales = pool.k_scales.data() + s;
-      alone.batch.v_scales = pool.v_scales.data() + s;
-      cpu::paged_attention_cpu(alone, two, workspace);
-      INFO("sequence " << s);
-      CHECK(std::memcmp(out.data(), reference.data() + first * row, out.size() * sizeof(float)) == 0);
-    }
+    CHECK(first_sequence_not_alone_invariant(run, pool, nullptr, two, workspace, reference) == -1);
   }
 }
 

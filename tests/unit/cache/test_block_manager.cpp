@@ -303,3 +303,157 @@ TEST_CASE("a preempted sequence re-admitted with its generated tokens reuses its
   CHECK(table_of(m, 1)[1] == old_table[1]);
   CHECK(m.scales(1) == scales);  // the recomputed tail is quantized like the cached head
 }
+
+TEST_CASE("bf16 window: the FP8 rule, one tail ring per live sequence, none left over", "[cache][window]") {
+  // Window 8 tokens, blocks of 4: rings of 3 blocks; 2 rings.
+  BlockManagerOptions o{4, 2, 32, false, fp8serve::KvWindow{8, true, 4}, 2};
+  BlockManager m(o);
+  CHECK(m.num_tail_rings() == 2);
+  CHECK(m.window().ring_blocks() == 3);
+  // fp8_len(n) = floor((n - 8) / 4) * 4: the newest 8 tokens and the partial block before them.
+  const int expected[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 8};
+  for (int n = 0; n <= 16; ++n) CHECK(m.window().fp8_len(n) == expected[n]);
+
+  m.allocate(1, iota_tokens(10));
+  CHECK(m.tail_ring(1) == 0);
+  CHECK(m.num_fp8_tokens(1) == 0);
+  CHECK(m.fp8_len_after(1, 10) == 0);  // the whole prompt stays in the tail
+  calibrate_and_commit(m, 1, 0.5f, 0.25f, 10);
+  m.allocate(2, iota_tokens(20, 500));
+  CHECK(m.tail_ring(2) == 1);
+  CHECK(m.fp8_len_after(2, 20) == 12);  // [0, 12) straight into FP8, [12, 20) into the tail
+  CHECK_FALSE(m.can_allocate(iota_tokens(3)));  // blocks to spare, but no ring
+  calibrate_and_commit(m, 2, 0.5f, 0.25f, 20);
+  CHECK(m.num_fp8_tokens(2) == 12);
+
+  // Sequence 1 decodes: the step that ends at 12 tokens spills [0, 4).
+  m.append_slot(1, 7);
+  CHECK(m.fp8_len_after(1, 11) == 0);
+  m.mark_computed(1, 11);
+  m.append_slot(1, 8);
+  CHECK(m.fp8_len_after(1, 12) == 4);
+  m.mark_computed(1, 12);
+  CHECK(m.num_fp8_tokens(1) == 4);
+  m.check_integrity();
+
+  m.free(1);
+  CHECK(m.num_free_tail_rings() == 1);
+  CHECK(m.can_allocate(iota_tokens(3)));
+  m.allocate(3, iota_tokens(3));
+  CHECK(m.tail_ring(3) == 0);  // the ring sequence 1 gave back
+  m.check_integrity();
+  m.free(2);
+  m.free(3);
+  CHECK(m.num_free_tail_rings() == 2);
+  CHECK(m.num_free_blocks() == 32);
+  m.check_integrity();
+
+  BlockManagerOptions odd = o;
+  odd.window.tokens = 6;  // not a multiple of the block size
+  CHECK_THROWS_AS(BlockManager(odd), std::invalid_argument);
+  BlockManagerOptions no_rings = o;
+  no_rings.num_tail_rings = 0;
+  CHECK_THROWS_AS(BlockManager(no_rings), std::invalid_argument);
+}
+
+TEST_CASE("bf16 window: only blocks out of every window are cached, and a hit stops before the new window", "[cache][window]") {
+  BlockManagerOptions o{4, 2, 32, true, fp8serve::KvWindow{8, true, 4}, 4};
+  BlockManager m(o);
+  const auto prompt = iota_tokens(22);
+  m.allocate(1, prompt);
+  calibrate_and_commit(m, 1, 0.5f, 0.25f, 22);
+  CHECK(m.num_fp8_tokens(1) == 12);  // floor((22 - 8) / 4) * 4
+  // Blocks 0-2 are final in FP8 and cached; blocks 3-5 are in the window: not cached.
+  for (int b = 0; b < 6; ++b) CHECK(m.pool().is_cached(table_of(m, 1)[static_cast<std::size_t>(b)]) == (b < 3));
+
+  // The same prompt again: its own window starts at 12, so the hit is 12 tokens.
+  CHECK(m.allocate(2, prompt).num_cached_tokens == 12);
+  CHECK(m.num_fp8_tokens(2) == 12);
+  // A 17-token prompt with the same start: its window starts at 8, so 8 tokens, though 12 are cached.
+  CHECK(m.allocate(3, iota_tokens(17)).num_cached_tokens == 8);
+  CHECK(m.fp8_len_after(3, 17) == 8);
+  m.check_integrity();
+
+  // Sequence 1 decodes to 24 tokens: block 3 leaves the window and is cached once it is final.
+  m.append_slot(1, 1);
+  m.mark_computed(1, 23);
+  CHECK_FALSE(m.pool().is_cached(table_of(m, 1)[3]));
+  m.append_slot(1, 2);
+  m.mark_computed(1, 24);
+  CHECK(m.num_fp8_tokens(1) == 16);
+  CHECK(m.pool().is_cached(table_of(m, 1)[3]));
+  m.check_integrity();
+}
+
+TEST_CASE("bf16 window: a fork shares every block and the spill, not the append, makes one private", "[cache][window]") {
+  BlockManagerOptions o{4, 2, 32, false, fp8serve::KvWindow{8, true, 4}, 4};
+  BlockManager m(o);
+  m.allocate(1, iota_tokens(14));
+  calibrate_and_commit(m, 1, 0.5f, 0.25f, 14);
+  CHECK(m.num_fp8_tokens(1) == 4);
+  m.fork(1, 2);
+  CHECK(m.tail_ring(2) != m.tail_ring(1));  // its own ring (the engine copies the parent's)
+  CHECK(table_of(m, 2) == table_of(m, 1));
+  CHECK(m.num_fp8_tokens(2) == 4);
+  m.check_integrity();
+
+  // 15 tokens: no block leaves the window, the shared partial last block stays shared (the new
+  // token goes to the tail), nothing is copied.
+  const auto before = table_of(m, 2);
+  AppendResult r = m.append_slot(2, 1);
+  CHECK_FALSE(r.copy.has_value());
+  CHECK(table_of(m, 2) == before);
+  m.mark_computed(2, 15);
+  m.check_integrity();
+  // 16 tokens: block 1 leaves the window: the spill writes into it, so the child gets a fresh
+  // block 1 (no copy: it held nothing final); the parent keeps the original.
+  CHECK(m.fp8_len_after(2, 16) == 8);
+  const int free_before = m.num_free_blocks();
+  r = m.append_slot(2, 2);
+  CHECK_FALSE(r.copy.has_value());
+  const auto after = table_of(m, 2);
+  CHECK(after[0] == before[0]);
+  CHECK(after[1] != before[1]);
+  CHECK(after[2] == before[2]);
+  CHECK(table_of(m, 1)[1] == before[1]);
+  CHECK(m.num_free_blocks() == free_before - 1);
+  m.mark_computed(2, 16);
+  m.check_integrity();
+  // 17 tokens: a new block for the new token; nothing else moves.
+  r = m.append_slot(2, 3);
+  CHECK(table_of(m, 2).size() == 5);
+  m.mark_computed(2, 17);
+  m.check_integrity();
+  m.free(1);
+  m.free(2);
+  CHECK(m.num_free_blocks() == 32);
+  CHECK(m.num_free_tail_rings() == 4);
+}
+
+TEST_CASE("bf16 window, K only: every V is in the pool, so shared blocks are copied on write", "[cache][window]") {
+  BlockManagerOptions o{4, 2, 32, false, fp8serve::KvWindow{8, false, 4}, 4};
+  BlockManager m(o);
+  m.allocate(1, iota_tokens(14));
+  calibrate_and_commit(m, 1, 0.5f, 0.25f, 14);
+  m.fork(1, 2);
+  const auto before = table_of(m, 2);
+  // 15 tokens: the new token's V goes into the shared partial last block: copied first.
+  AppendResult r = m.append_slot(2, 1);
+  REQUIRE(r.copy.has_value());
+  CHECK(r.copy->src == before[3]);
+  CHECK(r.copy->dst == table_of(m, 2)[3]);
+  CHECK_FALSE(r.spill_copy.has_value());
+  m.mark_computed(2, 15);
+  m.check_integrity();
+  // 16 tokens: block 1 leaves the window; its V is final, so it is copied, not replaced blank.
+  r = m.append_slot(2, 2);
+  CHECK_FALSE(r.copy.has_value());  // block 3 is the child's own now
+  REQUIRE(r.spill_copy.has_value());
+  CHECK(r.spill_copy->src == before[1]);
+  CHECK(r.spill_copy->dst == table_of(m, 2)[1]);
+  m.mark_computed(2, 16);
+  m.check_integrity();
+  m.free(1);
+  m.free(2);
+  CHECK(m.num_free_blocks() == 32);
+}

@@ -9,6 +9,11 @@
 //   - a plain model of each sequence (tokens, computed count) and of the committed prefixes,
 //     which bounds prefix hits (exact while nothing was evicted);
 //   - block accounting from the tables: free blocks == total - blocks referenced by a table.
+// With the bf16 window the shadow has a second memory, the tail rings: a step writes each new
+// token into its FP8 slot or its ring slot and first spills the positions that leave the window
+// (ring -> FP8 slot), as kv_spill and kv_write do; a fork copies the parent's ring. Every live
+// sequence must read its FP8 positions back through its table and the others through its ring.
+// K and V have shadows of their own: a K-only window writes every V straight into its slot.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -57,16 +62,23 @@ float tag_v(int tag, int layer) { return 0.002f * static_cast<float>(tag + 1) + 
 
 struct Coverage {
   int hits = 0, evictions = 0, copies = 0, alloc_refused = 0, append_refused = 0, forks = 0;
+  int spills = 0, private_spills = 0;  // window: positions spilled; blocks made private to spill into
 };
 
 class RandomRun {
  public:
-  RandomRun(int block_size, int num_blocks, bool prefix_caching, uint32_t seed, Coverage& coverage)
-      : m_({block_size, 2, num_blocks, prefix_caching}),
+  // window: the bf16 window in tokens (0 = off), with num_rings tail rings; values: K and V in
+  // the window (false: K only).
+  RandomRun(int block_size, int num_blocks, bool prefix_caching, uint32_t seed, Coverage& coverage, int window = 0,
+            int num_rings = 0, bool values = true)
+      : m_({block_size, 2, num_blocks, prefix_caching, fp8serve::KvWindow{window, values, block_size}, num_rings}),
         block_size_(block_size),
         prefix_caching_(prefix_caching),
+        window_{window, values, block_size},
         rng_(seed),
         shadow_(static_cast<std::size_t>(num_blocks * block_size)),
+        shadow_v_(shadow_.size()),
+        tail_shadow_(static_cast<std::size_t>(num_rings * window_.ring_blocks() * block_size)),
         coverage_(coverage) {
     // A few stems that prompts share, so prefixes repeat across sequences.
     for (int s = 0; s < 3; ++s) {
@@ -109,7 +121,8 @@ class RandomRun {
   // prefix (what the cache holds while nothing has been evicted), capped before the last token.
   int predicted_hit_tokens(const std::vector<int32_t>& prompt) const {
     if (!prefix_caching_) return 0;
-    const int max_blocks = (static_cast<int>(prompt.size()) - 1) / block_size_;
+    const int max_blocks = std::min((static_cast<int>(prompt.size()) - 1) / block_size_,
+                                    window_.fp8_len(static_cast<int>(prompt.size())) / block_size_);
     int chain_tag = -1, hits = 0;
     for (int i = 0; i < max_blocks; ++i) {
       const std::vector<int32_t> prefix(prompt.begin(), prompt.begin() + (i + 1) * block_size_);
@@ -135,8 +148,9 @@ class RandomRun {
     for (int i = 0; i < extra; ++i) prompt.push_back(static_cast<int32_t>(uniform(0, 5)));
     const int needed_without_hits = (static_cast<int>(prompt.size()) + block_size_ - 1) / block_size_;
     if (!m_.can_allocate(prompt)) {
-      // Refusing is only right when the prompt does not fit even counting every free block.
-      REQUIRE(needed_without_hits > m_.num_free_blocks());
+      // Refusing is only right when the prompt does not fit even counting every free block,
+      // or (window) every tail ring is taken.
+      REQUIRE((needed_without_hits > m_.num_free_blocks() || (window_.enabled() && m_.num_free_tail_rings() == 0)));
       ++coverage_.alloc_refused;
       return;
     }
@@ -189,12 +203,28 @@ class RandomRun {
       REQUIRE(s.scale_tag >= 0);
     }
     const auto fps = prefix_fingerprints(s.tokens);
+    const int fp8_before = m_.num_fp8_tokens(id);
+    const int fp8_after = m_.fp8_len_after(id, target);
+    REQUIRE(fp8_after == std::max(fp8_before, window_.fp8_len(target)));
+    // kv_spill, then kv_write (kernels/paged_kv.hpp).
+    for (int t = fp8_before; t < std::min(fp8_after, s.num_computed); ++t) {
+      const auto slot = static_cast<std::size_t>(m_.slot(id, t));
+      shadow_.at(slot) = tail_shadow_.at(ring_slot(id, t));
+      if (window_.values) shadow_v_.at(slot) = tail_shadow_.at(ring_slot(id, t));
+      ++coverage_.spills;
+    }
     for (int t = s.num_computed; t < target; ++t) {
-      shadow_.at(static_cast<std::size_t>(m_.slot(id, t))) = {true, t, fps[static_cast<std::size_t>(t)], s.scale_tag};
+      const ShadowSlot written{true, t, fps[static_cast<std::size_t>(t)], s.scale_tag};
+      const auto slot = static_cast<std::size_t>(m_.slot(id, t));
+      if (t < fp8_after) shadow_.at(slot) = written;
+      else tail_shadow_.at(ring_slot(id, t)) = written;
+      if (t < fp8_after || !window_.values) shadow_v_.at(slot) = written;
     }
     m_.mark_computed(id, target);
+    REQUIRE(m_.num_fp8_tokens(id) == fp8_after);
     REQUIRE(m_.scales_to_calibrate(id) == nullptr);
-    for (int i = s.num_computed / block_size_; i < target / block_size_; ++i) {
+    // Offered to the prefix cache: the full blocks out of the window.
+    for (int i = fp8_before / block_size_; i < fp8_after / block_size_; ++i) {
       std::vector<int32_t> prefix(s.tokens.begin(), s.tokens.begin() + (i + 1) * block_size_);
       ever_committed_[prefix].insert(s.scale_tag);
       first_writer_.emplace(std::move(prefix), s.scale_tag);
@@ -202,38 +232,76 @@ class RandomRun {
     s.num_computed = target;
   }
 
+  // The slot of position t of a sequence in the tail rings, by the window's own arithmetic.
+  std::size_t ring_slot(SeqId id, int t) const {
+    const int ring = m_.tail_ring(id);
+    REQUIRE(ring >= 0);
+    const int block = ring * window_.ring_blocks() + (t / block_size_) % window_.ring_blocks();
+    return static_cast<std::size_t>(block * block_size_ + t % block_size_);
+  }
+
   void do_append() {
     const SeqId id = pick_live();
     ModelSeq& s = model_[id];
-    const bool needs_block = s.tokens.size() % static_cast<std::size_t>(block_size_) == 0 ||
-                             shared_last_block(id);
+    const bool new_block = s.tokens.size() % static_cast<std::size_t>(block_size_) == 0;
+    int needed = new_block ? 1 : 0;
+    std::vector<int> to_privatize;  // window: shared blocks the next step spills into
+    const bool writes_last_block = !window_.enabled() || !window_.values;  // the new token's K or V
+    const bool copies_last = writes_last_block && !new_block && shared_block(id, m_.block_table(id).back());
+    needed += copies_last ? 1 : 0;
+    if (window_.enabled()) {
+      const int end = m_.fp8_len_after(id, static_cast<int>(s.tokens.size()) + 1) / block_size_;
+      for (int b = m_.num_fp8_tokens(id) / block_size_; b < end; ++b) {
+        if (shared_block(id, m_.block_table(id)[static_cast<std::size_t>(b)])) to_privatize.push_back(b);
+      }
+      needed += static_cast<int>(to_privatize.size());
+    }
     if (!m_.can_append(id)) {
-      REQUIRE(needs_block);
-      REQUIRE(m_.num_free_blocks() == 0);
+      REQUIRE(needed > m_.num_free_blocks());
       ++coverage_.append_refused;
       return;
     }
+    const std::vector<int32_t> table_before(m_.block_table(id).begin(), m_.block_table(id).end());
     const auto token = static_cast<int32_t>(uniform(0, 5));
     const fp8serve::AppendResult r = m_.append_slot(id, token);
-    REQUIRE(r.copy.has_value() == (needs_block && s.tokens.size() % static_cast<std::size_t>(block_size_) != 0));
+    REQUIRE(r.copy.has_value() == copies_last);
+    // K+V window: a fresh block, not another sequence's, nothing to copy; K only: a copy (its V
+    // is final).
+    REQUIRE(r.spill_copy.has_value() == (!window_.values && !to_privatize.empty()));
+    for (const int b : to_privatize) {
+      const int32_t now = m_.block_table(id)[static_cast<std::size_t>(b)];
+      REQUIRE(now != table_before[static_cast<std::size_t>(b)]);
+      REQUIRE_FALSE(shared_block(id, now));
+      if (r.spill_copy) {
+        REQUIRE(r.spill_copy->src == table_before[static_cast<std::size_t>(b)]);
+        REQUIRE(r.spill_copy->dst == now);
+        copy_shadow_block(*r.spill_copy);
+      }
+      ++coverage_.private_spills;
+    }
     if (r.copy) {
       ++coverage_.copies;
-      for (int o = 0; o < block_size_; ++o) {
-        shadow_.at(static_cast<std::size_t>(r.copy->dst * block_size_ + o)) =
-            shadow_.at(static_cast<std::size_t>(r.copy->src * block_size_ + o));
-      }
+      copy_shadow_block(*r.copy);
     }
     s.tokens.push_back(token);
     REQUIRE(r.slot == m_.slot(id, static_cast<int>(s.tokens.size()) - 1));
   }
 
-  // Whether another live sequence's table holds this sequence's last block (from the tables).
-  bool shared_last_block(SeqId id) const {
-    const int32_t last = m_.block_table(id).back();
+  void copy_shadow_block(const fp8serve::BlockCopy& copy) {
+    for (int o = 0; o < block_size_; ++o) {
+      const auto dst = static_cast<std::size_t>(copy.dst * block_size_ + o);
+      const auto src = static_cast<std::size_t>(copy.src * block_size_ + o);
+      shadow_.at(dst) = shadow_.at(src);
+      shadow_v_.at(dst) = shadow_v_.at(src);
+    }
+  }
+
+  // Whether another live sequence's table holds this block (from the tables).
+  bool shared_block(SeqId id, int32_t block) const {
     for (const auto& [other, s] : model_) {
       if (other == id) continue;
       const auto table = m_.block_table(other);
-      if (std::find(table.begin(), table.end(), last) != table.end()) return true;
+      if (std::find(table.begin(), table.end(), block) != table.end()) return true;
     }
     return false;
   }
@@ -245,8 +313,19 @@ class RandomRun {
       REQUIRE_THROWS_AS(m_.fork(parent, next_id_), std::logic_error);
       return;
     }
+    if (window_.enabled() && m_.num_free_tail_rings() == 0) {
+      REQUIRE_THROWS_AS(m_.fork(parent, next_id_), std::logic_error);
+      return;
+    }
     const SeqId child = next_id_++;
     m_.fork(parent, child);
+    if (window_.enabled()) {  // the engine copies the parent's ring into the child's
+      const auto ring_tokens = static_cast<std::size_t>(window_.ring_blocks() * block_size_);
+      const auto from = static_cast<std::size_t>(m_.tail_ring(parent)) * ring_tokens;
+      const auto to = static_cast<std::size_t>(m_.tail_ring(child)) * ring_tokens;
+      REQUIRE(from != to);
+      std::copy(tail_shadow_.begin() + from, tail_shadow_.begin() + from + ring_tokens, tail_shadow_.begin() + to);
+    }
     model_[child] = p;
     ++coverage_.forks;
   }
@@ -270,14 +349,19 @@ class RandomRun {
       REQUIRE(static_cast<int>(table.size()) == (static_cast<int>(s.tokens.size()) + block_size_ - 1) / block_size_);
       referenced.insert(table.begin(), table.end());
       const auto fps = prefix_fingerprints(s.tokens);
+      const int num_fp8 = m_.num_fp8_tokens(id);
       for (int t = 0; t < s.num_computed; ++t) {
-        const ShadowSlot& slot = shadow_.at(static_cast<std::size_t>(m_.slot(id, t)));
-        // One plain test per token; REQUIRE only on failure (millions of tokens are read).
-        if (!slot.written || slot.position != t || slot.prefix_fp != fps[static_cast<std::size_t>(t)] ||
-            slot.scale_tag != s.scale_tag) {
-          FAIL("token " << t << " reads back written=" << slot.written << " position=" << slot.position
-                        << " tag=" << slot.scale_tag << " (expected tag " << s.scale_tag << ")"
-                        << (slot.prefix_fp != fps[static_cast<std::size_t>(t)] ? ", another prefix" : ""));
+        const auto pool_slot = static_cast<std::size_t>(m_.slot(id, t));
+        const ShadowSlot& k = t < num_fp8 ? shadow_.at(pool_slot) : tail_shadow_.at(ring_slot(id, t));
+        const ShadowSlot& v = t < num_fp8 || !window_.values ? shadow_v_.at(pool_slot) : tail_shadow_.at(ring_slot(id, t));
+        for (const ShadowSlot* slot : {&k, &v}) {
+          // One plain test per token; REQUIRE only on failure (millions of tokens are read).
+          if (!slot->written || slot->position != t || slot->prefix_fp != fps[static_cast<std::size_t>(t)] ||
+              slot->scale_tag != s.scale_tag) {
+            FAIL("token " << t << (slot == &k ? " K" : " V") << " reads back written=" << slot->written
+                          << " position=" << slot->position << " tag=" << slot->scale_tag << " (expected tag "
+                          << s.scale_tag << ")" << (slot->prefix_fp != fps[static_cast<std::size_t>(t)] ? ", another prefix" : ""));
+          }
         }
       }
       if (s.scale_tag >= 0) REQUIRE(tag_of_scales(m_.scales(id)) == s.scale_tag);
@@ -288,8 +372,11 @@ class RandomRun {
   BlockManager m_;
   int block_size_;
   bool prefix_caching_;
+  fp8serve::KvWindow window_;
   std::mt19937 rng_;
-  std::vector<ShadowSlot> shadow_;  // [num_blocks * block_size]
+  std::vector<ShadowSlot> shadow_;       // [num_blocks * block_size] K in the pool
+  std::vector<ShadowSlot> shadow_v_;     // [num_blocks * block_size] V in the pool
+  std::vector<ShadowSlot> tail_shadow_;  // [num_rings * ring_blocks * block_size]
   std::vector<std::vector<int32_t>> stems_;
   std::map<SeqId, ModelSeq> model_;
   std::map<std::vector<int32_t>, int> first_writer_;
@@ -326,4 +413,34 @@ TEST_CASE("random operation sequences keep every invariant and the shadow KV con
   CHECK(coverage.alloc_refused > 50);
   CHECK(coverage.append_refused > 50);
   CHECK(coverage.forks > 100);
+}
+
+TEST_CASE("random operation sequences with a bf16 window keep the FP8 blocks and the tail rings consistent", "[cache][random][window]") {
+  struct Config {
+    int block_size, num_blocks, window, num_rings;
+    bool prefix_caching, values;
+  };
+  // Few rings in some configs: allocations and forks are refused for want of one.
+  const Config configs[] = {{1, 40, 2, 6, true, true}, {2, 16, 4, 4, true, true}, {4, 60, 8, 8, true, true},
+                            {4, 24, 4, 3, false, true}, {3, 400, 6, 12, true, true}, {2, 16, 4, 4, true, false},
+                            {4, 60, 8, 8, true, false}, {4, 24, 4, 3, false, false}};
+  Coverage coverage;
+  for (const Config& c : configs) {
+    for (uint32_t seed = 1; seed <= 6; ++seed) {
+      INFO("block_size " << c.block_size << " num_blocks " << c.num_blocks << " window " << c.window << " rings "
+                         << c.num_rings << " prefix caching " << c.prefix_caching << (c.values ? " K+V" : " K only")
+                         << " seed " << seed);
+      RandomRun(c.block_size, c.num_blocks, c.prefix_caching, seed, coverage, c.window, c.num_rings, c.values).run(1500);
+    }
+  }
+  WARN("hits " << coverage.hits << " evictions " << coverage.evictions << " spills " << coverage.spills
+               << " private spill blocks " << coverage.private_spills << " refused allocs " << coverage.alloc_refused
+               << " refused appends " << coverage.append_refused << " forks " << coverage.forks);
+  CHECK(coverage.hits > 100);
+  CHECK(coverage.spills > 1000);
+  CHECK(coverage.private_spills > 50);
+  CHECK(coverage.alloc_refused > 50);
+  CHECK(coverage.append_refused > 50);
+  CHECK(coverage.forks > 100);
+  CHECK(coverage.copies > 50);  // a K-only window copies on write, as without a window
 }

@@ -36,6 +36,25 @@ TEST_CASE("bytes per block and blocks per budget follow the formula", "[cache][s
   CHECK(spec.describe(10) == "10 blocks x 16 tokens = 160 tokens, 1.8 MiB, fp8_e4m3");
 }
 
+TEST_CASE("the bf16 window's tail pool: rings of window / block + 1 bf16 blocks per running sequence", "[cache][spec][window]") {
+  KvCacheSpec spec{16, 30, 3, 64, KvDtype::fp8_e4m3};
+  CHECK(spec.tail_bytes(64) == 0);
+  CHECK(spec.describe_tail(64) == "bf16 window off");
+  spec.window = fp8serve::KvWindow{32, true, 16};
+  REQUIRE_NOTHROW(spec.validate());
+  // K and V, bf16: twice an FP8 token; 3 blocks of 16 per ring.
+  CHECK(spec.tail_bytes_per_token() == 30u * 2u * 3u * 64u * 2u);
+  CHECK(spec.tail_bytes(64) == 64u * 3u * 16u * 30u * 2u * 3u * 64u * 2u);
+  CHECK(spec.describe_tail(64) == "bf16 window 32 tokens (K+V): 64 rings x 3 blocks, 67.5 MiB, 23040 bytes/token");
+  spec.window.values = false;  // K only: half
+  CHECK(spec.tail_bytes(64) == 64u * 3u * 16u * 30u * 3u * 64u * 2u);
+  spec.window.tokens = 24;
+  CHECK_THROWS_AS(spec.validate(), std::invalid_argument);
+  spec.window.tokens = 32;
+  spec.dtype = KvDtype::bf16;
+  CHECK_THROWS_AS(spec.validate(), std::invalid_argument);  // a bf16 pool needs no window
+}
+
 TEST_CASE("block count is capped so every slot id fits in int32", "[cache][spec]") {
   const KvCacheSpec spec{32, 1, 1, 1, KvDtype::fp8_e4m3};
   const int num_blocks = spec.num_blocks_for_budget(std::numeric_limits<uint64_t>::max());

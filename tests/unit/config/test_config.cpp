@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "config/config.hpp"
@@ -9,16 +10,30 @@ using fp8serve::Command;
 using fp8serve::ConfigError;
 using fp8serve::parse_command_line;
 
+namespace {
+
+// The ConfigError message for a command line, or "no error".
+std::string message_of(const std::vector<std::string>& args) {
+  try {
+    parse_command_line(args);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
 TEST_CASE("defaults and flags of every kind parse", "[config]") {
   const auto c = parse_command_line({"serve", "model.gguf", "--port", "9000", "--kv-cache-dtype=bf16",
-                                     "--kv-scale-margin", "2.5", "--no-enable-prefix-caching", "--seed", "18446744073709551615"});
+                                     "--kv-scale-margin", "2.5", "--no-enable-prefix-caching"});
   CHECK(c.command == Command::serve);
   CHECK(c.model == "model.gguf");
   CHECK(c.port == 9000);
   CHECK(c.kv_cache_dtype == "bf16");
   CHECK(c.kv_scale_margin == 2.5);
   CHECK_FALSE(c.enable_prefix_caching);
-  CHECK(c.seed == 18446744073709551615ull);
+  CHECK(parse_command_line({"generate", "m", "--prompt", "p", "--seed", "18446744073709551615"}).seed == 18446744073709551615ull);
   CHECK(c.host == "127.0.0.1");  // loopback unless told otherwise
   CHECK(c.block_size == 16);
   CHECK(c.quantization == "none");  // weights as stored unless told otherwise
@@ -26,23 +41,23 @@ TEST_CASE("defaults and flags of every kind parse", "[config]") {
   const auto q = parse_command_line({"serve", "m", "--quantization", "fp8", "--fp8-lm-head"});
   CHECK(q.quantization == "fp8");
   CHECK(q.fp8_lm_head);
+  CHECK(c.kv_bf16_window == 64);  // the README's choice: 64 tokens, K only
+  CHECK(c.kv_bf16_window_tensors == "k");
 }
 
 TEST_CASE("bad values name the flag and the accepted range", "[config]") {
-  auto message_of = [](std::vector<std::string> args) {
-    try {
-      parse_command_line(args);
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   CHECK(message_of({"serve", "m", "--port", "70000"}) == "--port: must be in [1, 65535], got 70000");
   CHECK(message_of({"serve", "m", "--port", "80x"}) == "--port: expected an integer in [1, 65535], got '80x'");
   CHECK(message_of({"serve", "m", "--kv-cache-dtype", "fp16"}) ==
         "--kv-cache-dtype: must be one of fp8_e4m3, bf16, got 'fp16'");
   CHECK(message_of({"serve", "m", "--block-size", "12"}) == "--block-size: must be 8, 16 or 32, got 12");
   CHECK(message_of({"serve", "m", "--quantization", "int4"}) == "--quantization: must be one of none, fp8, got 'int4'");
+  CHECK(message_of({"serve", "m", "--kv-bf16-window", "24"}) ==
+        "--kv-bf16-window: must be a multiple of --block-size (16), got 24");
+  CHECK(message_of({"serve", "m", "--kv-bf16-window", "24", "--block-size", "8"}) == "no error");
+  CHECK(message_of({"serve", "m", "--kv-bf16-window", "-16"}) == "--kv-bf16-window: must be in [0, 4096], got -16");
+  CHECK(message_of({"serve", "m", "--kv-bf16-window-tensors", "v"}) ==
+        "--kv-bf16-window-tensors: must be one of k, kv, got 'v'");
   CHECK(message_of({"serve", "m", "--kv-scale-margin", "nan"}).rfind("--kv-scale-margin: expected a number", 0) == 0);
   CHECK(message_of({"serve", "m", "--bogus"}) == "unknown flag --bogus (see fp8serve --help)");
   CHECK(message_of({"serve"}) == "missing MODEL: a Hugging Face model folder or a .gguf file");
@@ -103,4 +118,95 @@ TEST_CASE("--config file is applied first and the command line overrides it", "[
   }
   CHECK_THROWS_AS(parse_command_line({"serve", "m", "--config", path}), ConfigError);
   std::remove(path.c_str());
+}
+
+TEST_CASE("FP8SERVE_<FLAG> variables set flags: over --config, under the command line", "[config]") {
+  const std::string path = "test_config_env_tmp.json";
+  {
+    std::ofstream out(path);
+    out << R"({"port": 8123, "max-num-seqs": 7})";
+  }
+  const fp8serve::Environment env = {{"FP8SERVE_HOST", "0.0.0.0"},
+                                     {"FP8SERVE_PORT", "9001"},
+                                     {"FP8SERVE_KV_CACHE_DTYPE", "bf16"},
+                                     {"FP8SERVE_NO_ENABLE_PREFIX_CACHING", "true"},
+                                     {"FP8SERVE_SHUTDOWN_TIMEOUT", ""},  // empty: unset (compose's ${VAR:-})
+                                     {"FP8SERVE_BIN", "/usr/bin/fp8serve"}};  // not a flag: ignored
+  auto c = parse_command_line({"serve", "m", "--config", path}, env);
+  CHECK(c.host == "0.0.0.0");
+  CHECK(c.port == 9001);  // the environment over the file
+  CHECK(c.max_num_seqs == 7);
+  CHECK(c.kv_cache_dtype == "bf16");
+  CHECK_FALSE(c.enable_prefix_caching);
+  CHECK(c.shutdown_timeout == 30.0);
+  CHECK(c.environment_variables ==
+        std::vector<std::string>{"FP8SERVE_KV_CACHE_DTYPE", "FP8SERVE_NO_ENABLE_PREFIX_CACHING", "FP8SERVE_HOST", "FP8SERVE_PORT"});
+
+  c = parse_command_line({"serve", "m", "--host", "127.0.0.1", "--port=8200"}, env);
+  CHECK(c.host == "127.0.0.1");  // the command line over the environment
+  CHECK(c.port == 8200);
+  std::remove(path.c_str());
+
+  CHECK_THROWS_WITH(parse_command_line({"serve", "m"}, {{"FP8SERVE_PORT", "http"}}),
+                    "environment FP8SERVE_PORT: --port: expected an integer in [1, 65535], got 'http'");
+  CHECK(parse_command_line({"serve", "m"}, {{"FP8SERVE_API_KEY", "sk-env"}}).api_key == "sk-env");
+}
+
+TEST_CASE("--api-key-file reads the key from a file, once and never empty", "[config]") {
+  const std::string path = "test_config_key_tmp.txt";
+  {
+    std::ofstream out(path);
+    out << "sk-from-file\n";  // an editor's final newline is not part of the key
+  }
+  CHECK(parse_command_line({"serve", "m", "--api-key-file", path}).api_key == "sk-from-file");
+  CHECK(parse_command_line({"serve", "m"}, {{"FP8SERVE_API_KEY_FILE", path}}).api_key == "sk-from-file");
+  CHECK_THROWS_WITH(parse_command_line({"serve", "m", "--api-key", "k", "--api-key-file", path}),
+                    "--api-key-file: give the key once: --api-key or --api-key-file, not both");
+  CHECK_THROWS_WITH(parse_command_line({"serve", "m", "--api-key-file", path}, {{"FP8SERVE_API_KEY", "k"}}),
+                    "--api-key-file: give the key once: --api-key or --api-key-file, not both");
+  {
+    std::ofstream out(path);
+    out << " \n";
+  }
+  CHECK_THROWS_WITH(parse_command_line({"serve", "m", "--api-key-file", path}),
+                    "--api-key-file: '" + path + "' is empty");
+  std::remove(path.c_str());
+  CHECK_THROWS_WITH(parse_command_line({"serve", "m", "--api-key-file", path}),
+                    "--api-key-file: cannot open '" + path + "'");
+}
+
+TEST_CASE("flag_environment reads exactly the FP8SERVE_<FLAG> variables", "[config]") {
+  ::setenv("FP8SERVE_MAX_NUM_SEQS", "5", 1);
+  ::setenv("FP8SERVE_NOT_A_FLAG", "x", 1);
+  const auto env = fp8serve::flag_environment();
+  ::unsetenv("FP8SERVE_MAX_NUM_SEQS");
+  ::unsetenv("FP8SERVE_NOT_A_FLAG");
+  CHECK(env.at("FP8SERVE_MAX_NUM_SEQS") == "5");
+  CHECK(env.count("FP8SERVE_NOT_A_FLAG") == 0);
+  CHECK(parse_command_line({"serve", "m"}, env).max_num_seqs == 5);
+}
+
+TEST_CASE("a flag the command does not use is an error, not silently ignored", "[config]") {
+  CHECK(message_of({"generate", "m", "--prompt", "p", "--port", "9000"}) ==
+        "--port: generate does not use it (a flag of serve; see fp8serve --help)");
+  CHECK(message_of({"serve", "m", "--temperature", "0.5"}) ==
+        "--temperature: serve does not use it (a flag of generate; see fp8serve --help)");
+  CHECK(message_of({"inspect", "m", "--kv-cache-dtype", "bf16"}) ==
+        "--kv-cache-dtype: inspect does not use it (a flag of generate and serve; see fp8serve --help)");
+  CHECK(message_of({"inspect", "m", "--log-level", "warn"}) == "no error");
+  CHECK(message_of({"generate", "m", "--prompt", "p", "--kv-cache-dtype", "bf16"}) == "no error");
+  // One --config file may hold keys of several commands: the ones this command does not read are skipped.
+  const std::string path = "test_config_shared.json";
+  {
+    std::ofstream out(path);
+    out << R"({"port": 8123, "temperature": 0.5, "kv-cache-dtype": "bf16"})";
+  }
+  const auto serve = parse_command_line({"serve", "m", "--config", path});
+  CHECK((serve.port == 8123 && serve.temperature == 0.0 && serve.kv_cache_dtype == "bf16"));
+  const auto generate = parse_command_line({"generate", "m", "--prompt", "p", "--config", path});
+  CHECK((generate.port == 8000 && generate.temperature == 0.5));
+  std::remove(path.c_str());
+  CHECK(fp8serve::usage().find("\n serve:\n") != std::string::npos);
+  // Likewise the environment (a container's variables may serve several commands).
+  CHECK(parse_command_line({"generate", "m", "--prompt", "p"}, {{"FP8SERVE_PORT", "9000"}}).port == 8000);
 }

@@ -125,6 +125,7 @@ inline EngineOptions small_options(KvDtype dtype) {
   o.max_num_seqs = 16;
   o.max_num_batched_tokens = 512;
   o.enable_prefix_caching = false;
+  o.kv_bf16_window = 0;  // the plain FP8 pool; test_bf16_window.cpp runs the window
   o.threads = 2;
   return o;
 }
@@ -223,6 +224,33 @@ inline Agreement compare(const std::vector<float>& ours, const nlohmann::json& l
   const auto best = std::max_element(ours.begin(), ours.end()) - ours.begin();
   a.same_argmax = best == ids[0];
   return a;
+}
+
+// Eight prompts of different lengths (3 to 125 tokens) cut from tiny Llama's fixture prompts.
+inline std::vector<std::vector<int32_t>> eight_prompts() {
+  const nlohmann::json ref = load_reference("tiny-llama");
+  std::vector<int32_t> pool;
+  for (const auto& p : ref["prompts"]) {
+    const auto ids = ids_of(p["prompt_ids"]);
+    pool.insert(pool.end(), ids.begin(), ids.end());
+  }
+  const int lengths[8] = {125, 3, 17, 40, 64, 90, 110, 7};
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 8; ++i) {
+    const auto begin = pool.begin() + 11 * i;
+    prompts.emplace_back(begin, begin + lengths[i]);
+  }
+  return prompts;
+}
+
+// One greedy request alone in a fresh engine.
+inline Choice run_alone(const std::string& model, const EngineOptions& options, const std::vector<int32_t>& prompt,
+                        int max_tokens) {
+  auto engine = make_engine(model, options);
+  Outputs out;
+  engine->add_request(greedy_request("alone", prompt, max_tokens), collect(out));
+  run_to_completion(*engine);
+  return out.at("alone").at(0);
 }
 
 }  // namespace fp8serve::test

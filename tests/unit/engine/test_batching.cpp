@@ -9,32 +9,6 @@ using namespace fp8serve::test;
 
 namespace {
 
-// Eight prompts of different lengths cut from the fixture prompts (3 to 125 tokens).
-std::vector<std::vector<int32_t>> eight_prompts() {
-  const nlohmann::json ref = load_reference("tiny-llama");
-  std::vector<int32_t> pool;
-  for (const auto& p : ref["prompts"]) {
-    const auto ids = ids_of(p["prompt_ids"]);
-    pool.insert(pool.end(), ids.begin(), ids.end());
-  }
-  const int lengths[8] = {125, 3, 17, 40, 64, 90, 110, 7};
-  std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < 8; ++i) {
-    const auto begin = pool.begin() + 11 * i;
-    prompts.emplace_back(begin, begin + lengths[i]);
-  }
-  return prompts;
-}
-
-Choice run_alone(const std::string& model, const EngineOptions& options, const std::vector<int32_t>& prompt,
-                 int max_tokens) {
-  auto engine = make_engine(model, options);
-  Outputs out;
-  engine->add_request(greedy_request("alone", prompt, max_tokens), collect(out));
-  run_to_completion(*engine);
-  return out.at("alone").at(0);
-}
-
 void check_invariance(const std::string& model, KvDtype dtype, bool quantize_fp8 = false) {
   const int max_tokens = kSanitized ? 8 : 24;
   EngineOptions options = small_options(dtype);

@@ -1,5 +1,7 @@
 // [gpu] The device side of the FP8 contract: CUDA's own conversion, fp8serve's codec compiled
-// for the device, and the host codec agree bit for bit. Skips cleanly without a device.
+// for the device, and the host codec agree bit for bit (but for the sign of NaN, below). Skips
+// cleanly without a device; the emulated build (test_fp8_codec_gpu_emu) always runs it, with
+// NVIDIA's host implementation of __nv_cvt_float_to_fp8 as the independent reference.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -57,14 +59,22 @@ TEST_CASE("device FP8 encode is bit-identical to CUDA's and to the host codec", 
   cuda::Stream stream;
   cuda::encode_fp8_e4m3_on_device(values.data(), by_cuda.data(), values.size(), true, stream);
   cuda::encode_fp8_e4m3_on_device(values.data(), by_ours.data(), values.size(), false, stream);
-  size_t mismatches = 0;
+  // NVIDIA's conversion in software (cuda_fp8.hpp: the host, the emulator, sm_80) returns the
+  // canonical NaN 0x7f for a NaN of either sign; fp8serve's codec keeps the sign (0xff for -NaN).
+  // Both are NaN codes, so that difference is counted apart; any other one fails.
+  const auto is_nan_code = [](uint8_t code) { return (code & 0x7fu) == 0x7fu; };
+  size_t mismatches = 0, nan_sign_differences = 0;
   for (size_t i = 0; i < values.size(); ++i) {
     const uint8_t host = fp8_e4m3_encode(values[i]);
-    if (by_cuda[i] != host || by_ours[i] != host) {
+    const bool nan_sign_only = by_cuda[i] != host && is_nan_code(by_cuda[i]) && is_nan_code(host);
+    nan_sign_differences += nan_sign_only;
+    if ((by_cuda[i] != host && !nan_sign_only) || by_ours[i] != host) {
       if (++mismatches <= 10)
         UNSCOPED_INFO("x=" << values[i] << " cuda=" << int(by_cuda[i]) << " device-ours=" << int(by_ours[i])
                            << " host=" << int(host));
     }
   }
   CHECK(mismatches == 0);
+  if (nan_sign_differences > 0)
+    WARN(nan_sign_differences << " NaN inputs: CUDA's conversion gives the other NaN sign than fp8serve's codec");
 }

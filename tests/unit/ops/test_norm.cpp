@@ -140,3 +140,60 @@ TEST_CASE("rms_norm rejects bad shapes", "[norm]") {
   p.num_heads = 0;
   CHECK_THROWS_AS(rms_norm_cpu(p, pool), std::invalid_argument);
 }
+
+TEST_CASE("rms_norm fused with the residual add is bitwise residual_add then rms_norm", "[norm]") {
+  ThreadPool pool(2);
+  const int64_t num_tokens = 7, dim = 576, stride = dim + 64;  // residual rows packed, x/out strided
+  const std::vector<float> x = random_floats(static_cast<std::size_t>(num_tokens * stride), 11, 0.5f);
+  const std::vector<float> residual0 = random_floats(static_cast<std::size_t>(num_tokens * dim), 12, 2.0f);
+  const std::vector<std::uint16_t> w = random_bf16(static_cast<std::size_t>(dim), 13);
+
+  // Unfused: residual += x row by row, then the norm of the residual.
+  std::vector<float> expected_residual = residual0;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    ResidualAddParams add;
+    add.residual = expected_residual.data() + t * dim;
+    add.x = x.data() + t * stride;
+    add.num_elements = dim;
+    residual_add_cpu(add, pool);
+  }
+  std::vector<float> expected_out(static_cast<std::size_t>(num_tokens * stride), -1.0f);
+  RmsNormParams plain;
+  plain.x = expected_residual.data();
+  plain.weight = w.data();
+  plain.out = expected_out.data();
+  plain.num_tokens = num_tokens;
+  plain.dim = dim;
+  plain.out_token_stride = stride;
+  rms_norm_cpu(plain, pool);
+
+  SECTION("separate output") {
+    std::vector<float> residual = residual0;
+    std::vector<float> out(expected_out.size(), -1.0f);
+    RmsNormParams fused = plain;
+    fused.x = x.data();
+    fused.x_token_stride = stride;
+    fused.residual = residual.data();
+    fused.out = out.data();
+    rms_norm_cpu(fused, pool);
+    CHECK(same_bits(residual, expected_residual));
+    CHECK(same_bits(out, expected_out));
+  }
+  SECTION("out aliases x (the block's output is overwritten by the norm)") {
+    std::vector<float> residual = residual0;
+    std::vector<float> inout = x;
+    RmsNormParams fused = plain;
+    fused.x = inout.data();
+    fused.x_token_stride = stride;
+    fused.residual = residual.data();
+    fused.out = inout.data();
+    rms_norm_cpu(fused, pool);
+    CHECK(same_bits(residual, expected_residual));
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      for (int64_t i = 0; i < dim; ++i) {
+        REQUIRE(bits_of(inout[static_cast<std::size_t>(t * stride + i)]) ==
+                bits_of(expected_out[static_cast<std::size_t>(t * stride + i)]));
+      }
+    }
+  }
+}

@@ -168,3 +168,58 @@ TEST_CASE("logprobs are the raw model distribution's", "[sampling]") {
   CHECK(r.top_logprobs[2].token == 5);
   CHECK(r.top_logprobs[0].logprob == Approx(3.0 - std::log(z)).epsilon(1e-6));
 }
+
+TEST_CASE("logit_bias is added before sampling, greedy included; logprobs stay the raw model's", "[sampling]") {
+  SamplingParams p;
+  p.temperature = 0;
+  p.num_logprobs = 2;
+  const auto greedy = [&](const SamplingParams& params) {
+    Sampler s(params, {}, 1);
+    std::vector<float> row = kLogits;
+    return s.sample(row);
+  };
+  const SampleResult plain = greedy(p);
+  REQUIRE(plain.token == 1);  // 3.0
+  p.logit_bias = {{1, -100.0f}};
+  const SampleResult banned = greedy(p);
+  CHECK(banned.token == 2);  // the second best (2.5, lower id than 5)
+  // The reported logprob is that of the unbiased distribution, its second-best entry.
+  CHECK(banned.logprob == plain.top_logprobs[1].logprob);
+  CHECK(banned.top_logprobs[0].token == 1);
+  p.logit_bias = {{7, 100.0f}};  // the worst token (-4.0) forced
+  CHECK(greedy(p).token == 7);
+  p.logit_bias = {{9, 0.6f}};  // 2.0 + 0.6 beats 2.5 but not 3.0
+  CHECK(greedy(p).token == 1);
+  p.logit_bias = {{9, 1.5f}};
+  CHECK(greedy(p).token == 9);
+  // With sampling, a -100 bias removes the token from the draw entirely.
+  SamplingParams q;
+  q.temperature = 1.0f;
+  q.logit_bias = {{1, -100.0f}, {2, -100.0f}};
+  Sampler s(q, {}, 7);
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<float> row = kLogits;
+    const int32_t t = s.sample(row).token;
+    CHECK((t != 1 && t != 2));
+  }
+}
+
+TEST_CASE("allowed_token_ids: only those are ever drawn, greedy or not", "[sampling]") {
+  SamplingParams p;
+  p.temperature = 0;
+  p.allowed_token_ids = {3, 7, 8};
+  Sampler g(p, {}, 1);
+  std::vector<float> row = kLogits;
+  CHECK(g.sample(row).token == 8);  // 1.5, the best of the three
+  p.temperature = 2.0f;
+  Sampler s(p, {}, 9);
+  std::map<int32_t, int> seen;
+  for (int i = 0; i < 3000; ++i) {
+    std::vector<float> r = kLogits;
+    ++seen[s.sample(r).token];
+  }
+  CHECK(seen.size() == 3);
+  CHECK(seen.count(3) == 1);
+  CHECK(seen.count(7) == 1);
+  CHECK(seen.count(8) == 1);
+}

@@ -54,3 +54,15 @@ TEST_CASE("no stops: everything passes through; empty stops are ignored", "[stop
   CHECK(feed({}, {"a", "b"}) == std::pair<std::string, bool>{"ab", false});
   CHECK(feed({""}, {"a", "b"}) == std::pair<std::string, bool>{"ab", false});
 }
+
+TEST_CASE("include_stop_str_in_output: the text ends with the stop string that matched first", "[stop]") {
+  StopChecker checker({"END", "ND!"}, /*include_stop=*/true);
+  auto r = checker.push("hello E");
+  CHECK(r.emit == "hello ");
+  r = checker.push("ND! and more");
+  CHECK(r.stopped);
+  CHECK(r.emit == "END");
+  // Several stops starting at one place: the shortest, as the text is cut without include.
+  StopChecker both({"abcd", "ab"}, true);
+  CHECK(both.push("xxabcd").emit == "xxab");
+}

@@ -282,3 +282,52 @@ TEST_CASE("random workloads: budgets hold, every sequence completes, no block le
     CHECK(blocks.num_free_blocks() == blocks.num_blocks());
   }
 }
+
+TEST_CASE("bf16 window: a recompute replays the original steps' FP8 lengths, from a hit it can use", "[scheduler][window]") {
+  // Blocks of 4, window 4: a step ending at n tokens reads floor((n - 4) / 4) * 4 from FP8.
+  // Sequence 1 (8-token prompt) decodes next to 0 (16 tokens) until the 12-block pool runs out
+  // and 1 is preempted with 20 tokens computed: its prompt step and its decode steps ending at
+  // 9, 10 and 11 read [0, 4) from FP8, those ending at 12-15 [0, 8), 16-19 [0, 12), 20 [0, 16).
+  // Its recompute replays that: chunks ending at 11, 15, 19 and 20 with those FP8 lengths as
+  // floors (one prefill would read [0, 16) for all of them), then the token sampled last, as a
+  // decode would. With prefix caching its hit is 4 tokens: the step that computed token 4
+  // read only [0, 4) from FP8 (a hit of 8 would have it read [0, 8)).
+  for (const bool prefix_caching : {false, true}) {
+    BlockManagerOptions options;
+    options.block_size = 4;
+    options.num_layers = 2;
+    options.num_blocks = 12;
+    options.enable_prefix_caching = prefix_caching;
+    options.window = KvWindow{4, true, 4};
+    options.num_tail_rings = 4;
+    BlockManager blocks(options);
+    Scheduler scheduler({4, 64}, blocks);
+    FakeEngine engine{blocks, scheduler, {{0, 20}, {1, 20}}, {}, {}};
+    scheduler.add(0, make_prompt(16, 1));
+    scheduler.add(1, make_prompt(8, 500));
+    std::vector<ScheduledSeq> recompute;
+    int num_preempted = 0;
+    while (scheduler.has_work() && (recompute.empty() || !recompute.back().samples)) {
+      const StepPlan plan = engine.step();
+      num_preempted += static_cast<int>(plan.preempted.size());
+      for (const ScheduledSeq& s : plan.seqs) {
+        if (s.id == 1 && num_preempted > 0) recompute.push_back(s);
+      }
+    }
+    INFO("prefix caching " << prefix_caching);
+    REQUIRE(num_preempted == 1);
+    struct Chunk {
+      int start, end, floor;
+    };
+    const std::vector<Chunk> expected{{prefix_caching ? 4 : 0, 11, 4}, {11, 15, 8}, {15, 19, 12}, {19, 20, 16}, {20, 21, 0}};
+    REQUIRE(recompute.size() == expected.size());
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      INFO("recompute step " << i);
+      CHECK(recompute[i].start == expected[i].start);
+      CHECK(recompute[i].start + recompute[i].num_tokens == expected[i].end);
+      CHECK(recompute[i].fp8_floor == expected[i].floor);
+      CHECK(recompute[i].samples == (i + 1 == expected.size()));
+    }
+    CHECK(blocks.num_fp8_tokens(1) == 16);  // the step ending at 21 reads [0, 16): the decode's rule
+  }
+}

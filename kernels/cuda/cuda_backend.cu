@@ -1,0 +1,288 @@
+// The CUDA backend: see cuda_backend.hpp.
+#include "kernels/cuda/cuda_backend.hpp"
+
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cpu/ops.hpp"  // make_rope_table: the host computes the table, the device reads it
+#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/launch.hpp"
+#include "kernels/cuda/make_cuda_backend.hpp"
+#include "kernels/cuda/paged_attention_cuda.hpp"
+
+#if !FP8SERVE_CUDA_EMU
+#include "kernels/cuda/linear_cublaslt.hpp"
+#endif
+
+namespace fp8serve::cuda {
+
+namespace {
+
+// Copies up to this size go through the pinned arena (the step's metadata, the sampled rows'
+// logits, the scales); larger ones (weights at load time) are left to the driver.
+constexpr std::size_t kMaxStagedCopy = std::size_t{64} << 20;
+
+std::string describe_errors(unsigned bits) {
+  std::string what;
+  auto add = [&](unsigned bit, const char* text) {
+    if (bits & bit) what += (what.empty() ? "" : "; ") + std::string(text);
+  };
+  add(kErrorTokenId, "a token id outside the vocabulary (its embedding row was zeroed)");
+  add(kErrorPosition, "a position outside the RoPE table (left unrotated)");
+  add(kErrorRow, "a gathered row outside the tensor (zeroed)");
+  add(kErrorSlot, "a KV slot outside the pool (not written)");
+  return "cuda backend: the kernels found " + what + " - the step's results are invalid";
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  if (device < 0 || device >= device_count()) {
+    throw std::runtime_error("cuda backend: no CUDA device " + std::to_string(device) + " (" +
+                             std::to_string(device_count()) + " found)");
+  }
+  CUDA_CHECK(cudaSetDevice(device));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&errors_), sizeof(unsigned)));
+  CUDA_CHECK(cudaMemsetAsync(errors_, 0, sizeof(unsigned), stream_));
+  CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&errors_host_), sizeof(unsigned)));
+  *errors_host_ = 0;
+#if !FP8SERVE_CUDA_EMU
+  cublaslt_ = std::make_unique<CublasLtLinear>();
+#endif
+}
+
+CudaBackend::~CudaBackend() {
+  // No throwing here: a destructor may run while an exception unwinds.
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+#if !FP8SERVE_CUDA_EMU
+  cublaslt_.reset();
+#endif
+  for (void* p : {rope_buffer_, calibration_, copy_scratch_, attention_workspace_, static_cast<void*>(errors_)}) {
+    if (p != nullptr) cudaFree(p);
+  }
+  if (errors_host_ != nullptr) cudaFreeHost(errors_host_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+std::string CudaBackend::describe() const {
+#if FP8SERVE_CUDA_EMU
+  return "cuda (emulated on the CPU: " + describe_device(device_) + "; portable GEMM)";
+#else
+  return "cuda: " + describe_device(device_) + "; projections on cuBLASLt";
+#endif
+}
+
+void* CudaBackend::allocate(std::size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  void* ptr = nullptr;
+  const cudaError_t err = cudaMalloc(&ptr, bytes);
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // not sticky: clear it and report it as the interface says
+    throw std::bad_alloc();
+  }
+  CUDA_CHECK(err);
+  // Zeroed on the backend's stream, so every later op on it sees the zeros.
+  CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, stream_));
+  return ptr;
+}
+
+void CudaBackend::free(void* ptr) {
+  if (ptr == nullptr) return;
+  cudaStreamSynchronize(stream_);  // work still queued may use it; errors surface elsewhere
+  cudaFree(ptr);
+}
+
+void CudaBackend::drain(cudaStream_t stream) {
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  staging_.finish();
+}
+
+void* CudaBackend::stage(std::size_t bytes, cudaStream_t stream) {
+  if (void* p = staging_.take(bytes)) return p;
+  drain(stream);
+  staging_.reserve(bytes);
+  void* p = staging_.take(bytes);
+  if (p == nullptr) throw std::logic_error("cuda backend: staging arena too small after growing");
+  return p;
+}
+
+void CudaBackend::copy_to_device(void* dst, const void* src, std::size_t bytes, Stream stream) {
+  if (bytes == 0) return;
+  const cudaStream_t s = stream_of(stream);
+  if (bytes > kMaxStagedCopy) {
+    // Pageable source: the call returns once the driver has its own copy of `src`.
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+    return;
+  }
+  void* staged = stage(bytes, s);
+  std::memcpy(staged, src, bytes);
+  CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, s));
+}
+
+void CudaBackend::copy_to_host(void* dst, const void* src, std::size_t bytes, Stream stream) {
+  if (bytes == 0) return;
+  const cudaStream_t s = stream_of(stream);
+  if (bytes > kMaxStagedCopy) {
+    // Pageable destination: the call returns once the data is there.
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+    return;
+  }
+  void* staged = stage(bytes, s);
+  CUDA_CHECK(cudaMemcpyAsync(staged, src, bytes, cudaMemcpyDeviceToHost, s));
+  staging_.defer(dst, staged, bytes);
+}
+
+void CudaBackend::synchronize(Stream stream) {
+  const cudaStream_t s = stream_of(stream);
+  CUDA_CHECK(cudaMemcpyAsync(errors_host_, errors_, sizeof(unsigned), cudaMemcpyDeviceToHost, s));
+  drain(s);
+  const unsigned bits = *errors_host_;
+  if (bits != 0) {
+    *errors_host_ = 0;
+    CUDA_CHECK(cudaMemsetAsync(errors_, 0, sizeof(unsigned), s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    throw std::out_of_range(describe_errors(bits));
+  }
+}
+
+std::optional<DeviceMemory> CudaBackend::memory_info() const {
+  DeviceMemory memory;
+  CUDA_CHECK(cudaMemGetInfo(&memory.free, &memory.total));
+  return memory;
+}
+
+void* CudaBackend::scratch(void*& buffer, std::size_t& capacity, std::size_t bytes, cudaStream_t stream) {
+  if (bytes <= capacity) return buffer;
+  std::size_t grown = capacity ? capacity : 4096;
+  while (grown < bytes) grown *= 2;
+  void* fresh = allocate(grown);  // zeroed on stream_
+  if (stream != stream_) CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (buffer != nullptr) {
+    drain(stream);
+    cudaFree(buffer);
+  }
+  buffer = fresh;
+  capacity = grown;
+  return buffer;
+}
+
+void CudaBackend::copy_blocks(const CopyBlocksParams& p, Stream stream) {
+  if (p.num_layers < 0 || p.num_copies < 0) throw std::invalid_argument("copy_blocks: negative count");
+  if (p.num_layers == 0 || p.num_copies == 0) return;
+  std::vector<BlockCopyPool> pools;
+  bool aligned16 = true;
+  for (int32_t layer = 0; layer < p.num_layers; ++layer) {
+    const PagedKvView& view = p.layers[layer];
+    // A packed view keeps a block contiguous: block_stride elements from its first one.
+    if (view.block_stride != view.head_stride * view.num_kv_heads ||
+        view.head_stride != static_cast<int64_t>(view.block_size) * view.v_token_stride) {
+      throw std::invalid_argument("copy_blocks: needs a densely packed KV view");
+    }
+    for (int32_t i = 0; i < p.num_copies; ++i) {
+      if (p.src[i] < 0 || p.src[i] >= view.num_blocks || p.dst[i] < 0 || p.dst[i] >= view.num_blocks) {
+        throw std::out_of_range("copy_blocks: block id outside the pool");
+      }
+    }
+    const int64_t block_bytes = view.block_stride * static_cast<int64_t>(kv_dtype_size(view.dtype));
+    for (void* base : {view.k, view.v}) {
+      if (base == nullptr) continue;  // a K-only view
+      pools.push_back({static_cast<unsigned char*>(base), block_bytes});
+      aligned16 = aligned16 && block_bytes % 16 == 0 && reinterpret_cast<std::uintptr_t>(base) % 16 == 0;
+    }
+  }
+  if (pools.size() > 65535) throw std::invalid_argument("copy_blocks: more than 65,535 pools");
+  const cudaStream_t s = stream_of(stream);
+  const std::size_t pool_bytes = pools.size() * sizeof(BlockCopyPool);
+  const std::size_t pair_bytes = static_cast<std::size_t>(p.num_copies) * 2 * sizeof(int32_t);
+  std::vector<unsigned char> host(pool_bytes + pair_bytes);
+  std::memcpy(host.data(), pools.data(), pool_bytes);
+  auto* pairs = reinterpret_cast<int32_t*>(host.data() + pool_bytes);
+  for (int32_t i = 0; i < p.num_copies; ++i) {
+    pairs[2 * i] = p.src[i];
+    pairs[2 * i + 1] = p.dst[i];
+  }
+  auto* device = static_cast<unsigned char*>(scratch(copy_scratch_, copy_scratch_bytes_, host.size(), s));
+  copy_to_device(device, host.data(), host.size(), stream);
+  copy_blocks_cuda(reinterpret_cast<const BlockCopyPool*>(device), static_cast<int32_t>(pools.size()),
+                   reinterpret_cast<const int32_t*>(device + pool_bytes), p.num_copies, aligned16, s);
+}
+
+void CudaBackend::set_rope_table(const std::vector<float>& inv_freq, int64_t max_positions) {
+  const cpu::RopeTable table = cpu::make_rope_table(inv_freq, max_positions);
+  const std::size_t half_bytes = table.cos.size() * sizeof(float);
+  // Released first: a model is loaded once, and the old table must not outlive the new one's
+  // allocation on a nearly full device.
+  if (rope_buffer_ != nullptr) {
+    drain(stream_);
+    cudaFree(rope_buffer_);
+    rope_buffer_ = nullptr;
+    rope_ = RopeTableView{};
+  }
+  rope_buffer_ = allocate(2 * half_bytes);
+  rope_bytes_ = 2 * half_bytes;
+  auto* base = static_cast<float*>(rope_buffer_);
+  copy_to_device(base, table.cos.data(), half_bytes, Stream{});
+  copy_to_device(base + table.cos.size(), table.sin.data(), half_bytes, Stream{});
+  synchronize(Stream{});  // the host table goes away on return
+  rope_.cos = base;
+  rope_.sin = base + table.cos.size();
+  rope_.half_dim = table.half_dim;
+  rope_.max_positions = table.max_positions;
+}
+
+void CudaBackend::embedding(const EmbeddingParams& p, Stream stream) { embedding_cuda(p, errors_, stream_of(stream)); }
+
+void CudaBackend::rms_norm(const RmsNormParams& p, Stream stream) { rms_norm_cuda(p, stream_of(stream)); }
+
+void CudaBackend::linear(const LinearParams& p, Stream stream) {
+#if FP8SERVE_CUDA_EMU
+  linear_portable_cuda(p, stream_of(stream));
+#else
+  cublaslt_->run(p, stream_of(stream));
+#endif
+}
+
+void CudaBackend::rope(const RopeParams& p, Stream stream) { rope_cuda(p, rope_, errors_, stream_of(stream)); }
+
+void CudaBackend::kv_spill(const KvSpillParams& p, Stream stream) { kv_spill_cuda(p, errors_, stream_of(stream)); }
+
+void CudaBackend::kv_write(const KvWriteParams& p, Stream stream) {
+  const cudaStream_t s = stream_of(stream);
+  KvCalibrationSlot* slots = nullptr;
+  if (p.cache.dtype == KvDtype::fp8_e4m3 && p.batch.calibrate != nullptr && p.batch.num_seqs > 0) {
+    const std::size_t bytes = static_cast<std::size_t>(p.batch.num_seqs) * sizeof(KvCalibrationSlot);
+    slots = static_cast<KvCalibrationSlot*>(scratch(calibration_, calibration_bytes_, bytes, s));
+  }
+  kv_write_cuda(p, slots, errors_, s);
+}
+
+void CudaBackend::paged_attention(const PagedAttentionParams& p, Stream stream) {
+  const cudaStream_t s = stream_of(stream);
+  // Sized for this step's batch and grown to the largest one seen, so the steady state never
+  // allocates (a CUDA graph captured later sees one fixed workspace).
+  PagedAttentionCudaLimits limits;
+  limits.max_num_seqs = p.batch.num_seqs;
+  limits.num_heads = p.num_heads;
+  limits.num_kv_heads = p.cache.num_kv_heads;
+  limits.head_dim = p.cache.head_dim;
+  const std::size_t bytes = paged_attention_cuda_workspace_bytes(limits);
+  void* workspace = bytes ? scratch(attention_workspace_, attention_workspace_bytes_, bytes, s) : nullptr;
+  paged_attention_cuda(p, workspace, attention_workspace_bytes_, s);
+}
+
+void CudaBackend::silu_mul(const SiluMulParams& p, Stream stream) { silu_mul_cuda(p, stream_of(stream)); }
+
+void CudaBackend::residual_add(const ResidualAddParams& p, Stream stream) {
+  residual_add_cuda(p, stream_of(stream));
+}
+
+void CudaBackend::gather_rows(const GatherRowsParams& p, Stream stream) {
+  gather_rows_cuda(p, errors_, stream_of(stream));
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
+
+}  // namespace fp8serve::cuda

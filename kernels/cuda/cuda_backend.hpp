@@ -1,0 +1,98 @@
+#pragma once
+// The CUDA implementation of the kernel interface (kernels/backend.hpp): bf16 activations,
+// cudaMalloc'd device memory, every op a kernel of kernels/cuda/ on one non-blocking stream.
+// Projections run on cuBLASLt (linear_cublaslt.hpp); in the emulated build (FP8SERVE_CUDA_EMU)
+// the same class runs the portable GEMM (linear_portable.cu) instead, so the whole forward pass
+// executes on the CPU emulator in CI. Server code creates it through make_cuda_backend.hpp,
+// which needs no CUDA headers.
+//
+// Host <-> device copies from pageable memory go through a pinned staging arena
+// (host_staging.hpp) and are asynchronous on the stream; downloads land at synchronize().
+// Device data that a kernel finds wrong (DeviceError in ops_cuda.hpp) is reported there too.
+// One stream at a time: the staging arena and the error word are shared by the backend's ops.
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "kernels/cuda/host_staging.hpp"
+#include "kernels/cuda/ops_cuda.hpp"
+
+namespace fp8serve::cuda {
+
+class CublasLtLinear;
+
+class CudaBackend final : public Backend {
+ public:
+  using Stream = ::fp8serve::Stream;  // not cuda::Stream (device.hpp's owning wrapper)
+
+  // Makes `device` current for the calling thread and creates the stream (and, on a real GPU,
+  // the cuBLASLt handle and workspace). Throws std::runtime_error when the device is unusable.
+  explicit CudaBackend(int device = 0);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string_view name() const override { return "cuda"; }
+  ActDtype activation_dtype() const override { return ActDtype::bf16; }
+  std::string describe() const override;
+
+  void* allocate(std::size_t bytes) override;
+  void free(void* ptr) override;
+  void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream stream) override;
+  void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream stream) override;
+  void synchronize(Stream stream) override;
+  std::optional<DeviceMemory> memory_info() const override;
+  void copy_blocks(const CopyBlocksParams& params, Stream stream) override;
+  void set_rope_table(const std::vector<float>& inv_freq, int64_t max_positions) override;
+
+  void embedding(const EmbeddingParams& params, Stream stream) override;
+  void rms_norm(const RmsNormParams& params, Stream stream) override;
+  void linear(const LinearParams& params, Stream stream) override;
+  void rope(const RopeParams& params, Stream stream) override;
+  void kv_spill(const KvSpillParams& params, Stream stream) override;
+  void kv_write(const KvWriteParams& params, Stream stream) override;
+  void paged_attention(const PagedAttentionParams& params, Stream stream) override;
+  void silu_mul(const SiluMulParams& params, Stream stream) override;
+  void residual_add(const ResidualAddParams& params, Stream stream) override;
+  void gather_rows(const GatherRowsParams& params, Stream stream) override;
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  cudaStream_t stream_of(Stream stream) const {
+    return stream.handle ? static_cast<cudaStream_t>(stream.handle) : stream_;
+  }
+  // `bytes` of staging, after draining the stream and growing the arena if it is full.
+  void* stage(std::size_t bytes, cudaStream_t stream);
+  // Waits for the stream and completes the staged downloads (no error check).
+  void drain(cudaStream_t stream);
+  // A device scratch buffer of at least `bytes` (zeroed when it grows); the stream is drained
+  // before an old one is freed.
+  void* scratch(void*& buffer, std::size_t& capacity, std::size_t bytes, cudaStream_t stream);
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  HostStaging staging_;
+  unsigned* errors_ = nullptr;       // device: DeviceError bits raised by kernels
+  unsigned* errors_host_ = nullptr;  // pinned: where synchronize() reads them
+  void* rope_buffer_ = nullptr;      // cos then sin, [max_positions, half_dim] each
+  std::size_t rope_bytes_ = 0;
+  RopeTableView rope_;
+  void* calibration_ = nullptr;      // KvCalibrationSlot[], zeroed
+  std::size_t calibration_bytes_ = 0;
+  void* copy_scratch_ = nullptr;     // copy_blocks' pools and pairs
+  std::size_t copy_scratch_bytes_ = 0;
+  void* attention_workspace_ = nullptr;
+  std::size_t attention_workspace_bytes_ = 0;
+#if !FP8SERVE_CUDA_EMU
+  std::unique_ptr<CublasLtLinear> cublaslt_;  // the emulated build runs the portable GEMM
+#endif
+};
+
+}  // namespace fp8serve::cuda

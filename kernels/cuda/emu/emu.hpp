@@ -1,0 +1,289 @@
+#pragma once
+// fp8serve's CUDA emulator: the project's CUDA kernels (kernels/cuda/*.cu, unchanged) compiled by
+// the host compiler and run on the CPU, so that CI executes their indexing and synchronisation
+// logic without a GPU. Kernel files do not include this header: they include
+// kernels/cuda/launch.hpp, which includes it when FP8SERVE_CUDA_EMU is 1.
+//
+// What it runs
+// - NVIDIA's own headers (<cuda_runtime.h>, <cuda_fp16.h>, <cuda_bf16.h>, <cuda_fp8.h>) in host
+//   mode: dim3, __half, __nv_bfloat16, __nv_fp8_e4m3 and their conversions are NVIDIA's host code.
+// - Every CUDA thread is a fiber (ucontext) with its own 256 KiB stack above a guard page. A
+//   block runs on one OS thread, one fiber at a time: each runs until it waits at a
+//   synchronisation point or exits. The blocks of a grid are shared among a few worker threads
+//   (set_worker_threads), so atomics on global memory are real atomics between blocks.
+// - Warps of 32 lanes (lane = linear thread index % 32, as on a GPU). __shfl_sync, _up, _down,
+//   _xor (with CUDA's width segments, per the PTX shfl.sync definition), __ballot_sync, __any_sync,
+//   __all_sync and __syncwarp wait for the lanes named in their mask only; __syncthreads and
+//   __syncthreads_count/_and/_or wait for every thread of the block that has not exited.
+// - Deterministic: within a block the order in which threads run is fixed (increasing and
+//   decreasing thread index in turn, so a missing barrier shows up on either side of a writer).
+//   Only the order of atomics between blocks run by different workers varies
+//   (set_worker_threads(1) fixes it).
+// - Static shared memory (FP8SERVE_SHARED) and dynamic shared memory (FP8SERVE_DYNAMIC_SHARED)
+//   are allocated per block, exactly the size declared or launched with. Device functions without
+//   a host version in NVIDIA's headers (math intrinsics, bit operations, atomics, __ldg, ...) are
+//   in device_functions.hpp; the runtime-API subset (synchronous) is in runtime.cpp.
+//
+// Stricter than a GPU: each of these aborts with the kernel, the block and the thread named
+// - a warp op whose mask names an exited lane, or a lane the block does not have (a partial last
+//   warp); a lane calling with its own bit clear; a shuffle that reads a lane outside the mask; a
+//   width that is not a power of 2 in [1, 32]; lanes of one mask left waiting at different warp
+//   ops or with different masks (CUDA: undefined). CUDA tolerates exited lanes in the mask of a
+//   vote or __syncwarp; the emulator does not: pass the mask of the lanes really there;
+// - threads of a block at __syncthreads reached from different lines, or of different kinds;
+// - a deadlock (e.g. half a warp at __syncthreads, half in a shuffle): every thread's state is
+//   printed first;
+// - a kernel pointer argument that is neither null nor inside a cudaMalloc / cudaMallocHost
+//   allocation (a host pointer passed to a kernel faults on a GPU);
+// - more than 48 KiB of static shared memory, more than 48 KiB of dynamic shared memory without
+//   cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) (a launch error, as on a
+//   GPU), or more than sharedMemPerBlockOptin in all.
+// And it makes bugs show deterministically: shared memory (static and dynamic) and cudaMalloc /
+// cudaMallocHost memory read as 0xFF bytes (NaN in fp32, bf16 and E4M3) until written, in every
+// block; cudaMalloc allocates exactly the bytes asked for, so an ASan build reports a kernel's
+// out-of-bounds access at its file and line; cudaMemcpy checks that its device ranges lie inside
+// one allocation and that their direction matches the kind.
+//
+// What it cannot run: a compile or link error, or cudaErrorNotSupported, never a wrong answer
+// - tensor-core MMA (mma.sync, wmma, wgmma), cp.async, TMA, inline PTX: keep such code behind
+//   FP8SERVE_CUDA_FAST_PATHS (kernels/cuda/launch.hpp) beside a portable path that it runs;
+// - cooperative groups, __reduce_*_sync, __match_*_sync, __nanosleep, clock(), textures and
+//   surfaces, cudaMemcpyToSymbol, device-side launches, cudaLaunchKernel, CUDA graphs and stream
+//   capture (cudaErrorNotSupported), plain `__shared__` (use FP8SERVE_SHARED), a launch that
+//   leaves out a kernel parameter with a default.
+// __device__ and __constant__ variables are ordinary globals (initialised in their declaration);
+// __launch_bounds__ is accepted and ignored (nvcc enforces it).
+//
+// What it cannot find
+// - races inside a block, and warp-synchronous code without __syncwarp: threads run one at a time
+//   in a fixed order, so a race gives one fixed answer (run compute-sanitizer's racecheck on a
+//   GPU); stream overlap (everything is synchronous);
+// - __activemask is the warp's lanes that have not exited, not the lanes converged at the call;
+// - floating-point detail: fast intrinsics (__expf, __fdividef, rsqrtf) are computed exactly,
+//   and the host compiler does not contract a*b+c into an FMA as nvcc does: compare with
+//   tolerances that hold on the GPU too;
+// - speed: it tests logic, never performance (about a million thread resumes a second).
+//
+// Limits: a block runs at most 1024 threads; a fiber's stack is 256 KiB (an overflow faults on the
+// guard page); a thread spinning on a value another thread of its block will write hangs (no
+// preemption); cudaMemGetInfo reports a fake total (set_device_memory_bytes, default 8 GiB) minus
+// what cudaMalloc holds, and cudaMalloc fails beyond it.
+#if !defined(FP8SERVE_CUDA_EMU) || !FP8SERVE_CUDA_EMU
+#error "kernels/cuda/emu/emu.hpp is for the emulated build (FP8SERVE_CUDA_EMU=1); include kernels/cuda/launch.hpp"
+#endif
+#if defined(__CUDACC__)
+#error "the CUDA emulator is for the host compiler, not nvcc"
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>  // before __noinline__ below: libstdc++'s shared_ptr_base.h spells that attribute
+#include <tuple>
+#include <type_traits>
+
+// CUDA's keywords: NVIDIA's headers define __global__, __device__ and __host__ to nothing for a
+// host compiler. Plain __shared__ would make one variable for every block at once: refuse it.
+#undef __shared__
+#define __shared__                                                                                 \
+  static_assert(false, "the CUDA emulator needs shared memory declared with FP8SERVE_SHARED(type, " \
+                       "name) or FP8SERVE_DYNAMIC_SHARED(type, name) (kernels/cuda/launch.hpp)");
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#if !defined(__noinline__)
+#define __noinline__ __attribute__((noinline))
+#endif
+
+namespace fp8serve::emu {
+
+// Worker threads that run the blocks of a grid; 0 restores the default, min(4, max(2, cores)).
+void set_worker_threads(unsigned count);
+unsigned worker_threads();
+// The device memory that cudaMemGetInfo reports and cudaMalloc may hold in all (default 8 GiB).
+void set_device_memory_bytes(size_t bytes);
+// Fiber resumes so far in this process (worker -> fiber -> worker; for measuring the emulator).
+uint64_t fiber_switches();
+
+namespace detail {
+
+// The running fiber's indices. A block runs on one OS thread, so thread_local state is per block,
+// and the scheduler sets thread_idx before it resumes each fiber.
+inline thread_local uint3 thread_idx{0, 0, 0};
+inline thread_local uint3 block_idx{0, 0, 0};
+inline thread_local dim3 block_dim{1, 1, 1};
+inline thread_local dim3 grid_dim{1, 1, 1};
+
+enum class WarpOp : uint8_t { shfl_idx, shfl_up, shfl_down, shfl_xor, ballot, any, all, syncwarp, activemask };
+enum class BarrierOp : uint8_t { sync, count, all, any };  // __syncthreads, _count, _and, _or
+
+// A call site, for diagnostics and for checking that a block meets at one __syncthreads.
+struct Site {
+  const char* file;
+  unsigned line;
+};
+
+// Called from a fiber: wait until every lane of `mask` is at a warp op, then return this lane's
+// result (the shuffled value's bits, or the vote).
+uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int lane_arg, int width, Site site);
+int barrier(BarrierOp op, int predicate, Site site);
+void* static_shared(const void* key, size_t bytes, size_t align, Site site);
+void* dynamic_shared();
+[[noreturn]] void trap(Site site);
+
+// A launch with the kernel's types erased: invoke(args) runs one CUDA thread's call.
+struct KernelCall {
+  const char* name;
+  const void* function;  // the kernel's address: what cudaFuncSetAttribute names
+  void (*invoke)(const void* args);
+  const void* args;
+};
+void launch(const KernelCall& call, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream);
+// Aborts unless `pointer` is null or inside a cudaMalloc / cudaMallocHost allocation.
+void check_pointer_argument(const char* kernel, unsigned index, const void* pointer);
+
+template <class T>
+void check_argument(const char* kernel, unsigned index, const T& value) {
+  if constexpr (std::is_pointer_v<T> && std::is_object_v<std::remove_pointer_t<T>>)
+    check_pointer_argument(kernel, index, value);
+}
+
+template <class T>
+uint64_t to_bits(T value) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "warp ops move values of at most 8 bytes");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof value);
+  return bits;
+}
+
+template <class T>
+T from_bits(uint64_t bits) {
+  T value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+template <class Kernel, class Args>
+struct BoundKernel {
+  Kernel kernel;
+  Args args;
+  // Each CUDA thread gets its own copy of the arguments, as every GPU thread reads the same values
+  // and may change its copy.
+  static void invoke(const void* self) {
+    const auto& bound = *static_cast<const BoundKernel*>(self);
+    std::apply(bound.kernel, bound.args);
+  }
+};
+
+}  // namespace detail
+
+// FP8SERVE_LAUNCH's emulated form: converts the arguments to the kernel's parameter types (as a
+// launch does), checks pointer arguments, and runs the grid; returns once every block has run.
+// Launch errors are reported as on a GPU, through cudaGetLastError().
+template <class... Params, class... Args>
+void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+            cudaStream_t stream, Args&&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "a kernel launch passes every parameter (no defaults)");
+  using Bound = detail::BoundKernel<void (*)(Params...), std::tuple<Params...>>;
+  const Bound bound{kernel, std::tuple<Params...>(std::forward<Args>(args)...)};
+  std::apply([&](const Params&... values) {
+    unsigned index = 0;
+    (detail::check_argument(name, index++, values), ...);
+  }, bound.args);
+  detail::launch({name, reinterpret_cast<const void*>(kernel), &Bound::invoke, &bound}, grid, block, shared_bytes,
+                 stream);
+}
+
+// FP8SERVE_SHARED's emulated form: the block's one copy of a static shared variable of type T,
+// allocated (0xFF-filled) when the block's first thread reaches the declaration. `Site` is a
+// lambda's type, unique to the declaration (and to each instantiation of a kernel template).
+template <class T, class Site>
+T& static_shared(Site, const char* file = __builtin_FILE(), unsigned line = __builtin_LINE()) {
+  static_assert(std::is_trivially_default_constructible_v<T> && std::is_trivially_destructible_v<T>,
+                "shared memory holds trivial types only (as nvcc requires)");
+  static const char key = 0;
+  return *static_cast<T*>(detail::static_shared(&key, sizeof(T), alignof(T), {file, line}));
+}
+
+// FP8SERVE_DYNAMIC_SHARED's emulated form: the block's dynamic shared memory, exactly the launch's
+// shared_bytes, 0xFF-filled, 16-byte aligned.
+inline void* dynamic_shared_memory() { return detail::dynamic_shared(); }
+
+}  // namespace fp8serve::emu
+
+// CUDA's built-in variables, read-only as on a GPU.
+inline thread_local const uint3& threadIdx = fp8serve::emu::detail::thread_idx;
+inline thread_local const uint3& blockIdx = fp8serve::emu::detail::block_idx;
+inline thread_local const dim3& blockDim = fp8serve::emu::detail::block_dim;
+inline thread_local const dim3& gridDim = fp8serve::emu::detail::grid_dim;
+constexpr int warpSize = 32;
+
+// NVIDIA's header declares the kernel-taking form of cudaFuncSetAttribute for nvcc only.
+template <class T>
+cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) {
+  return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
+
+// Warp shuffles and votes, block barriers, __trap: CUDA's names and arguments. The last two
+// parameters are filled in by the compiler with the call site, for diagnostics.
+#define FP8SERVE_EMU_SITE const char *file = __builtin_FILE(), unsigned line = __builtin_LINE()
+#define FP8SERVE_EMU_WARP_OP(op, mask, bits, lane_arg, width) \
+  fp8serve::emu::detail::warp_op(fp8serve::emu::detail::WarpOp::op, mask, bits, lane_arg, width, {file, line})
+#define FP8SERVE_EMU_BARRIER(op, predicate) \
+  fp8serve::emu::detail::barrier(fp8serve::emu::detail::BarrierOp::op, predicate, {file, line})
+
+template <class T>
+T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize, FP8SERVE_EMU_SITE) {
+  return fp8serve::emu::detail::from_bits<T>(
+      FP8SERVE_EMU_WARP_OP(shfl_idx, mask, fp8serve::emu::detail::to_bits(var), src_lane, width));
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize, FP8SERVE_EMU_SITE) {
+  return fp8serve::emu::detail::from_bits<T>(
+      FP8SERVE_EMU_WARP_OP(shfl_up, mask, fp8serve::emu::detail::to_bits(var), static_cast<int>(delta), width));
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize, FP8SERVE_EMU_SITE) {
+  return fp8serve::emu::detail::from_bits<T>(
+      FP8SERVE_EMU_WARP_OP(shfl_down, mask, fp8serve::emu::detail::to_bits(var), static_cast<int>(delta), width));
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize, FP8SERVE_EMU_SITE) {
+  return fp8serve::emu::detail::from_bits<T>(
+      FP8SERVE_EMU_WARP_OP(shfl_xor, mask, fp8serve::emu::detail::to_bits(var), lane_mask, width));
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate, FP8SERVE_EMU_SITE) {
+  return static_cast<unsigned>(FP8SERVE_EMU_WARP_OP(ballot, mask, predicate != 0, 0, warpSize));
+}
+inline int __any_sync(unsigned mask, int predicate, FP8SERVE_EMU_SITE) {
+  return static_cast<int>(FP8SERVE_EMU_WARP_OP(any, mask, predicate != 0, 0, warpSize));
+}
+inline int __all_sync(unsigned mask, int predicate, FP8SERVE_EMU_SITE) {
+  return static_cast<int>(FP8SERVE_EMU_WARP_OP(all, mask, predicate != 0, 0, warpSize));
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu, FP8SERVE_EMU_SITE) {
+  FP8SERVE_EMU_WARP_OP(syncwarp, mask, 0, 0, warpSize);
+}
+// The lanes of this warp that have not exited once every thread of the block has run as far as
+// it can (a GPU gives the lanes converged at the call, which the emulator cannot know: a mask
+// built from it inside divergent code names lanes that never come, and deadlocks).
+inline unsigned __activemask(FP8SERVE_EMU_SITE) {
+  return static_cast<unsigned>(FP8SERVE_EMU_WARP_OP(activemask, 0xffffffffu, 0, 0, warpSize));
+}
+
+inline void __syncthreads(FP8SERVE_EMU_SITE) { FP8SERVE_EMU_BARRIER(sync, 0); }
+inline int __syncthreads_count(int predicate, FP8SERVE_EMU_SITE) { return FP8SERVE_EMU_BARRIER(count, predicate); }
+inline int __syncthreads_and(int predicate, FP8SERVE_EMU_SITE) { return FP8SERVE_EMU_BARRIER(all, predicate); }
+inline int __syncthreads_or(int predicate, FP8SERVE_EMU_SITE) { return FP8SERVE_EMU_BARRIER(any, predicate); }
+
+[[noreturn]] inline void __trap(FP8SERVE_EMU_SITE) { fp8serve::emu::detail::trap({file, line}); }
+
+#undef FP8SERVE_EMU_BARRIER
+#undef FP8SERVE_EMU_WARP_OP
+#undef FP8SERVE_EMU_SITE
+
+#include "kernels/cuda/emu/device_functions.hpp"

@@ -1,0 +1,53 @@
+// The emulator's launch: checks the configuration as a GPU would, then shares the grid's blocks
+// among worker threads, each running one block at a time to its end.
+#include "kernels/cuda/emu/runtime.hpp"
+#include "kernels/cuda/emu/scheduler.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <vector>
+
+namespace fp8serve::emu {
+namespace {
+std::atomic<unsigned> g_worker_threads{0};
+}  // namespace
+
+void set_worker_threads(unsigned count) { g_worker_threads.store(count); }
+
+unsigned worker_threads() {
+  const unsigned count = g_worker_threads.load();
+  // At least two, so that atomics between blocks are exercised even on one core.
+  return count != 0 ? count : std::clamp(std::thread::hardware_concurrency(), 2u, 4u);
+}
+
+uint64_t fiber_switches() { return detail::fiber_switch_count(); }
+
+namespace detail {
+
+void check_pointer_argument(const char* kernel, unsigned index, const void* pointer) {
+  if (!is_device_accessible(pointer))
+    die("kernel %s: argument %u (%p) points to neither cudaMalloc nor cudaMallocHost memory (a GPU would fault)",
+        kernel, index, pointer);
+}
+
+void launch(const KernelCall& call, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream) {
+  if (in_kernel()) die("kernel %s launched from inside a kernel: device-side launches are not emulated", call.name);
+  if (record_error(check_launch(call.function, grid, block, shared_bytes, stream)) != cudaSuccess) return;
+  const Launch launch{call, grid, block, shared_bytes};
+  const uint64_t num_blocks = uint64_t{grid.x} * grid.y * grid.z;
+  const auto num_workers = static_cast<unsigned>(std::min<uint64_t>(worker_threads(), num_blocks));
+  std::atomic<uint64_t> next_block{0};
+  std::vector<std::thread> workers;
+  workers.reserve(num_workers);
+  for (unsigned w = 0; w < num_workers; ++w) {
+    workers.emplace_back([&] {
+      BlockRunner runner(launch);
+      for (uint64_t b = next_block.fetch_add(1); b < num_blocks; b = next_block.fetch_add(1)) runner.run(b);
+    });
+  }
+  for (std::thread& worker : workers) worker.join();
+}
+
+}  // namespace detail
+}  // namespace fp8serve::emu

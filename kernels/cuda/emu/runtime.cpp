@@ -1,0 +1,459 @@
+// The CUDA runtime-API subset of the emulator, defined under NVIDIA's own extern "C" declarations
+// from <cuda_runtime_api.h> (so the compiler checks every signature against them). Synchronous:
+// a copy, a memset or a launch is done when the call returns, whatever the stream. Device memory
+// is host memory allocated to exactly the size asked for, 0xFF-filled; every API error also sets
+// the calling thread's last error, as CUDA does. An emulated binary never links libcudart (the
+// build refuses to, and a process holding both aborts at start).
+#include "kernels/cuda/emu/runtime.hpp"
+
+#include "kernels/cuda/emu/emu.hpp"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+
+namespace fp8serve::emu::detail {
+namespace {
+
+enum class Memory : uint8_t { device, pinned_host };
+
+struct Allocation {
+  size_t bytes;
+  Memory kind;
+};
+
+struct Event {
+  bool timing;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point when{};
+};
+
+// Everything the runtime keeps, behind one mutex: host threads may call it concurrently.
+struct State {
+  std::mutex mutex;
+  std::map<uintptr_t, Allocation> allocations;  // by start address
+  size_t device_bytes = 0;
+  size_t device_capacity = size_t{8} << 30;
+  std::set<const void*> streams;
+  std::map<const void*, Event> events;
+  std::map<const void*, size_t> max_dynamic_shared;  // by kernel, from cudaFuncSetAttribute
+
+  // The allocation holding `p` (one past its end too when `end_inclusive`), or none.
+  const std::pair<const uintptr_t, Allocation>* find(const void* p, bool end_inclusive) const {
+    const auto address = reinterpret_cast<uintptr_t>(p);
+    auto it = allocations.upper_bound(address);
+    if (it == allocations.begin()) return nullptr;
+    --it;
+    const uintptr_t end = it->first + it->second.bytes;
+    return address < end || (end_inclusive && address == end) ? &*it : nullptr;
+  }
+};
+
+State& state() {
+  static State* s = new State;  // never destroyed: buffers may be freed from static destructors
+  return *s;
+}
+
+thread_local cudaError_t t_last_error = cudaSuccess;
+
+// Where a copy's range lies: in one device allocation, in host memory, or across a device
+// allocation's end.
+enum class Place { device, host, broken };
+
+Place place(const State& s, const void* p, size_t bytes) {
+  const auto* hit = s.find(p, false);
+  if (hit == nullptr || hit->second.kind != Memory::device) return Place::host;
+  return reinterpret_cast<uintptr_t>(p) + bytes <= hit->first + hit->second.bytes ? Place::device : Place::broken;
+}
+
+cudaError_t check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  const Place to = place(s, dst, bytes), from = place(s, src, bytes);
+  if (to == Place::broken || from == Place::broken) return cudaErrorInvalidValue;
+  switch (kind) {
+    case cudaMemcpyHostToHost: return to == Place::host && from == Place::host ? cudaSuccess : cudaErrorInvalidValue;
+    case cudaMemcpyHostToDevice: return to == Place::device && from == Place::host ? cudaSuccess : cudaErrorInvalidValue;
+    case cudaMemcpyDeviceToHost: return to == Place::host && from == Place::device ? cudaSuccess : cudaErrorInvalidValue;
+    case cudaMemcpyDeviceToDevice: return to == Place::device && from == Place::device ? cudaSuccess : cudaErrorInvalidValue;
+    case cudaMemcpyDefault: return cudaSuccess;
+  }
+  return cudaErrorInvalidMemcpyDirection;
+}
+
+bool valid_stream(const State& s, cudaStream_t stream) {
+  return stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread || s.streams.count(stream) != 0;
+}
+
+cudaError_t check_stream(cudaStream_t stream) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  return valid_stream(s, stream) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+
+cudaError_t allocate(void** out, size_t bytes, Memory kind) {
+  if (out == nullptr) return cudaErrorInvalidValue;
+  if (bytes == 0) {
+    *out = nullptr;
+    return cudaSuccess;
+  }
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  if (kind == Memory::device && bytes > s.device_capacity - std::min(s.device_capacity, s.device_bytes))
+    return cudaErrorMemoryAllocation;
+  void* data = nullptr;
+  if (posix_memalign(&data, 256, bytes) != 0) return cudaErrorMemoryAllocation;  // cudaMalloc aligns to 256
+  std::memset(data, 0xff, bytes);  // reads as NaN until written (a GPU gives whatever was there)
+  s.allocations.emplace(reinterpret_cast<uintptr_t>(data), Allocation{bytes, kind});
+  if (kind == Memory::device) s.device_bytes += bytes;
+  *out = data;
+  return cudaSuccess;
+}
+
+cudaError_t release(void* data, Memory kind) {
+  if (data == nullptr) return cudaSuccess;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  const auto it = s.allocations.find(reinterpret_cast<uintptr_t>(data));
+  if (it == s.allocations.end() || it->second.kind != kind) return cudaErrorInvalidValue;
+  if (kind == Memory::device) s.device_bytes -= it->second.bytes;
+  s.allocations.erase(it);
+  std::free(data);
+  return cudaSuccess;
+}
+
+// A process must not hold libcudart and the emulator at once: they would answer the same calls.
+[[maybe_unused]] const bool g_no_cudart = [] {
+  if (dlsym(RTLD_DEFAULT, "__cudaRegisterFatBinary") != nullptr)
+    die("this process loads libcudart and the CUDA emulator: link an emulated binary with fp8serve_cuda_emu only");
+  return true;
+}();
+
+}  // namespace
+
+void die(const char* format, ...) {
+  std::fputs("fp8serve CUDA emulator: ", stderr);
+  va_list args;
+  va_start(args, format);
+  std::vfprintf(stderr, format, args);
+  va_end(args);
+  std::fputc('\n', stderr);
+  std::abort();
+}
+
+cudaError_t record_error(cudaError_t error) {
+  if (error != cudaSuccess) t_last_error = error;
+  return error;
+}
+
+cudaError_t check_launch(const void* function, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  if (!valid_stream(s, stream)) return cudaErrorInvalidResourceHandle;
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  if (threads == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0 || threads > kMaxThreadsPerBlock || block.x > 1024 ||
+      block.y > 1024 || block.z > 64 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535)
+    return cudaErrorInvalidConfiguration;
+  const auto it = s.max_dynamic_shared.find(function);
+  if (shared_bytes > (it == s.max_dynamic_shared.end() ? kSharedPerBlock : it->second)) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+bool is_device_accessible(const void* pointer) {
+  if (pointer == nullptr) return true;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  return s.find(pointer, true) != nullptr;
+}
+
+}  // namespace fp8serve::emu::detail
+
+namespace fp8serve::emu {
+void set_device_memory_bytes(size_t bytes) {
+  detail::State& s = detail::state();
+  std::lock_guard lock(s.mutex);
+  s.device_capacity = bytes;
+}
+}  // namespace fp8serve::emu
+
+using fp8serve::emu::detail::record_error;
+using fp8serve::emu::detail::state;
+
+// Memory.
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+  return record_error(fp8serve::emu::detail::allocate(ptr, size, fp8serve::emu::detail::Memory::device));
+}
+cudaError_t cudaFree(void* ptr) {
+  return record_error(fp8serve::emu::detail::release(ptr, fp8serve::emu::detail::Memory::device));
+}
+cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  return record_error(fp8serve::emu::detail::allocate(ptr, size, fp8serve::emu::detail::Memory::pinned_host));
+}
+cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) { return cudaMallocHost(ptr, size); }
+cudaError_t cudaFreeHost(void* ptr) {
+  return record_error(fp8serve::emu::detail::release(ptr, fp8serve::emu::detail::Memory::pinned_host));
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  if (count == 0) return cudaSuccess;
+  if (const cudaError_t err = fp8serve::emu::detail::check_copy(dst, src, count, kind); err != cudaSuccess)
+    return record_error(err);
+  std::memcpy(dst, src, count);  // overlapping ranges are undefined in CUDA too (ASan reports them)
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+  if (const cudaError_t err = fp8serve::emu::detail::check_stream(stream); err != cudaSuccess) return record_error(err);
+  return cudaMemcpy(dst, src, count, kind);
+}
+
+cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+  if (count == 0) return cudaSuccess;
+  {
+    auto& s = state();
+    std::lock_guard lock(s.mutex);
+    if (fp8serve::emu::detail::place(s, ptr, count) != fp8serve::emu::detail::Place::device)
+      return record_error(cudaErrorInvalidValue);
+  }
+  std::memset(ptr, value, count);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+  if (const cudaError_t err = fp8serve::emu::detail::check_stream(stream); err != cudaSuccess) return record_error(err);
+  return cudaMemset(ptr, value, count);
+}
+
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  if (free == nullptr || total == nullptr) return record_error(cudaErrorInvalidValue);
+  auto& s = state();
+  std::lock_guard lock(s.mutex);
+  *total = s.device_capacity;
+  *free = s.device_capacity - std::min(s.device_capacity, s.device_bytes);
+  return cudaSuccess;
+}
+
+// Streams: every operation is done when its call returns, so a stream only has to be valid.
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  if (stream == nullptr) return record_error(cudaErrorInvalidValue);
+  auto& s = state();
+  std::lock_guard lock(s.mutex);
+  *stream = reinterpret_cast<cudaStream_t>(new char);  // a unique handle
+  s.streams.insert(*stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  auto& s = state();
+  std::lock_guard lock(s.mutex);
+  if (s.streams.erase(stream) == 0) return record_error(cudaErrorInvalidResourceHandle);
+  delete reinterpret_cast<char*>(stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  return record_error(fp8serve::emu::detail::check_stream(stream));
+}
+cudaError_t cudaStreamQuery(cudaStream_t stream) { return record_error(fp8serve::emu::detail::check_stream(stream)); }
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+
+// Events: a record is the time of the call.
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  if (event == nullptr) return record_error(cudaErrorInvalidValue);
+  auto& s = state();
+  std::lock_guard lock(s.mutex);
+  *event = reinterpret_cast<cudaEvent_t>(new char);
+  s.events.emplace(*event, fp8serve::emu::detail::Event{(flags & cudaEventDisableTiming) == 0});
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  auto& s = state();
+  std::lock_guard lock(s.mutex);
+  if (s.events.erase(event) == 0) return record_error(cudaErrorInvalidResourceHandle);
+  delete reinterpret_cast<char*>(event);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  auto& s = state();
+  std::lock_guard lock(s.mutex);
+  const auto it = s.events.find(event);
+  if (it == s.events.end() || !fp8serve::emu::detail::valid_stream(s, stream))
+    return record_error(cudaErrorInvalidResourceHandle);
+  it->second.recorded = true;
+  it->second.when = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  auto& s = state();
+  std::lock_guard lock(s.mutex);
+  return s.events.count(event) != 0 ? cudaSuccess : record_error(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) { return cudaEventSynchronize(event); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  auto& s = state();
+  std::lock_guard lock(s.mutex);
+  return s.events.count(event) != 0 && fp8serve::emu::detail::valid_stream(s, stream)
+             ? cudaSuccess
+             : record_error(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (ms == nullptr) return record_error(cudaErrorInvalidValue);
+  auto& s = state();
+  std::lock_guard lock(s.mutex);
+  const auto a = s.events.find(start), b = s.events.find(end);
+  if (a == s.events.end() || b == s.events.end() || !a->second.timing || !b->second.timing)
+    return record_error(cudaErrorInvalidResourceHandle);
+  if (!a->second.recorded || !b->second.recorded) return record_error(cudaErrorInvalidResourceHandle);
+  *ms = std::chrono::duration<float, std::milli>(b->second.when - a->second.when).count();
+  return cudaSuccess;
+}
+
+// The device: one, H100-like.
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (count == nullptr) return record_error(cudaErrorInvalidValue);
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  if (device == nullptr) return record_error(cudaErrorInvalidValue);
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : record_error(cudaErrorInvalidDevice); }
+cudaError_t cudaDriverGetVersion(int* version) {
+  if (version == nullptr) return record_error(cudaErrorInvalidValue);
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* version) { return cudaDriverGetVersion(version); }
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  namespace d = fp8serve::emu::detail;
+  if (prop == nullptr) return record_error(cudaErrorInvalidValue);
+  if (device != 0) return record_error(cudaErrorInvalidDevice);
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "fp8serve CUDA emulator");
+  size_t free = 0;
+  cudaMemGetInfo(&free, &prop->totalGlobalMem);
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = d::kMultiProcessors;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = d::kMaxThreadsPerBlock;
+  prop->maxThreadsDim[0] = 1024;
+  prop->maxThreadsDim[1] = 1024;
+  prop->maxThreadsDim[2] = 64;
+  prop->maxGridSize[0] = 0x7fffffff;
+  prop->maxGridSize[1] = 65535;
+  prop->maxGridSize[2] = 65535;
+  prop->sharedMemPerBlock = d::kSharedPerBlock;
+  prop->sharedMemPerBlockOptin = d::kSharedPerBlockOptin;
+  prop->sharedMemPerMultiprocessor = d::kSharedPerMultiprocessor;
+  prop->reservedSharedMemPerBlock = 1024;
+  prop->regsPerBlock = 65536;
+  prop->regsPerMultiprocessor = 65536;
+  prop->maxThreadsPerMultiProcessor = 2048;
+  prop->maxBlocksPerMultiProcessor = 32;
+  prop->totalConstMem = 65536;
+  prop->l2CacheSize = 50 << 20;
+  prop->memoryBusWidth = 5120;
+  prop->concurrentKernels = 1;
+  prop->asyncEngineCount = 2;
+  prop->unifiedAddressing = 1;
+  prop->canMapHostMemory = 1;
+  prop->managedMemory = 1;
+  prop->cooperativeLaunch = 1;
+  prop->streamPrioritiesSupported = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  namespace d = fp8serve::emu::detail;
+  if (value == nullptr) return record_error(cudaErrorInvalidValue);
+  if (device != 0) return record_error(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = d::kMultiProcessors; break;
+    case cudaDevAttrMaxThreadsPerBlock: *value = d::kMaxThreadsPerBlock; break;
+    case cudaDevAttrWarpSize: *value = 32; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = static_cast<int>(d::kSharedPerBlock); break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = static_cast<int>(d::kSharedPerBlockOptin); break;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+    case cudaDevAttrL2CacheSize: *value = 50 << 20; break;
+    default: return record_error(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  namespace d = fp8serve::emu::detail;
+  if (func == nullptr) return record_error(cudaErrorInvalidDeviceFunction);
+  if (attr == cudaFuncAttributePreferredSharedMemoryCarveout)
+    return value >= -1 && value <= 100 ? cudaSuccess : record_error(cudaErrorInvalidValue);
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return record_error(cudaErrorNotSupported);
+  if (value < 0 || static_cast<size_t>(value) > d::kSharedPerBlockOptin) return record_error(cudaErrorInvalidValue);
+  auto& s = state();
+  std::lock_guard lock(s.mutex);
+  s.max_dynamic_shared[func] = static_cast<size_t>(value);
+  return cudaSuccess;
+}
+
+// Errors.
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t error = fp8serve::emu::detail::t_last_error;
+  fp8serve::emu::detail::t_last_error = cudaSuccess;
+  return error;
+}
+cudaError_t cudaPeekAtLastError(void) { return fp8serve::emu::detail::t_last_error; }
+
+namespace {
+struct ErrorText {
+  cudaError_t error;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorText kErrors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration", "invalid configuration argument"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection", "invalid copy direction for memcpy"},
+    {cudaErrorInvalidDeviceFunction, "cudaErrorInvalidDeviceFunction", "invalid device function"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported (by the fp8serve CUDA emulator)"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+};
+}  // namespace
+
+const char* cudaGetErrorName(cudaError_t error) {
+  for (const ErrorText& e : kErrors)
+    if (e.error == error) return e.name;
+  return "cudaErrorUnknown";
+}
+const char* cudaGetErrorString(cudaError_t error) {
+  for (const ErrorText& e : kErrors)
+    if (e.error == error) return e.text;
+  return "unrecognized error code";
+}
+
+// CUDA graphs and stream capture run on a GPU only (the backend has a flag to turn them off).
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  if (status == nullptr) return record_error(cudaErrorInvalidValue);
+  *status = cudaStreamCaptureStatusNone;
+  return record_error(fp8serve::emu::detail::check_stream(stream));
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) { return record_error(cudaErrorNotSupported); }
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t*) { return record_error(cudaErrorNotSupported); }
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t*, cudaGraph_t, unsigned long long) {
+  return record_error(cudaErrorNotSupported);
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) { return record_error(cudaErrorNotSupported); }
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) { return record_error(cudaErrorNotSupported); }
+cudaError_t cudaGraphDestroy(cudaGraph_t) { return record_error(cudaErrorNotSupported); }

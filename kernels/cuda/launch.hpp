@@ -1,0 +1,74 @@
+#pragma once
+// The one header a CUDA kernel file (kernels/cuda/*.cu) includes. Every .cu builds two ways from
+// the same source:
+//   nvcc, for the GPU (fp8serve_cuda): FP8SERVE_CUDA_EMU is 0;
+//   the host compiler, for the CPU emulator (fp8serve_cuda_emu, kernels/cuda/emu/emu.hpp, which
+//   says what it runs and what it cannot): FP8SERVE_CUDA_EMU is 1.
+//
+// Write kernels with these, never with their CUDA spellings:
+//   FP8SERVE_LAUNCH(kernel, grid, block, shared_bytes, stream, args...)
+//       kernel<<<grid, block, shared_bytes, stream>>>(args...) under nvcc. A template
+//       instantiation goes in parentheses: FP8SERVE_LAUNCH((attention<128, true>), ...). Every
+//       kernel parameter is passed (no default arguments). Check with
+//       CUDA_CHECK(cudaGetLastError()) after it, as after any launch.
+//   FP8SERVE_SHARED(type, name);
+//       a static shared variable: FP8SERVE_SHARED(float[32], partial_sums); (a type with a comma
+//       needs an alias first). Plain __shared__ does not compile in the emulated build.
+//   FP8SERVE_DYNAMIC_SHARED(type, name);
+//       `type* name` pointing at the block's dynamic shared memory (16-byte aligned; the launch's
+//       shared_bytes long). Once per kernel.
+//   FP8SERVE_CUDA_FAST_PATHS
+//       1 under nvcc, 0 in the emulator: tensor-core MMA, cp.async, TMA and inline PTX go behind
+//       `#if FP8SERVE_CUDA_FAST_PATHS`, kept small, beside a portable path that the emulator runs
+//       (and that -DFP8SERVE_CUDA_FAST_PATHS=0 selects on a GPU too, to compare the two). nvcc
+//       compiles every kernel for sm_80 and sm_90a: Hopper-only instructions (wgmma, setmaxnreg)
+//       also need `__CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)`.
+//
+// The file convention: kernels/cuda/*.cu hold kernels and host code that uses only the runtime
+// API the emulator has (memory, copies, streams, events, device properties); both builds compile
+// them. kernels/cuda/*.cpp hold host code for the real runtime only (cuBLASLt, CUDA graphs):
+// nvcc's build compiles them, the emulator never does. kernels/cuda/README.md says how to add a
+// kernel and its tests.
+#if !defined(FP8SERVE_CUDA_EMU)
+#define FP8SERVE_CUDA_EMU 0
+#endif
+
+#if FP8SERVE_CUDA_EMU
+#include "kernels/cuda/emu/emu.hpp"
+#elif defined(__CUDACC__)
+#include <cuda_runtime.h>
+#else
+#error "kernels/cuda/launch.hpp: compile with nvcc, or with -DFP8SERVE_CUDA_EMU=1 against the CPU emulator"
+#endif
+
+#include "kernels/cuda/cuda_check.hpp"
+
+#if FP8SERVE_CUDA_EMU
+#if defined(FP8SERVE_CUDA_FAST_PATHS) && FP8SERVE_CUDA_FAST_PATHS
+#error "FP8SERVE_CUDA_FAST_PATHS needs nvcc: the emulator runs the portable paths only"
+#endif
+#undef FP8SERVE_CUDA_FAST_PATHS
+#define FP8SERVE_CUDA_FAST_PATHS 0
+#elif !defined(FP8SERVE_CUDA_FAST_PATHS)
+#define FP8SERVE_CUDA_FAST_PATHS 1
+#endif
+
+namespace fp8serve::cuda {
+template <class T>
+using SharedType = T;  // lets FP8SERVE_SHARED take an array type: SharedType<float[32]> name
+}  // namespace fp8serve::cuda
+
+#if FP8SERVE_CUDA_EMU
+#define FP8SERVE_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+  ::fp8serve::emu::launch(#kernel, kernel, grid, block, shared_bytes, stream __VA_OPT__(, ) __VA_ARGS__)
+#define FP8SERVE_SHARED(type, name) \
+  ::fp8serve::cuda::SharedType<type>& name = ::fp8serve::emu::static_shared<type>([] {})
+#define FP8SERVE_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::fp8serve::emu::dynamic_shared_memory())
+#else
+#define FP8SERVE_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+  kernel<<<grid, block, shared_bytes, stream>>>(__VA_ARGS__)
+#define FP8SERVE_SHARED(type, name) __shared__ ::fp8serve::cuda::SharedType<type> name
+#define FP8SERVE_DYNAMIC_SHARED(type, name)                                     \
+  extern __shared__ __align__(16) unsigned char fp8serve_dynamic_shared_[]; \
+  type* name = reinterpret_cast<type*>(fp8serve_dynamic_shared_)
+#endif

@@ -1,0 +1,205 @@
+// cuBLASLt projections: see linear_cublaslt.hpp.
+//
+// The transposes. Our matrices are row-major: x [T, K] (row stride x_stride), W [O, K] (row
+// stride K, as HF stores nn.Linear weights), y [T, O] (row stride y_stride), y = x W^T.
+// cuBLASLt is column-major, and a row-major [R, C] matrix with row stride ld is exactly the
+// column-major [C, R] matrix with leading dimension ld. So, in cuBLASLt's terms:
+//   A = W seen as column-major [K, O], ld K,         transa = T  -> op(A) = [O, K]
+//   B = x seen as column-major [K, T], ld x_stride,  transb = N  -> op(B) = [K, T]
+//   D = y seen as column-major [O, T], ld y_stride:  D = op(A) op(B),  m = O, n = T, k = K
+// (the "TN" GEMM cuBLAS is fastest at). The bias epilogue adds a vector of length m - one value
+// per output feature, broadcast over the tokens - which is Qwen2's QKV bias. Its element type
+// is D's, so it serves bf16 outputs; an fp32 output with a bias (no model has one: the LM head
+// carries none) gets the bias from a small kernel afterwards.
+#include "kernels/cuda/linear_cublaslt.hpp"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/linear_checks.hpp"
+#include "kernels/cuda/ops_cuda.hpp"
+
+#define CUBLASLT_CHECK(call)                                                                          \
+  do {                                                                                                \
+    const cublasStatus_t fp8serve_status_ = (call);                                                   \
+    if (fp8serve_status_ != CUBLAS_STATUS_SUCCESS) {                                                  \
+      throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " + #call + \
+                               " failed: " + cublasLtGetStatusName(fp8serve_status_) + " (" +         \
+                               cublasLtGetStatusString(fp8serve_status_) + ")");                      \
+    }                                                                                                 \
+  } while (0)
+
+namespace fp8serve::cuda {
+
+namespace {
+
+// Largest power of two (<= 256) that divides the address: what the heuristic may assume.
+uint32_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+struct PlanKey {
+  int64_t m, n, k, lda, ldb, ldd;
+  bool y_fp32, bias;
+  uint32_t align_a, align_b, align_d, align_bias;
+  bool operator==(const PlanKey&) const = default;
+};
+
+struct PlanKeyHash {
+  std::size_t operator()(const PlanKey& key) const {
+    std::size_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(static_cast<uint64_t>(key.m));
+    mix(static_cast<uint64_t>(key.n));
+    mix(static_cast<uint64_t>(key.k));
+    mix(static_cast<uint64_t>(key.lda));
+    mix(static_cast<uint64_t>(key.ldb));
+    mix(static_cast<uint64_t>(key.ldd));
+    mix((key.y_fp32 ? 1u : 0u) | (key.bias ? 2u : 0u));
+    mix((uint64_t{key.align_a} << 32) | (uint64_t{key.align_b} << 16) | key.align_d | (uint64_t{key.align_bias} << 48));
+    return h;
+  }
+};
+
+// The descriptors of one shape and the algorithm the heuristic chose for it.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+}  // namespace
+
+struct CublasLtLinear::Impl {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> plans;
+
+  Plan& plan_for(const PlanKey& key, const std::uint16_t* bias) {
+    auto it = plans.find(key);
+    if (it != plans.end()) return *it->second;
+    auto plan = std::make_unique<Plan>();
+    CUBLASLT_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t transa = CUBLAS_OP_T;
+    const cublasOperation_t transb = CUBLAS_OP_N;
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb));
+    if (key.bias) {
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+      const int32_t bias_type = CUDA_R_16BF;
+      CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                    sizeof bias_type));
+      // The heuristic reads the pointer's alignment from the descriptor.
+      CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    }
+    const cudaDataType_t d_type = key.y_fp32 ? CUDA_R_32F : CUDA_R_16BF;
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, static_cast<uint64_t>(key.k),
+                                              static_cast<uint64_t>(key.m), key.lda));
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, static_cast<uint64_t>(key.k),
+                                              static_cast<uint64_t>(key.n), key.ldb));
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan->d, d_type, static_cast<uint64_t>(key.m),
+                                              static_cast<uint64_t>(key.n), key.ldd));
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    struct PrefGuard {
+      cublasLtMatmulPreference_t p;
+      ~PrefGuard() { cublasLtMatmulPreferenceDestroy(p); }
+    } guard{pref};
+    const uint64_t max_workspace = workspace_bytes;
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
+                                                        sizeof max_workspace));
+    auto set_alignment = [&](cublasLtMatmulPreferenceAttributes_t attribute, uint32_t bytes) {
+      CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof bytes));
+    };
+    set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a);
+    set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b);
+    set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d);
+    set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d);
+    cublasLtMatmulHeuristicResult_t result{};
+    int returned = 0;
+    CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->d, plan->d, pref, 1,
+                                                  &result, &returned));
+    if (returned == 0) {
+      throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(key.n) + " x " +
+                               std::to_string(key.k) + " x " + std::to_string(key.m) +
+                               " bf16 GEMM (tokens x in x out) with these strides and alignments");
+    }
+    plan->algo = result.algo;
+    return *plans.emplace(key, std::move(plan)).first->second;
+  }
+};
+
+CublasLtLinear::CublasLtLinear(std::size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
+  CUBLASLT_CHECK(cublasLtCreate(&impl_->handle));
+  impl_->workspace_bytes = workspace_bytes;
+  if (workspace_bytes > 0) {
+    const cudaError_t err = cudaMalloc(&impl_->workspace, workspace_bytes);
+    if (err != cudaSuccess) {
+      cublasLtDestroy(impl_->handle);
+      throw_cuda_error(err, "cudaMalloc(cuBLASLt workspace)", __FILE__, __LINE__);
+    }
+  }
+}
+
+CublasLtLinear::~CublasLtLinear() {
+  impl_->plans.clear();
+  if (impl_->workspace) cudaFree(impl_->workspace);
+  if (impl_->handle) cublasLtDestroy(impl_->handle);
+}
+
+std::size_t CublasLtLinear::num_cached_plans() const { return impl_->plans.size(); }
+
+void CublasLtLinear::run(const LinearParams& p, void* stream) {
+  check_linear_params(p, "linear (cuBLASLt)");
+  if (p.num_tokens == 0) return;
+  const bool epilogue_bias = p.bias != nullptr && !p.y_fp32;
+  PlanKey key{};
+  key.m = p.out_features;
+  key.n = p.num_tokens;
+  key.k = p.in_features;
+  key.lda = p.in_features;
+  key.ldb = p.x_stride ? p.x_stride : p.in_features;
+  key.ldd = p.y_stride ? p.y_stride : p.out_features;
+  key.y_fp32 = p.y_fp32;
+  key.bias = epilogue_bias;
+  key.align_a = alignment_of(p.weight);
+  key.align_b = alignment_of(p.x);
+  key.align_d = alignment_of(p.y);
+  key.align_bias = epilogue_bias ? alignment_of(p.bias) : 0;
+  Plan& plan = impl_->plan_for(key, p.bias);
+  if (epilogue_bias) {
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof p.bias));
+  }
+  const float alpha = 1.0f;
+  const float beta = 0.0f;
+  auto cuda_stream = static_cast<cudaStream_t>(stream);
+  CUBLASLT_CHECK(cublasLtMatmul(impl_->handle, plan.desc, &alpha, p.weight, plan.a, p.x, plan.b, &beta, p.y, plan.d,
+                                p.y, plan.d, &plan.algo, impl_->workspace, impl_->workspace_bytes, cuda_stream));
+  if (p.bias != nullptr && p.y_fp32) {
+    add_bias_f32_cuda(static_cast<float*>(p.y), key.ldd, p.bias, p.num_tokens, p.out_features, cuda_stream);
+  }
+}
+
+}  // namespace fp8serve::cuda

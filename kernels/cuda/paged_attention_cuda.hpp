@@ -1,0 +1,70 @@
+#pragma once
+// CUDA paged attention over one layer's pool (kernels/paged_attention.hpp for the math,
+// kernels/paged_kv.hpp for the layout): q and out in bf16, K/V read from the FP8 (or bf16) pool
+// and converted in registers, plus the bf16 tail pool of the recent window when
+// batch.has_tail(). Decode tokens and prefill chunks may share one batch.
+//
+// Dispatch (paged_attention_cuda.cu): the kernels plan their own work on the device from
+// query_start_loc and context_lens, so the host needs none of the batch's contents and every
+// launch has a grid fixed by host-side integers (CUDA graphs capture it as is):
+//   1. decode kernel: the sequences with exactly one new token; work items (sequence, KV head,
+//      context partition), the partition size chosen on the device so that the items fill the
+//      GPU (flash-decoding when the batch is small, one partition per sequence when it is large);
+//   2. merge kernel: combines the partitions of split sequences (skipped when no context can
+//      exceed the smallest partition);
+//   3. prefill kernel: the sequences with two or more new tokens (prefill and chunked-prefill
+//      chunks); work items (sequence, KV head, tile of query tokens x the GQA group's heads);
+//      launched only when num_tokens > num_seqs.
+// Dispatch relies on PRECOND (below) that every sequence has at least one new token.
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/paged_attention.hpp"
+
+namespace fp8serve::cuda {
+
+// What the backend knows at start-up; sizes the one workspace every later call uses.
+struct PagedAttentionCudaLimits {
+  int32_t max_num_seqs = 0;  // sequences per step (--max-num-seqs)
+  int32_t num_heads = 0;     // query heads
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+};
+
+// Bytes of device workspace for any step within `limits` on the current device (the decode
+// plan and the split partitions' partial results). Throws std::invalid_argument for shapes the
+// kernels do not support (head_dim not a multiple of 16 in [16, 256], num_heads not a multiple of
+// num_kv_heads, more than 64 query heads per KV head).
+std::size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaLimits& limits);
+
+// softmax(q k^T * softmax_scale) v for every query token of params.batch, queued on `stream`.
+// Device pointers: params.q, params.out ([num_tokens, num_heads, head_dim] bf16 with token
+// strides), the pools, every array of params.batch; host values: every integer field.
+// PRECOND: kv_write for this step has run on `stream`; every sequence has at least one new
+// token; workspace (device memory, 16-byte aligned) holds paged_attention_cuda_workspace_bytes()
+// for limits that cover this call.
+// Throws std::invalid_argument when the host-visible fields break the contract (shapes, dtypes,
+// strides, a workspace too small) and std::runtime_error for CUDA errors. Device-side contents
+// are trusted as the CPU kernel checks them (kernels/cpu/paged_kv_check.hpp), except that a
+// block id outside the pool reads zeros instead of faulting.
+void paged_attention_cuda(const PagedAttentionParams& params, void* workspace, std::size_t workspace_bytes,
+                          cudaStream_t stream);
+
+// Knobs for tests and benchmarks; the defaults are what paged_attention_cuda() runs.
+struct PagedAttentionCudaOptions {
+  enum class PrefillMath : uint8_t {
+    best,  // tensor cores (bf16 mma.sync) under nvcc, the SIMT path in the emulator
+    mma,   // bf16 mma.sync (in the emulator: its fragment semantics emulated with shuffles)
+    simt,  // the portable SIMT path on CUDA cores
+  };
+  PrefillMath prefill_math = PrefillMath::best;
+  // Decode partition size in tokens: 0 = adaptive (fill the GPU), > 0 = at most this many tokens
+  // per partition (rounded up to whole blocks), < 0 = never split.
+  int32_t partition_tokens = 0;
+};
+void paged_attention_cuda(const PagedAttentionParams& params, void* workspace, std::size_t workspace_bytes,
+                          cudaStream_t stream, const PagedAttentionCudaOptions& options);
+
+}  // namespace fp8serve::cuda

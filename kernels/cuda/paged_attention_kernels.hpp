@@ -1,0 +1,90 @@
+#pragma once
+// Between paged_attention_cuda.cu (validation, dispatch, workspace) and the kernels' files
+// (paged_attention_decode.cu, paged_attention_prefill.cu): the arguments every attention kernel
+// reads, passed by value, and the launchers.
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/launch.hpp"
+#include "kernels/cuda/paged_attention_cuda.hpp"
+#include "kernels/paged_kv.hpp"
+
+namespace fp8serve::cuda::attn {
+
+// What every attention kernel reads. q/out are bf16 bits; token strides are in elements and
+// already resolved (never 0).
+struct AttentionArgs {
+  const uint16_t* q = nullptr;  // [num_tokens, num_heads, head_dim]
+  uint16_t* out = nullptr;      // [num_tokens, num_heads, head_dim]
+  int64_t q_token_stride = 0;
+  int64_t out_token_stride = 0;
+  int32_t num_heads = 0;
+  int32_t group = 0;  // query heads per KV head
+  int32_t head_dim = 0;
+  float qk_scale = 0.0f;  // softmax_scale * log2(e): scores are kept in log2 units for exp2
+  PagedKvView cache;
+  PagedKvView tail;  // read only when batch.has_tail()
+  PagedBatch batch;
+};
+
+// Decode items: (sequence, KV head, subgroup of at most decode_rows(group) of its query heads,
+// context partition); see paged_attention_decode.cu.
+struct DecodeWork {
+  int32_t* plan = nullptr;       // [num_seqs + 1] items before each sequence, written for the merge
+  float* partials = nullptr;     // per slot: [rows][dim_pad] unnormalised outputs, then [rows] (max, sum)
+  int32_t target_items = 0;      // adaptive partitions aim at about this many items (set by launch_decode)
+  int32_t partition_tokens = 0;  // 0 adaptive, > 0 fixed (a multiple of block_size), < 0 never split
+  int32_t subgroups = 0;         // per KV head: ceil(group / rows)
+  int32_t grid = 0;              // CTAs of the decode kernel, a persistent grid (set by launch_decode)
+};
+
+// Adaptive decode partitions aim at this many items per CTA of the grid.
+constexpr int32_t kTargetWaves = 2;
+// The emulator runs a grid's blocks one after another: a few CTAs, each looping over several
+// items (which exercises that loop too).
+constexpr int32_t kEmulatorDecodeGrid = 3;
+constexpr int32_t kEmulatorPrefillGrid = 2;
+
+// A persistent grid: as many CTAs of `kernel` as the device holds at once (its occupancy with
+// this shared memory, which the kernel is allowed first), emulator_grid in the emulator.
+template <class Kernel>
+int32_t persistent_grid(Kernel* kernel, int threads, std::size_t shared, int32_t sms, int32_t emulator_grid) {
+  if (shared > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+#if FP8SERVE_CUDA_EMU
+  (void)threads;
+  (void)sms;
+  return emulator_grid;
+#else
+  (void)emulator_grid;
+  int per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared));
+  return sms * (per_sm > 0 ? per_sm : 1);
+#endif
+}
+
+// Query heads one decode item serves (1, 2, 4 or 8): the whole GQA group when it has at most 8.
+int32_t decode_rows(int32_t group);
+// The compiled head dimension a head_dim runs under: the next of 32, 64, 128, 256.
+int32_t padded_head_dim(int32_t head_dim);
+// Floats of one decode partial slot for these shapes (rows * (dim_pad + 2)).
+int64_t decode_slot_floats(int32_t group, int32_t head_dim);
+// The decode kernel's persistent grid for these shapes and up to num_seqs sequences.
+int32_t decode_grid(int32_t group, int32_t head_dim, int32_t num_seqs, int32_t sms);
+// Adaptive decode partitions are never shorter than this many tokens: shorter ones cost more to
+// merge than they gain.
+constexpr int32_t kDecodeMinPartition = 256;
+
+// The decode kernel over the sequences with one new token, then (when may_split) the merge.
+// spare_slots: partial slots beyond one per (sequence, head item), which bound target_items.
+void launch_decode(const AttentionArgs& args, const DecodeWork& work, int64_t spare_slots, bool may_split,
+                   int32_t sms, cudaStream_t stream);
+
+// The prefill kernel over the sequences with two or more new tokens.
+void launch_prefill(const AttentionArgs& args, PagedAttentionCudaOptions::PrefillMath math, int32_t sms,
+                    cudaStream_t stream);
+
+}  // namespace fp8serve::cuda::attn

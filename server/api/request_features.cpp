@@ -1,0 +1,368 @@
+#include "server/api/request_features.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "server/api/request_fields.hpp"
+
+namespace fp8serve {
+
+using api_detail::Json;
+using api_detail::reject;
+using api_detail::type_name;
+
+namespace {
+
+constexpr unsigned C = kCompletionField, H = kChatField, CH = kBothEndpoints;
+constexpr FieldStatus OK = FieldStatus::supported, NO = FieldStatus::rejected, IGN = FieldStatus::ignored;
+constexpr FieldType ANY = FieldType::any, BOOL = FieldType::boolean, NUM = FieldType::number, STR = FieldType::string,
+                    OBJ = FieldType::object, ARR = FieldType::array;
+
+// Ordered as the README shows it: OpenAI's fields, then vLLM's extensions.
+const RequestFieldSpec kFields[] = {
+    // --- OpenAI, both endpoints
+    {"model", CH, OK, Refuse::never, STR, "OpenAI", "the served name (`GET /v1/models`); another name is a 404; may be omitted",
+     R"("model": null)", R"("model": 3)"},
+    {"max_tokens", CH, OK, Refuse::never, NUM, "OpenAI", "default: 16 (completions), the rest of the context (chat)",
+     R"("max_tokens": 4)", R"("max_tokens": 0)"},
+    {"temperature", CH, OK, Refuse::never, NUM, "OpenAI", "[0, 2]; 0 is greedy", R"("temperature": 0)", R"("temperature": -1)"},
+    {"top_p", CH, OK, Refuse::never, NUM, "OpenAI", "(0, 1]", R"("top_p": 0.5)", R"("top_p": 0)"},
+    {"n", CH, OK, Refuse::never, NUM, "OpenAI", "[1, 16], at most --max-num-seqs", R"("n": 2)", R"("n": 0)"},
+    {"seed", CH, OK, Refuse::never, NUM, "OpenAI", "any 64-bit integer; choice i draws from seed + i", R"("seed": 7)",
+     R"("seed": 1.5)"},
+    {"stop", CH, OK, Refuse::never, ANY, "OpenAI", "a string or up to 16 strings of at most 512 bytes", R"("stop": ["x"])",
+     R"("stop": 5)"},
+    {"stream", CH, OK, Refuse::never, BOOL, "OpenAI", "server-sent events ending with `data: [DONE]`", R"("stream": true)",
+     R"("stream": "yes")"},
+    {"stream_options", CH, OK, Refuse::never, OBJ, "OpenAI, vLLM",
+     "`include_usage`; `include_obfuscation` is ignored (no obfuscation padding is sent); vLLM's "
+     "`continuous_usage_stats: true` is rejected",
+     R"("stream": true, "stream_options": {"include_usage": true})",
+     R"("stream": true, "stream_options": {"continuous_usage_stats": true})"},
+    {"frequency_penalty", CH, OK, Refuse::never, NUM, "OpenAI", "[-2, 2]", R"("frequency_penalty": 0.5)",
+     R"("frequency_penalty": 3)"},
+    {"presence_penalty", CH, OK, Refuse::never, NUM, "OpenAI", "[-2, 2]", R"("presence_penalty": 0.5)",
+     R"("presence_penalty": 3)"},
+    {"logit_bias", CH, OK, Refuse::never, OBJ, "OpenAI",
+     "token id strings to values in [-100, 100], added to the logits before sampling (greedy too); at most 1024 entries",
+     R"("logit_bias": {"1": -100})", R"("logit_bias": {"x": 1})"},
+    {"best_of", CH, OK, Refuse::never, NUM, "OpenAI, vLLM",
+     "integer >= n: generates best_of choices, returns the n with the highest cumulative logprob; not with stream "
+     "when > n; usage counts every generated token",
+     R"("n": 1, "best_of": 2)", R"("n": 2, "best_of": 1)"},
+    {"user", CH, IGN, Refuse::never, STR, "OpenAI", "no per-user accounting or abuse monitoring here", R"("user": "u")",
+     R"("user": 3)"},
+    {"response_format", CH, NO, Refuse::custom, OBJ, "OpenAI, vLLM",
+     "`{\"type\": \"text\"}` is accepted; `json_object`, `json_schema` and `structural_tag` need structured output, "
+     "which is not supported yet; any other type is invalid",
+     R"("response_format": {"type": "text"})", R"("response_format": {"type": "json_object"})"},
+    // --- OpenAI, completions
+    {"prompt", C, OK, Refuse::never, ANY, "OpenAI", "a string, strings, token ids, or lists of token ids (up to 64 prompts)",
+     R"("prompt": "hello")", R"("prompt": 5)"},
+    {"echo", C, OK, Refuse::never, BOOL, "OpenAI", "not together with logprobs (prompt logprobs are not computed)",
+     R"("echo": true)", R"("echo": "yes")"},
+    {"logprobs", C, OK, Refuse::never, NUM, "OpenAI", "[0, 20]: the chosen token's and the top N; raw model logprobs",
+     R"("logprobs": 2)", R"("logprobs": 21)"},
+    {"suffix", C, NO, Refuse::non_empty, STR, "OpenAI", "insertion (fill-in-the-middle) is not supported; \"\" is accepted",
+     R"("suffix": "")", R"("suffix": "tail")"},
+    // --- OpenAI, chat
+    {"messages", H, OK, Refuse::never, ANY, "OpenAI", "string content or text parts; images and audio are rejected",
+     R"("messages": [{"role": "user", "content": "hi"}])", R"("messages": [])"},
+    {"max_completion_tokens", H, OK, Refuse::never, NUM, "OpenAI", "wins over max_tokens", R"("max_completion_tokens": 4)",
+     R"("max_completion_tokens": 0)"},
+    {"logprobs", H, OK, Refuse::never, BOOL, "OpenAI", "raw model logprobs of the chosen tokens", R"("logprobs": true)",
+     R"("logprobs": 1)"},
+    {"top_logprobs", H, OK, Refuse::never, NUM, "OpenAI", "[0, 20], needs logprobs: true",
+     R"("logprobs": true, "top_logprobs": 2)", R"("top_logprobs": 2)"},
+    {"tools", H, NO, Refuse::custom, ARR, "OpenAI, vLLM",
+     "tool calling is not supported yet: tools are accepted only with `tool_choice: \"none\"`, and are then not shown "
+     "to the model, so it answers in text; with `auto` (the default when tools are given) a 400",
+     R"("tools": )" "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]" R"(, "tool_choice": "none")",
+     R"("tools": [{"type": "function", "function": {"name": "f"}}])"},
+    {"tool_choice", H, NO, Refuse::custom, ANY, "OpenAI, vLLM",
+     "`none`, and `auto` without tools, are accepted; `required` and a named function force a tool call, which is "
+     "not supported yet",
+     R"("tool_choice": "none")", R"("tool_choice": "required")"},
+    {"parallel_tool_calls", H, IGN, Refuse::never, BOOL, "OpenAI, vLLM", "no tool calls are ever returned",
+     R"("parallel_tool_calls": true)", R"("parallel_tool_calls": "x")"},
+    {"functions", H, NO, Refuse::any_value, ARR, "OpenAI", "deprecated function calling is not supported",
+     R"("functions": null)", R"("functions": [{"name": "f"}])"},
+    {"function_call", H, NO, Refuse::custom, ANY, "OpenAI", "deprecated function calling is not supported; \"none\" is accepted",
+     R"("function_call": "none")", R"("function_call": "auto")"},
+    {"audio", H, NO, Refuse::any_value, OBJ, "OpenAI", "audio output is not supported", R"("audio": null)",
+     R"("audio": {"voice": "alloy", "format": "wav"})"},
+    {"modalities", H, NO, Refuse::custom, ARR, "OpenAI", "only `[\"text\"]` is accepted", R"("modalities": ["text"])",
+     R"("modalities": ["text", "audio"])"},
+    {"reasoning_effort", H, NO, Refuse::any_value, STR, "OpenAI, vLLM",
+     "no reasoning-effort control; use chat_template_kwargs (e.g. enable_thinking) where the model's template has one",
+     R"("reasoning_effort": null)", R"("reasoning_effort": "low")"},
+    {"verbosity", H, NO, Refuse::any_value, STR, "OpenAI", "no verbosity control", R"("verbosity": null)",
+     R"("verbosity": "low")"},
+    {"web_search_options", H, NO, Refuse::any_value, OBJ, "OpenAI", "no web search", R"("web_search_options": null)",
+     R"("web_search_options": {})"},
+    {"moderation", H, NO, Refuse::any_value, OBJ, "OpenAI", "no moderation policies", R"("moderation": null)",
+     R"("moderation": {"mode": "block"})"},
+    {"store", H, NO, Refuse::true_value, BOOL, "OpenAI", "completions are never stored; false is accepted",
+     R"("store": false)", R"("store": true)"},
+    {"metadata", H, IGN, Refuse::never, OBJ, "OpenAI", "only meaningful for stored completions", R"("metadata": {"k": "v"})",
+     R"("metadata": 5)"},
+    {"service_tier", H, IGN, Refuse::never, STR, "OpenAI", "one tier here", R"("service_tier": "auto")",
+     R"("service_tier": 5)"},
+    {"prediction", H, IGN, Refuse::never, OBJ, "OpenAI", "predicted outputs only speed generation up; the output is the same",
+     R"("prediction": {"type": "content", "content": "x"})", R"("prediction": 5)"},
+    {"prompt_cache_key", H, IGN, Refuse::never, STR, "OpenAI", "prefix caching is automatic (--enable-prefix-caching)",
+     R"("prompt_cache_key": "k")", R"("prompt_cache_key": 5)"},
+    {"prompt_cache_options", H, IGN, Refuse::never, OBJ, "OpenAI", "prefix caching is automatic",
+     R"("prompt_cache_options": {})", R"("prompt_cache_options": 5)"},
+    {"prompt_cache_retention", H, IGN, Refuse::never, STR, "OpenAI", "cached blocks live until evicted (LRU)",
+     R"("prompt_cache_retention": "24h")", R"("prompt_cache_retention": 5)"},
+    {"safety_identifier", H, IGN, Refuse::never, STR, "OpenAI", "no abuse monitoring here", R"("safety_identifier": "s")",
+     R"("safety_identifier": 5)"},
+    // --- vLLM's sampling extensions, both endpoints
+    {"top_k", CH, OK, Refuse::never, NUM, "vLLM", "-1 or 0: off", R"("top_k": 5)", R"("top_k": -2)"},
+    {"min_p", CH, OK, Refuse::never, NUM, "vLLM", "[0, 1]", R"("min_p": 0.1)", R"("min_p": 2)"},
+    {"repetition_penalty", CH, OK, Refuse::never, NUM, "vLLM", "(0, 2]", R"("repetition_penalty": 1.1)",
+     R"("repetition_penalty": 0)"},
+    {"stop_token_ids", CH, OK, Refuse::never, ARR, "vLLM", "besides the model's EOS ids", R"("stop_token_ids": [1])",
+     R"("stop_token_ids": [-1])"},
+    {"ignore_eos", CH, OK, Refuse::never, BOOL, "vLLM", "", R"("ignore_eos": true)", R"("ignore_eos": 1)"},
+    {"skip_special_tokens", CH, OK, Refuse::never, BOOL, "vLLM", "default true", R"("skip_special_tokens": false)",
+     R"("skip_special_tokens": "no")"},
+    {"include_stop_str_in_output", CH, OK, Refuse::never, BOOL, "vLLM", "", R"("include_stop_str_in_output": true)",
+     R"("include_stop_str_in_output": 1)"},
+    {"truncate_prompt_tokens", CH, OK, Refuse::never, NUM, "vLLM", ">= 1: keep the prompt's last N tokens",
+     R"("truncate_prompt_tokens": 2)", R"("truncate_prompt_tokens": 0)"},
+    {"allowed_token_ids", CH, OK, Refuse::never, ARR, "vLLM", "sampling only among these ids", R"("allowed_token_ids": [1, 2])",
+     R"("allowed_token_ids": [])"},
+    {"add_special_tokens", CH, OK, Refuse::never, BOOL, "vLLM", "default true (completions), false (chat: the template adds them)",
+     R"("add_special_tokens": true)", R"("add_special_tokens": 1)"},
+    {"return_tokens_as_token_ids", CH, OK, Refuse::never, BOOL, "vLLM", "logprobs tokens as `token_id:N`",
+     R"("return_tokens_as_token_ids": true)", R"("return_tokens_as_token_ids": 1)"},
+    {"use_beam_search", CH, NO, Refuse::true_value, BOOL, "vLLM", "beam search is not supported", R"("use_beam_search": false)",
+     R"("use_beam_search": true)"},
+    {"length_penalty", CH, IGN, Refuse::never, NUM, "vLLM", "only used by beam search, which is rejected",
+     R"("length_penalty": 1.0)", R"("length_penalty": "x")"},
+    {"min_tokens", CH, NO, Refuse::non_zero, NUM, "vLLM", "a minimum length is not supported; 0 is accepted",
+     R"("min_tokens": 0)", R"("min_tokens": 2)"},
+    {"spaces_between_special_tokens", CH, IGN, Refuse::never, BOOL, "vLLM",
+     "only slow Python tokenizers insert such spaces; these tokenizers decode as HF's fast ones do",
+     R"("spaces_between_special_tokens": true)", R"("spaces_between_special_tokens": 1)"},
+    {"prompt_logprobs", CH, NO, Refuse::any_value, NUM, "vLLM", "prompt logprobs are not computed",
+     R"("prompt_logprobs": null)", R"("prompt_logprobs": 1)"},
+    {"bad_words", CH, NO, Refuse::non_empty, ARR, "vLLM", "banned words are not supported; [] is accepted",
+     R"("bad_words": [])", R"("bad_words": ["x"])"},
+    {"logits_processors", CH, NO, Refuse::any_value, ARR, "vLLM", "no custom logits processors", R"("logits_processors": null)",
+     R"("logits_processors": ["m.P"])"},
+    {"priority", CH, NO, Refuse::non_zero, NUM, "vLLM", "no priority scheduling; 0 is accepted", R"("priority": 0)",
+     R"("priority": 1)"},
+    {"request_id", CH, IGN, Refuse::never, STR, "vLLM", "the server assigns every request its own id (X-Request-Id)",
+     R"("request_id": "abc")", R"("request_id": 5)"},
+    {"cache_salt", CH, NO, Refuse::any_value, STR, "vLLM", "prefix-cache salting is not implemented",
+     R"("cache_salt": null)", R"("cache_salt": "salt")"},
+    {"kv_transfer_params", CH, NO, Refuse::any_value, OBJ, "vLLM", "no disaggregated serving", R"("kv_transfer_params": null)",
+     R"("kv_transfer_params": {})"},
+    {"vllm_xargs", CH, NO, Refuse::any_value, OBJ, "vLLM", "no custom extensions", R"("vllm_xargs": null)",
+     R"("vllm_xargs": {"a": 1})"},
+    {"guided_json", CH, NO, Refuse::any_value, ANY, "vLLM", "structured output is not supported yet",
+     R"("guided_json": null)", R"("guided_json": {"type": "object"})"},
+    {"guided_regex", CH, NO, Refuse::any_value, STR, "vLLM", "structured output is not supported yet",
+     R"("guided_regex": null)", R"("guided_regex": "a+")"},
+    {"guided_choice", CH, NO, Refuse::any_value, ARR, "vLLM", "structured output is not supported yet",
+     R"("guided_choice": null)", R"("guided_choice": ["a", "b"])"},
+    {"guided_grammar", CH, NO, Refuse::any_value, STR, "vLLM", "structured output is not supported yet",
+     R"("guided_grammar": null)", R"("guided_grammar": "root ::= \"a\"")"},
+    {"structured_outputs", CH, NO, Refuse::any_value, OBJ, "vLLM", "structured output is not supported yet",
+     R"("structured_outputs": null)", R"("structured_outputs": {"choice": ["a"]})"},
+    {"guided_decoding_backend", CH, IGN, Refuse::never, STR, "vLLM", "only picks the backend of guided decoding, which is rejected",
+     R"("guided_decoding_backend": "xgrammar")", R"("guided_decoding_backend": 5)"},
+    {"guided_whitespace_pattern", CH, IGN, Refuse::never, STR, "vLLM", "only used by guided decoding, which is rejected",
+     R"("guided_whitespace_pattern": " ")", R"("guided_whitespace_pattern": 5)"},
+    // --- vLLM, completions
+    {"prompt_embeds", C, NO, Refuse::any_value, ANY, "vLLM", "prompts are text or token ids", R"("prompt_embeds": null)",
+     R"("prompt_embeds": "AAAA")"},
+    // --- vLLM, chat
+    {"add_generation_prompt", H, OK, Refuse::never, BOOL, "vLLM", "default true", R"("add_generation_prompt": false)",
+     R"("add_generation_prompt": 1)"},
+    {"continue_final_message", H, OK, Refuse::never, BOOL, "vLLM",
+     "the prompt ends inside the last message (as transformers does it); not with add_generation_prompt: true",
+     R"("messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}], )"
+     R"("continue_final_message": true, "add_generation_prompt": false)",
+     R"("continue_final_message": true, "add_generation_prompt": true)"},
+    {"chat_template_kwargs", H, OK, Refuse::never, OBJ, "vLLM", "extra template variables, e.g. enable_thinking",
+     R"("chat_template_kwargs": {"enable_thinking": false})", R"("chat_template_kwargs": [])"},
+    {"documents", H, OK, Refuse::never, ARR, "vLLM", "passed to the template as `documents` (RAG templates)",
+     R"("documents": [{"title": "t", "text": "x"}])", R"("documents": "doc")"},
+    {"echo", H, NO, Refuse::true_value, BOOL, "vLLM", "echoing the last message is not supported; false is accepted",
+     R"("echo": false)", R"("echo": true)"},
+    {"include_reasoning", H, NO, Refuse::false_value, BOOL, "vLLM",
+     "no reasoning parser: reasoning stays in the content, so only true (the default) is accepted",
+     R"("include_reasoning": true)", R"("include_reasoning": false)"},
+    {"chat_template", H, NO, Refuse::any_value, STR, "vLLM",
+     "a per-request template is not accepted; start the server with --chat-template FILE", R"("chat_template": null)",
+     R"("chat_template": "{{ messages }}")"},
+    {"mm_processor_kwargs", H, NO, Refuse::any_value, OBJ, "vLLM", "no multimodal input", R"("mm_processor_kwargs": null)",
+     R"("mm_processor_kwargs": {})"},
+    {"structural_tag", H, NO, Refuse::any_value, STR, "vLLM", "structured output is not supported yet",
+     R"("structural_tag": null)", R"("structural_tag": "{}")"},
+};
+
+bool has_type(const Json& v, FieldType type) {
+  switch (type) {
+    case FieldType::any: return true;
+    case FieldType::boolean: return v.is_boolean();
+    case FieldType::number: return v.is_number();
+    case FieldType::string: return v.is_string();
+    case FieldType::object: return v.is_object();
+    case FieldType::array: return v.is_array();
+  }
+  return true;
+}
+
+const char* type_word(FieldType type) {
+  switch (type) {
+    case FieldType::any: return "a value";
+    case FieldType::boolean: return "a boolean";
+    case FieldType::number: return "a number";
+    case FieldType::string: return "a string";
+    case FieldType::object: return "an object";
+    case FieldType::array: return "a list";
+  }
+  return "a value";
+}
+
+[[noreturn]] void unsupported(const std::string& param, const std::string& what) {
+  reject(param, "'" + param + "' is not supported by this server: " + what + ".", "unsupported_parameter");
+}
+
+const RequestFieldSpec* find_spec(const std::string& name, ApiKind kind) {
+  const unsigned endpoint = kind == ApiKind::chat ? kChatField : kCompletionField;
+  for (const RequestFieldSpec& spec : kFields)
+    if ((spec.endpoints & endpoint) != 0 && name == spec.name) return &spec;
+  return nullptr;
+}
+
+void check_response_format(const Json& format) {
+  const Json* type = format.contains("type") ? &format["type"] : nullptr;
+  if (type == nullptr || !type->is_string())
+    reject("response_format.type", "'response_format.type' must be a string: text, json_object or json_schema.");
+  const std::string& name = type->get_ref<const std::string&>();
+  if (name == "text") return;
+  if (name == "json_object" || name == "json_schema" || name == "structural_tag")
+    reject("response_format",
+           "response_format type '" + name +
+               "' asks for structured output, which this server does not support yet; omit response_format or "
+               "send {\"type\": \"text\"}.",
+           "unsupported_parameter");
+  reject("response_format.type", "'response_format.type' must be one of text, json_object, json_schema, got '" + name + "'.");
+}
+
+void check_tools(const Json& tools) {
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const Json& tool = tools[i];
+    const std::string param = "tools[" + std::to_string(i) + "]";
+    if (!tool.is_object() || tool.value("type", "") != "function" || !tool.contains("function") ||
+        !tool["function"].is_object() || !tool["function"].contains("name") || !tool["function"]["name"].is_string())
+      reject(param, "'" + param + "' must be {\"type\": \"function\", \"function\": {\"name\": ..., ...}}.");
+  }
+}
+
+// Tool calling is not implemented: no request may leave it to the model to answer with a call.
+// With "none" the tools are accepted but not rendered into the prompt: a model that sees them may
+// still write a call in its own syntax, which would reach the client as plain text.
+void check_tool_choice(const Json* tools, const Json* choice) {
+  const bool has_tools = tools != nullptr && !tools->empty();
+  if (tools != nullptr) check_tools(*tools);
+  std::string mode = has_tools ? "auto" : "none";
+  if (choice != nullptr) {
+    if (choice->is_string()) {
+      mode = choice->get<std::string>();
+      if (mode != "none" && mode != "auto" && mode != "required")
+        reject("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or a named function, got '" + mode + "'.");
+    } else if (choice->is_object()) {
+      const std::string name = choice->contains("function") && (*choice)["function"].is_object()
+                                   ? (*choice)["function"].value("name", "")
+                                   : std::string();
+      reject("tool_choice", "'tool_choice' names the function '" + name +
+                                "': forcing a tool call is not supported by this server yet (no tool calling).",
+             "unsupported_parameter");
+    } else {
+      reject("tool_choice", "'tool_choice' must be a string or an object, got " + type_name(*choice) + ".");
+    }
+  }
+  if (mode == "required")
+    reject("tool_choice", "'tool_choice': \"required\" forces a tool call, which this server does not support yet.",
+           "unsupported_parameter");
+  if (mode == "auto" && has_tools)
+    reject("tools",
+           "tool calling is not supported by this server yet: with 'tools' and tool_choice \"auto\" (the default "
+           "when tools are given) a tool call could not be returned. Send \"tool_choice\": \"none\" to have the "
+           "model answer in text (the tools are then not shown to it), or omit 'tools'.",
+           "unsupported_parameter");
+}
+
+void check_rule(const RequestFieldSpec& spec, const Json& v) {
+  switch (spec.refuse) {
+    case Refuse::never:
+    case Refuse::custom:
+      return;
+    case Refuse::any_value:
+      unsupported(spec.name, spec.note);
+    case Refuse::true_value:
+      if (v.get<bool>()) unsupported(spec.name, spec.note);
+      return;
+    case Refuse::false_value:
+      if (!v.get<bool>()) unsupported(spec.name, spec.note);
+      return;
+    case Refuse::non_empty:  // (nlohmann's empty() is false for every string)
+      if (v.is_string() ? !v.get_ref<const std::string&>().empty() : !v.empty()) unsupported(spec.name, spec.note);
+      return;
+    case Refuse::non_zero:
+      if (v.get<double>() != 0) unsupported(spec.name, spec.note);
+      return;
+  }
+}
+
+}  // namespace
+
+std::span<const RequestFieldSpec> request_field_specs() { return kFields; }
+
+const char* field_status_name(FieldStatus status) {
+  switch (status) {
+    case FieldStatus::supported: return "supported";
+    case FieldStatus::rejected: return "rejected";
+    case FieldStatus::ignored: return "ignored";
+  }
+  return "supported";
+}
+
+void check_request_fields(const Json& body, ApiKind kind) {
+  for (const auto& [key, value] : body.items()) {
+    const RequestFieldSpec* spec = find_spec(key, kind);
+    if (spec == nullptr)
+      reject(key, "Unknown parameter: '" + key + "'. This server rejects fields it does not know rather than ignore "
+                      "them; the README's API section lists every field it accepts.",
+             "unknown_parameter");
+    if (value.is_null() || spec->status == FieldStatus::supported) continue;  // the parser checks its own fields
+    if (!has_type(value, spec->type))
+      reject(key, "'" + key + "' must be " + type_word(spec->type) + ", got " + type_name(value) + ".");
+    check_rule(*spec, value);
+  }
+  if (kind != ApiKind::chat) {
+    if (const auto it = body.find("response_format"); it != body.end() && !it->is_null()) check_response_format(*it);
+    return;
+  }
+  auto present = [&](const char* key) -> const Json* {
+    const auto it = body.find(key);
+    return it == body.end() || it->is_null() ? nullptr : &*it;
+  };
+  if (const Json* format = present("response_format")) check_response_format(*format);
+  if (const Json* modalities = present("modalities")) {
+    for (const Json& m : *modalities)
+      if (m != "text") unsupported("modalities", "only text output; got " + m.dump());
+  }
+  if (const Json* call = present("function_call"); call != nullptr && *call != "none")
+    unsupported("function_call", "deprecated function calling is not supported; use tool_choice: \"none\" or omit it");
+  check_tool_choice(present("tools"), present("tool_choice"));
+}
+
+}  // namespace fp8serve

@@ -1,0 +1,105 @@
+// The kernels of attention_primitives.hpp.
+#include "tests/unit/gpu/attention_primitives.hpp"
+
+#include "kernels/cuda/attention_device.cuh"
+#include "kernels/cuda/device.hpp"
+
+namespace fp8serve::cuda::attn_test {
+namespace {
+
+using namespace fp8serve::cuda::attn;
+
+__global__ void decode_fp8_kernel(uint32_t* out) {
+  const int word = static_cast<int>(threadIdx.x);  // 64 threads, codes 4 word .. 4 word + 3
+  const uint32_t packed = static_cast<uint32_t>(4 * word) | static_cast<uint32_t>(4 * word + 1) << 8 |
+                          static_cast<uint32_t>(4 * word + 2) << 16 | static_cast<uint32_t>(4 * word + 3) << 24;
+  float x[4];
+  fp8x4_to_float(packed, x);
+  for (int i = 0; i < 4; ++i) out[4 * word + i] = __float_as_uint(x[i]);
+}
+
+__global__ void pack_bf16_kernel(const float* a, const float* b, uint32_t* out, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = pack_bf16x2(a[i], b[i]);
+}
+
+// PTX's m16n8k16 fragments (attention_device.cuh) loaded from row-major A, B, C.
+__global__ void mma_kernel(const uint16_t* a, const uint16_t* b, const float* c, float* d) {
+  const int lane = static_cast<int>(threadIdx.x), g = lane / 4, t = lane % 4;
+  auto a_pair = [&](int row, int col) { return uint32_t{a[row * 16 + col]} | uint32_t{a[row * 16 + col + 1]} << 16; };
+  auto b_pair = [&](int k, int col) { return uint32_t{b[k * 8 + col]} | uint32_t{b[(k + 1) * 8 + col]} << 16; };
+  const uint32_t af[4] = {a_pair(g, 2 * t), a_pair(g + 8, 2 * t), a_pair(g, 2 * t + 8), a_pair(g + 8, 2 * t + 8)};
+  const uint32_t bf[2] = {b_pair(2 * t, g), b_pair(2 * t + 8, g)};
+  float df[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t], c[(g + 8) * 8 + 2 * t + 1]};
+  mma_bf16_16816(df, af, bf);
+  d[g * 8 + 2 * t] = df[0];
+  d[g * 8 + 2 * t + 1] = df[1];
+  d[(g + 8) * 8 + 2 * t] = df[2];
+  d[(g + 8) * 8 + 2 * t + 1] = df[3];
+}
+
+__global__ void scan_kernel(const int* counts, int n, int* out) {
+  FP8SERVE_SHARED(int[4], scratch);
+  FP8SERVE_DYNAMIC_SHARED(int, prefix);
+  block_exclusive_scan(n, 128, [&](int i) { return counts[i]; }, prefix, scratch);
+  for (int i = static_cast<int>(threadIdx.x); i <= n; i += 128) out[i] = prefix[i];
+}
+
+template <class T>
+std::vector<T> download(const DeviceBuffer& buffer, std::size_t n) {
+  std::vector<T> host(n);
+  buffer.copy_to_host(host.data(), n * sizeof(T));
+  return host;
+}
+
+}  // namespace
+
+std::array<uint32_t, 256> decode_fp8_codes() {
+  DeviceBuffer out(256 * sizeof(uint32_t));
+  FP8SERVE_LAUNCH(decode_fp8_kernel, dim3(1), dim3(64), 0, nullptr, static_cast<uint32_t*>(out.data()));
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::array<uint32_t, 256> bits{};
+  out.copy_to_host(bits.data(), sizeof bits);
+  return bits;
+}
+
+std::vector<uint32_t> pack_bf16_pairs(const std::vector<float>& a, const std::vector<float>& b) {
+  const int n = static_cast<int>(a.size());
+  DeviceBuffer da(a.size() * sizeof(float)), db(b.size() * sizeof(float)), out(a.size() * sizeof(uint32_t));
+  da.copy_from_host(a.data(), a.size() * sizeof(float));
+  db.copy_from_host(b.data(), b.size() * sizeof(float));
+  FP8SERVE_LAUNCH(pack_bf16_kernel, dim3(static_cast<unsigned>((n + 127) / 128)), dim3(128), 0, nullptr,
+                  static_cast<const float*>(da.data()), static_cast<const float*>(db.data()),
+                  static_cast<uint32_t*>(out.data()), n);
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return download<uint32_t>(out, a.size());
+}
+
+std::vector<float> mma_16816(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
+                             const std::vector<float>& c) {
+  DeviceBuffer da(256 * 2), db(128 * 2), dc(128 * 4), dd(128 * 4);
+  da.copy_from_host(a.data(), 256 * 2);
+  db.copy_from_host(b.data(), 128 * 2);
+  dc.copy_from_host(c.data(), 128 * 4);
+  FP8SERVE_LAUNCH(mma_kernel, dim3(1), dim3(32), 0, nullptr, static_cast<const uint16_t*>(da.data()),
+                  static_cast<const uint16_t*>(db.data()), static_cast<const float*>(dc.data()),
+                  static_cast<float*>(dd.data()));
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return download<float>(dd, 128);
+}
+
+std::vector<int> block_scan(const std::vector<int>& counts) {
+  const int n = static_cast<int>(counts.size());
+  DeviceBuffer in(counts.size() * sizeof(int) + 4), out((counts.size() + 1) * sizeof(int));
+  in.copy_from_host(counts.data(), counts.size() * sizeof(int));
+  FP8SERVE_LAUNCH(scan_kernel, dim3(1), dim3(128), (counts.size() + 1) * sizeof(int), nullptr,
+                  static_cast<const int*>(in.data()), n, static_cast<int*>(out.data()));
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return download<int>(out, counts.size() + 1);
+}
+
+}  // namespace fp8serve::cuda::attn_test

@@ -1,0 +1,89 @@
+#pragma once
+// A test-only Backend: the CPU backend with every activation rounded to bf16 where the CUDA
+// backend stores one - after each op, its outputs; the fused residual norm split into the add,
+// the rounding of the stream, then the norm of the rounded stream, as the CUDA kernel does. Its
+// arithmetic is otherwise the CPU's fp32, so the CUDA forward pass must agree with it far more
+// tightly than with the plain fp32 CPU backend: what remains is summation order and expf, which
+// can flip a bf16 (or FP8) rounding only for values within ~2^-20 of a boundary.
+#include <cmath>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "kernels/bf16.hpp"
+#include "kernels/cpu/cpu_backend.hpp"
+
+namespace fp8serve::gpu_test {
+
+class Bf16RoundingBackend final : public Backend {
+ public:
+  Bf16RoundingBackend() : pool_(2), cpu_(pool_) {}
+
+  std::string_view name() const override { return "cpu (bf16 activations)"; }
+  ActDtype activation_dtype() const override { return ActDtype::f32; }
+  std::string describe() const override { return cpu_.describe() + ", activations rounded to bf16"; }
+  void* allocate(std::size_t bytes) override { return cpu_.allocate(bytes); }
+  void free(void* ptr) override { cpu_.free(ptr); }
+  void copy_to_device(void* d, const void* s, std::size_t n, Stream st) override { cpu_.copy_to_device(d, s, n, st); }
+  void copy_to_host(void* d, const void* s, std::size_t n, Stream st) override { cpu_.copy_to_host(d, s, n, st); }
+  void synchronize(Stream) override {}
+  void copy_blocks(const CopyBlocksParams& p, Stream st) override { cpu_.copy_blocks(p, st); }
+  void set_rope_table(const std::vector<float>& f, int64_t n) override { cpu_.set_rope_table(f, n); }
+  void kv_spill(const KvSpillParams& p, Stream st) override { cpu_.kv_spill(p, st); }
+  void kv_write(const KvWriteParams& p, Stream st) override { cpu_.kv_write(p, st); }
+  void gather_rows(const GatherRowsParams& p, Stream st) override { cpu_.gather_rows(p, st); }
+  void embedding(const EmbeddingParams& p, Stream st) override { cpu_.embedding(p, st); }  // bf16 values already
+
+  void rms_norm(const RmsNormParams& p, Stream st) override {
+    const int64_t width = p.num_heads * p.dim;
+    RmsNormParams plain = p;
+    if (p.residual != nullptr) {
+      const int64_t x_stride = p.x_token_stride ? p.x_token_stride : width;
+      const int64_t r_stride = p.residual_token_stride ? p.residual_token_stride : width;
+      auto* r = static_cast<float*>(p.residual);
+      const auto* x = static_cast<const float*>(p.x);
+      for (int64_t t = 0; t < p.num_tokens; ++t)
+        for (int64_t i = 0; i < width; ++i) r[t * r_stride + i] = round(r[t * r_stride + i] + x[t * x_stride + i]);
+      plain.x = p.residual;
+      plain.x_token_stride = r_stride;
+      plain.residual = nullptr;
+    }
+    cpu_.rms_norm(plain, st);
+    round_rows(p.out, p.num_tokens, width, p.out_token_stride ? p.out_token_stride : width);
+  }
+  void linear(const LinearParams& p, Stream st) override {
+    cpu_.linear(p, st);
+    if (!p.y_fp32) round_rows(p.y, p.num_tokens, p.out_features, p.y_stride ? p.y_stride : p.out_features);
+  }
+  void rope(const RopeParams& p, Stream st) override {
+    cpu_.rope(p, st);
+    const int64_t qw = p.num_q_heads * p.head_dim, kw = p.num_kv_heads * p.head_dim;
+    if (p.q) round_rows(p.q, p.num_tokens, qw, p.q_token_stride ? p.q_token_stride : qw);
+    if (p.k) round_rows(p.k, p.num_tokens, kw, p.k_token_stride ? p.k_token_stride : kw);
+  }
+  void paged_attention(const PagedAttentionParams& p, Stream st) override {
+    cpu_.paged_attention(p, st);
+    const int64_t w = static_cast<int64_t>(p.num_heads) * p.cache.head_dim;
+    round_rows(p.out, p.batch.num_tokens, w, p.out_token_stride ? p.out_token_stride : w);
+  }
+  void silu_mul(const SiluMulParams& p, Stream st) override {
+    cpu_.silu_mul(p, st);
+    round_rows(p.out, p.num_tokens, p.dim, p.out_token_stride ? p.out_token_stride : p.dim);
+  }
+  void residual_add(const ResidualAddParams& p, Stream st) override {
+    cpu_.residual_add(p, st);
+    round_rows(p.residual, 1, p.num_elements, p.num_elements);
+  }
+
+ private:
+  static float round(float v) { return bf16_decode(bf16_encode(v)); }
+  static void round_rows(void* base, int64_t rows, int64_t width, int64_t stride) {
+    auto* f = static_cast<float*>(base);
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t i = 0; i < width; ++i) f[t * stride + i] = round(f[t * stride + i]);
+  }
+
+  cpu::ThreadPool pool_;
+  cpu::CpuBackend cpu_;
+};
+
+}  // namespace fp8serve::gpu_test

@@ -1,0 +1,223 @@
+// [gpu] The whole forward pass (model/transformer.cpp) on the CUDA backend against the CPU
+// backend, for the tiny fixture models (Llama with llama3 rope scaling, Qwen2 with the QKV bias,
+// Qwen3 with q/k norm): two sequences prefilled in one step, then decoded together greedily,
+// with a bf16 and an FP8 pool.
+//
+// Which attention. Until branch cudaattn's CUDA paged attention is merged, the CUDA backend's
+// attention is a stub that throws; the first test then runs attention on the host
+// (host_attention_backend.hpp) and every other op - embedding, the fused norms, the projections
+// (the portable GEMM in the emulator, cuBLASLt on a GPU), q/k norm, RoPE, kv_write with its
+// calibration, SiLU·mul, the gathers - on the CUDA backend. The second test runs the CUDA backend
+// alone and reports itself pending while the stub is in place.
+//
+// Two references, two tolerances (worst figures measured in the emulator are printed by the run):
+//  - The CPU backend with every activation rounded to bf16 where the CUDA backend stores one
+//    (bf16_rounding_backend.hpp). Only summation order and expf differ, which flip a bf16 or FP8
+//    rounding only for values within ~2^-20 of a boundary: measured 0 to 0.7% of the row's
+//    largest |logit|, cosine >= 0.999985. Asserted: 2% and 0.9999, greedy tokens equal unless
+//    the reference's top two logits are within 0.05. A wrong stride, a missing bias, a stale
+//    scale or a misplaced K byte moves the logits by tens of percent. With the CUDA attention
+//    (not the host's) the attention's own rounding differs too (bf16 probabilities, another
+//    summation order): ~2^-9 on its output, which in the next layer moves a K or V element across
+//    an FP8 rounding boundary (steps of 2^-4) about once in 30 - with an FP8 pool that measured
+//    2.6% (cosine 0.99958) on tiny-qwen3 in the emulator, so there: 6% and 0.999.
+//  - The plain fp32 CPU backend. Here bf16 activations themselves (2^-9 relative per rounding,
+//    ~12 roundings per layer) move the logits: measured up to 5.8% (bf16 pool) and 22% (FP8 pool:
+//    the 3-bit mantissa amplifies a K/V that differs by a bf16 ulp), cosine >= 0.998 / 0.978 -
+//    exactly what the bf16-rounding CPU shows against the fp32 one, also printed, so it is the
+//    dtype, not the kernels. Asserted: 10% / 0.995 and 35% / 0.96, greedy tokens equal unless
+//    the fp32 top two are within 0.1 (0.3 with FP8); after a near-tie the sequence is compared no
+//    further (its tokens diverge legitimately).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+#include "cuda_test_util.hpp"
+#include "bf16_rounding_backend.hpp"
+#include "host_attention_backend.hpp"
+#include "kernels/cpu/cpu_backend.hpp"
+#include "model/loader.hpp"
+#include "model/transformer.hpp"
+
+using namespace fp8serve;
+using namespace fp8serve::gpu_test;
+
+namespace {
+
+constexpr int kBlockSize = 16;
+
+struct GreedyRun {
+  std::vector<std::vector<float>> logits;  // per step: [num_seqs * vocab]
+  std::vector<std::vector<int32_t>> tokens;  // per sequence: the greedy tokens
+};
+
+int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
+
+// Two sequences: one prefill step for both, then `steps` decode steps, greedy.
+GreedyRun run_greedy(Backend& backend, const LoadedModel& model, const std::vector<std::vector<int32_t>>& prompts,
+                     int steps, KvDtype dtype) {
+  const ModelConfig& c = model.config;
+  TransformerOptions options;
+  options.kv_dtype = dtype;
+  options.block_size = kBlockSize;
+  options.num_blocks = 32;
+  options.max_num_tokens = 128;
+  options.max_num_seqs = 4;
+  options.max_model_len = 128;
+  Transformer transformer(c, model.weights, backend, options);
+  const auto num_seqs = static_cast<int32_t>(prompts.size());
+  const int32_t max_blocks = options.max_model_len / kBlockSize;
+  // Sequence s owns blocks [s * max_blocks, (s + 1) * max_blocks) in reverse order, so tables
+  // are not the identity.
+  std::vector<int32_t> tables(static_cast<std::size_t>(num_seqs * max_blocks));
+  for (int32_t s = 0; s < num_seqs; ++s)
+    for (int32_t b = 0; b < max_blocks; ++b) tables[static_cast<std::size_t>(s * max_blocks + b)] = (s + 1) * max_blocks - 1 - b;
+  auto slot = [&](int32_t s, int32_t pos) {
+    return static_cast<int64_t>(tables[static_cast<std::size_t>(s * max_blocks + pos / kBlockSize)]) * kBlockSize +
+           pos % kBlockSize;
+  };
+  const auto layers = static_cast<std::size_t>(c.num_layers);
+  std::vector<float> k_scales(layers * num_seqs, 1.0f), v_scales(k_scales.size(), 1.0f);
+  GreedyRun run;
+  run.tokens.resize(prompts.size());
+  std::vector<int32_t> lengths(prompts.size(), 0);
+  for (int step = 0; step <= steps; ++step) {
+    std::vector<int32_t> ids, positions, qsl{0}, ctx, rows;
+    std::vector<int64_t> slots;
+    for (int32_t s = 0; s < num_seqs; ++s) {
+      const std::vector<int32_t> fresh = step == 0 ? prompts[static_cast<std::size_t>(s)]
+                                                   : std::vector<int32_t>{run.tokens[static_cast<std::size_t>(s)].back()};
+      for (const int32_t id : fresh) {
+        ids.push_back(id);
+        positions.push_back(lengths[static_cast<std::size_t>(s)]);
+        slots.push_back(slot(s, lengths[static_cast<std::size_t>(s)]));
+        ++lengths[static_cast<std::size_t>(s)];
+      }
+      qsl.push_back(static_cast<int32_t>(ids.size()));
+      ctx.push_back(lengths[static_cast<std::size_t>(s)]);
+      rows.push_back(static_cast<int32_t>(ids.size()) - 1);
+    }
+    const std::vector<uint8_t> calibrate(prompts.size(), step == 0 ? 1 : 0);
+    std::vector<float> logits(rows.size() * static_cast<std::size_t>(c.vocab_size));
+    ForwardBatch batch;
+    batch.token_ids = ids;
+    batch.positions = positions;
+    batch.query_start_loc = qsl;
+    batch.context_lens = ctx;
+    batch.block_tables = tables;
+    batch.max_blocks_per_seq = max_blocks;
+    batch.slot_mapping = slots;
+    batch.k_scales = k_scales;
+    batch.v_scales = v_scales;
+    batch.calibrate = calibrate;
+    batch.sample_rows = rows;
+    transformer.forward(batch, logits);
+    for (int32_t s = 0; s < num_seqs; ++s) {
+      run.tokens[static_cast<std::size_t>(s)].push_back(argmax(logits.data() + s * c.vocab_size, c.vocab_size));
+    }
+    run.logits.push_back(std::move(logits));
+  }
+  return run;
+}
+
+struct Tolerance {
+  double max_error_fraction;  // of the row's largest |logit|
+  double min_cosine;
+  double near_tie;            // CPU top-2 gap below which greedy tokens may differ
+};
+constexpr Tolerance kTight{0.02, 0.9999, 0.05};    // against the bf16-rounding CPU backend
+constexpr Tolerance kTightFp8CudaAttention{0.06, 0.999, 0.05};  // the same, CUDA attention, FP8 pool
+constexpr Tolerance kLoose{0.1, 0.995, 0.1};       // against the fp32 CPU, bf16 pool
+constexpr Tolerance kLooseFp8{0.35, 0.96, 0.3};    // against the fp32 CPU, FP8 pool
+
+void compare_runs(const std::string& name, const GreedyRun& gpu, const GreedyRun& cpu, int64_t vocab, const Tolerance& tol) {
+  const std::size_t num_seqs = cpu.tokens.size();
+  std::vector<bool> diverged(num_seqs, false);
+  double worst_fraction = 0.0, worst_cosine = 1.0;
+  int equal_tokens = 0, compared_tokens = 0;
+  for (std::size_t step = 0; step < cpu.logits.size(); ++step) {
+    for (std::size_t s = 0; s < num_seqs; ++s) {
+      if (diverged[s]) continue;
+      const float* g = gpu.logits[step].data() + static_cast<int64_t>(s) * vocab;
+      const float* r = cpu.logits[step].data() + static_cast<int64_t>(s) * vocab;
+      double max_abs = 0.0, max_err = 0.0, dot = 0.0, ng = 0.0, nr = 0.0;
+      for (int64_t i = 0; i < vocab; ++i) {
+        max_abs = std::max(max_abs, std::fabs(static_cast<double>(r[i])));
+        max_err = std::max(max_err, std::fabs(static_cast<double>(g[i]) - r[i]));
+        dot += static_cast<double>(g[i]) * r[i];
+        ng += static_cast<double>(g[i]) * g[i];
+        nr += static_cast<double>(r[i]) * r[i];
+      }
+      const double fraction = max_err / max_abs, cosine = dot / std::sqrt(ng * nr);
+      worst_fraction = std::max(worst_fraction, fraction);
+      worst_cosine = std::min(worst_cosine, cosine);
+      INFO(name << " step " << step << " sequence " << s);
+      CHECK(fraction < tol.max_error_fraction);
+      CHECK(cosine > tol.min_cosine);
+      const int32_t cpu_token = cpu.tokens[s][step], gpu_token = gpu.tokens[s][step];
+      ++compared_tokens;
+      equal_tokens += gpu_token == cpu_token;
+      if (gpu_token != cpu_token) {
+        std::vector<float> sorted(r, r + vocab);
+        std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+        CHECK(sorted[0] - sorted[1] < tol.near_tie);  // only a near-tie may go the other way
+        diverged[s] = true;
+      }
+    }
+  }
+  std::printf("[forward cuda] %-44s worst logit error %.4f of max |logit|, cosine %.7f, greedy %d/%d equal\n",
+              name.c_str(), worst_fraction, worst_cosine, equal_tokens, compared_tokens);
+}
+
+void check_model(const std::string& name, bool host_attention) {
+  const LoadedModel model = load_model(std::string(FP8SERVE_FIXTURES_DIR) + "/models/" + name);
+  const std::vector<std::vector<int32_t>> prompts{{1, 15, 200, 33, 7, 400, 12, 90, 300, 5, 64, 22, 480, 3, 77, 101, 9, 250, 11},
+                                                  {5, 300, 41, 8}};
+  const int steps = kEmulated ? 6 : 24;
+  const int64_t vocab = model.config.vocab_size;
+  for (const KvDtype dtype : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+    std::unique_ptr<Backend> gpu = cuda_backend_or_skip();
+    if (!gpu) return;
+    if (host_attention) gpu = std::make_unique<HostAttentionBackend>(std::move(gpu));
+    const GreedyRun got = run_greedy(*gpu, model, prompts, steps, dtype);
+    Bf16RoundingBackend rounding;
+    const GreedyRun bf16_reference = run_greedy(rounding, model, prompts, steps, dtype);
+    cpu::ThreadPool pool(2);
+    cpu::CpuBackend cpu(pool);
+    const GreedyRun fp32_reference = run_greedy(cpu, model, prompts, steps, dtype);
+
+    const bool fp8 = dtype == KvDtype::fp8_e4m3;
+    const std::string label = name + (fp8 ? " fp8 KV" : " bf16 KV") + (host_attention ? " (host attn)" : "");
+    compare_runs(label + " vs bf16 CPU", got, bf16_reference, vocab, fp8 && !host_attention ? kTightFp8CudaAttention : kTight);
+    compare_runs(label + " vs fp32 CPU", got, fp32_reference, vocab, fp8 ? kLooseFp8 : kLoose);
+    compare_runs(name + (fp8 ? " fp8 KV" : " bf16 KV") + ": bf16 CPU vs fp32 CPU", bf16_reference, fp32_reference, vocab,
+                 fp8 ? kLooseFp8 : kLoose);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("forward on the CUDA backend (attention on the host) matches the CPU backend", "[gpu][forward]") {
+  for (const char* name : {"tiny-llama", "tiny-qwen2", "tiny-qwen3"}) {
+    DYNAMIC_SECTION(name) { check_model(name, true); }
+  }
+}
+
+TEST_CASE("forward on the CUDA backend alone (CUDA paged attention) matches the CPU backend", "[gpu][forward]") {
+  if (cuda::device_count() == 0) return;
+  try {
+    auto probe = cuda::make_cuda_backend(0);
+    probe->paged_attention(PagedAttentionParams{}, Stream{});
+  } catch (const std::logic_error& e) {
+    if (std::string(e.what()).find("not built yet") != std::string::npos) {
+      WARN("pending: the CUDA paged attention (branch cudaattn) is not merged yet: " << e.what());
+      return;
+    }
+  } catch (const std::exception&) {
+    // the real kernels reject empty params: they are there
+  }
+  for (const char* name : {"tiny-llama", "tiny-qwen2", "tiny-qwen3"}) {
+    DYNAMIC_SECTION(name) { check_model(name, false); }
+  }
+}

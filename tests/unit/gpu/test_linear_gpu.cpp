@@ -1,0 +1,146 @@
+// [gpu] The projections: the CUDA backend's linear (cuBLASLt on a GPU, the portable GEMM in the
+// emulator) and the portable GEMM itself, against the CPU op (linear_cpu) on the same bf16 x
+// widened to fp32 and the same bf16 weights: Llama-3-8B's qkv / gate_up / down (GPU), SmolLM2
+// and Qwen2-0.5B shapes with the QKV bias (emulator too), the LM head's fp32 logits, row
+// strides on both sides, 1 to 300 tokens.
+//
+// Tolerance, per element: the two fp32 dot products differ only in summation order, each within
+// (K - 1) u sum|x w| of the exact value (u = 2^-24; the standard bound), so they differ by at
+// most 2 K u sum|x w|; the bias adds one rounding of |y|. A bf16 y then adds half a bf16 ulp:
+//   |y_gpu - y_cpu| <= 2^-8 |y_cpu| + 2.1 K u (sum|x w| + |bias|)      (fp32 y: no 2^-8 term)
+// cuBLASLt's tensor cores accumulate in fp32 but may round their partial sums differently
+// (split-K, truncating alignment), so its sum term gets a factor 4 over the portable GEMM's.
+// The bound is rarely approached (real errors are ~sqrt(K) u): a wrong transpose, stride or
+// tile edge shows up as errors of the order of |y| itself.
+#include <cmath>
+
+#include "cuda_test_util.hpp"
+#include "kernels/cpu/linear.hpp"
+#include "kernels/cuda/ops_cuda.hpp"
+
+using namespace fp8serve;
+using namespace fp8serve::gpu_test;
+
+namespace {
+
+struct LinearCase {
+  int64_t tokens, in, out;
+  bool bias = false;
+  bool y_fp32 = false;
+  int64_t x_pad = 0;  // x_stride = in + x_pad
+  int64_t y_pad = 0;  // y_stride = out + y_pad
+};
+
+enum class Path { backend, portable };
+
+void check_linear(Backend& gpu, const LinearCase& c, Path path, std::uint32_t seed) {
+  const bool cublas = path == Path::backend && !kEmulated;
+  INFO((path == Path::portable ? "portable GEMM " : "backend linear ") << c.tokens << " x " << c.in << " -> "
+                                                                      << c.out << (c.bias ? " +bias" : "")
+                                                                      << (c.y_fp32 ? " fp32 y" : ""));
+  const int64_t x_stride = c.in + c.x_pad, y_stride = c.out + c.y_pad;
+  const std::vector<std::uint16_t> x = random_bf16(static_cast<std::size_t>(c.tokens * x_stride), seed, 1.0f);
+  const std::vector<std::uint16_t> w =
+      random_bf16(static_cast<std::size_t>(c.out * c.in), seed + 1, 1.0f / std::sqrt(static_cast<float>(c.in)));
+  const std::vector<std::uint16_t> bias = random_bf16(static_cast<std::size_t>(c.out), seed + 2, 0.5f);
+  const std::size_t y_elems = static_cast<std::size_t>(c.tokens * y_stride);
+  const std::size_t y_bytes = y_elems * (c.y_fp32 ? 4 : 2);
+  const std::vector<std::uint8_t> y_init(y_bytes, 0x5a);
+
+  DeviceBuffer d_x = to_device(gpu, x), d_w = to_device(gpu, w), d_b = to_device(gpu, bias);
+  DeviceBuffer d_y = to_device(gpu, y_init);
+  LinearParams p;
+  p.x = d_x.data();
+  p.weight = d_w.as<std::uint16_t>();
+  p.bias = c.bias ? d_b.as<std::uint16_t>() : nullptr;
+  p.y = d_y.data();
+  p.num_tokens = c.tokens;
+  p.in_features = c.in;
+  p.out_features = c.out;
+  p.x_stride = x_stride;
+  p.y_stride = y_stride;
+  p.y_fp32 = c.y_fp32;
+  if (path == Path::portable) {
+    gpu.synchronize(Stream{});  // the uploads ran on the backend's stream; the launch uses it too
+    cuda::linear_portable_cuda(p, nullptr);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  } else {
+    gpu.linear(p, Stream{});
+  }
+  const std::vector<std::uint8_t> got = to_host<std::uint8_t>(gpu, d_y, y_bytes);
+
+  const std::vector<float> xf = widen(x);
+  std::vector<float> ref(y_elems, 0.0f);
+  LinearParams r = p;
+  r.x = xf.data();
+  r.weight = w.data();
+  r.bias = c.bias ? bias.data() : nullptr;
+  r.y = ref.data();
+  r.y_fp32 = false;
+  cpu::ThreadPool pool(2);
+  cpu::linear_cpu(r, pool);
+
+  const double u = 0x1p-24;
+  const double sum_factor = 2.1 * (cublas ? 4.0 : 1.0) * static_cast<double>(c.in + 1) * u;
+  std::size_t misses = 0;
+  double worst = 0.0;
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    for (int64_t o = 0; o < y_stride; ++o) {
+      const std::size_t at = static_cast<std::size_t>(t * y_stride + o);
+      if (o >= c.out) {  // padding columns: untouched
+        const std::size_t width = c.y_fp32 ? 4 : 2;
+        misses += !std::equal(got.begin() + static_cast<std::ptrdiff_t>(at * width),
+                              got.begin() + static_cast<std::ptrdiff_t>((at + 1) * width), y_init.begin());
+        continue;
+      }
+      double magnitude = c.bias ? std::fabs(bf16_decode(bias[static_cast<std::size_t>(o)])) : 0.0;
+      for (int64_t k = 0; k < c.in; ++k) {
+        magnitude += std::fabs(static_cast<double>(xf[static_cast<std::size_t>(t * x_stride + k)]) *
+                               bf16_decode(w[static_cast<std::size_t>(o * c.in + k)]));
+      }
+      float value;
+      if (c.y_fp32) {
+        std::memcpy(&value, got.data() + at * 4, 4);
+      } else {
+        std::uint16_t bits;
+        std::memcpy(&bits, got.data() + at * 2, 2);
+        value = bf16_decode(bits);
+      }
+      const double expected = ref[at];
+      const double bound = (c.y_fp32 ? 0.0 : 0x1p-8 * std::fabs(expected)) + sum_factor * magnitude;
+      const double error = std::fabs(value - expected);
+      worst = std::max(worst, error / (bound > 0 ? bound : 1.0));
+      if (!(error <= bound) && ++misses <= 5) {
+        UNSCOPED_INFO("y[" << t << ", " << o << "] = " << value << ", expected " << expected << " +- " << bound);
+      }
+    }
+  }
+  INFO("worst error / bound " << worst);
+  CHECK(misses == 0);
+}
+
+}  // namespace
+
+TEST_CASE("linear on CUDA matches the CPU op within the fp32 reordering bound", "[gpu][linear]") {
+  auto gpu = cuda_backend_or_skip();
+  if (!gpu) return;
+  std::vector<LinearCase> cases = {
+      {5, 576, 576 + 2 * 192},       // SmolLM2 qkv
+      {1, 576, 2 * 1536},            // SmolLM2 gate_up, one decode token
+      {67, 1536, 576},               // SmolLM2 down, two row tiles
+      {3, 896, 896 + 2 * 128, true}, // Qwen2-0.5B qkv with its bias
+      {2, 576, 1000, false, true},   // an LM head: fp32 logits
+      {2, 576, 1000, true, true},    // fp32 y with a bias (a kernel after cuBLASLt)
+      {4, 100, 37},                  // odd shapes: the element-at-a-time loads
+      {9, 576, 192, false, false, 576 + 2 * 192 - 576, 64},  // a column slice of x, a strided y
+  };
+  if (!kEmulated) {
+    cases.push_back({300, 4096, 4096 + 2 * 1024});  // Llama-3-8B qkv
+    cases.push_back({7, 4096, 2 * 14336});          // gate_up
+    cases.push_back({1, 14336, 4096});              // down, one decode token
+  }
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    check_linear(*gpu, cases[i], Path::backend, static_cast<std::uint32_t>(50 + i));
+    if (!kEmulated) check_linear(*gpu, cases[i], Path::portable, static_cast<std::uint32_t>(50 + i));
+  }
+}
