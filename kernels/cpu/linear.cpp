@@ -34,7 +34,11 @@ bool linear_isa_supported(LinearIsa isa) {
 }
 
 LinearIsa linear_best_isa() {
-  for (const LinearIsa isa : {LinearIsa::avx512bf16, LinearIsa::avx512, LinearIsa::avx2}) {
+  return linear_isa_supported(LinearIsa::avx512bf16) ? LinearIsa::avx512bf16 : linear_fp32_dot_isa();
+}
+
+LinearIsa linear_fp32_dot_isa() {
+  for (const LinearIsa isa : {LinearIsa::avx512, LinearIsa::avx2}) {
     if (linear_isa_supported(isa)) return isa;
   }
   return LinearIsa::scalar;

@@ -65,6 +65,8 @@ void linear_cpu(const LinearParams& params, ThreadPool& pool, LinearIsa isa = Li
 
 // The path `best` resolves to on this CPU, for logs and benchmarks.
 LinearIsa linear_best_isa();
+// The widest fp32-dot path (x used as it is) on this CPU: references that must not round x.
+LinearIsa linear_fp32_dot_isa();
 bool linear_isa_supported(LinearIsa isa);
 const char* linear_isa_name(LinearIsa isa);
 

@@ -30,14 +30,6 @@ using namespace fp8serve::test;
 
 namespace {
 
-// The fp32 dot on the widest ISA this CPU has (every CPU runs it).
-cpu::LinearIsa fp32_dot_isa() {
-  for (const cpu::LinearIsa isa : {cpu::LinearIsa::avx512, cpu::LinearIsa::avx2}) {
-    if (cpu::linear_isa_supported(isa)) return isa;
-  }
-  return cpu::LinearIsa::scalar;
-}
-
 void check_model(const std::string& name, const std::string& path) {
   const LoadedModel model = load_model(path);
   const nlohmann::json ref = load_fixture_json("engine/" + name + ".kv-bf16.json");
@@ -52,7 +44,7 @@ void check_model(const std::string& name, const std::string& path) {
     DYNAMIC_SECTION(name << " / " << prompt["name"].get<std::string>()) {
       // The fp32 dot against transformers: the forward pass itself (rope pairs, biases, eps,
       // norms), at the tight tolerance derived above.
-      const PrefillResult bf16 = prefill(model, ids, KvDtype::bf16, fp32_dot_isa());
+      const PrefillResult bf16 = prefill(model, ids, KvDtype::bf16, cpu::linear_fp32_dot_isa());
       const Agreement a = compare(bf16.logits, prompt["last_logits"]);
       std::printf("[logits] %-11s %-15s bf16 KV, fp32 dot: max abs err %.3g, top-20 cosine %.9f, checksum rel %.3g\n",
                   name.c_str(), prompt["name"].get<std::string>().c_str(), a.max_abs_error, a.cosine,
@@ -126,7 +118,7 @@ TEST_CASE("the GGUF twin of tiny Llama computes bitwise the same logits as the H
     const PrefillResult a = prefill(hf, ids, KvDtype::bf16);
     const PrefillResult b = prefill(gguf, ids, KvDtype::bf16);
     CHECK(a.logits == b.logits);
-    CHECK(compare(prefill(gguf, ids, KvDtype::bf16, fp32_dot_isa()).logits, prompt["last_logits"]).max_abs_error < 1e-3);
+    CHECK(compare(prefill(gguf, ids, KvDtype::bf16, cpu::linear_fp32_dot_isa()).logits, prompt["last_logits"]).max_abs_error < 1e-3);
   }
 }
 
@@ -150,7 +142,7 @@ TEST_CASE("default model (SmolLM2-135M Q4_1 GGUF): last logits near transformers
     for (const bool bf16_dot : {false, true}) {
       if (bf16_dot && !cpu::linear_isa_supported(cpu::LinearIsa::avx512bf16)) continue;
       const Agreement a = compare(
-          prefill(model, ids, KvDtype::bf16, bf16_dot ? cpu::LinearIsa::avx512bf16 : fp32_dot_isa()).logits,
+          prefill(model, ids, KvDtype::bf16, bf16_dot ? cpu::LinearIsa::avx512bf16 : cpu::linear_fp32_dot_isa()).logits,
           prompt["last_logits"]);
       std::printf("[logits] smollm2     %-15s bf16 KV, %s dot: max abs err %.3g, top-20 cosine %.9f\n",
                   prompt["name"].get<std::string>().c_str(), bf16_dot ? "bf16" : "fp32", a.max_abs_error, a.cosine);

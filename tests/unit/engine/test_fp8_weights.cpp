@@ -70,10 +70,7 @@ TEST_CASE("FP8 checkpoints: last logits as numpy computes them on the dequantize
       const nlohmann::json ref = load_fixture_json(std::string("engine/") + name +
                                                    (bf16_dot ? ".kv-bf16.act-bf16.json" : ".kv-bf16.json"));
       for (const auto& prompt : ref["prompts"]) {
-        const cpu::LinearIsa isa = bf16_dot ? cpu::LinearIsa::avx512bf16
-                                   : cpu::linear_isa_supported(cpu::LinearIsa::avx512) ? cpu::LinearIsa::avx512
-                                   : cpu::linear_isa_supported(cpu::LinearIsa::avx2)   ? cpu::LinearIsa::avx2
-                                                                                       : cpu::LinearIsa::scalar;
+        const cpu::LinearIsa isa = bf16_dot ? cpu::LinearIsa::avx512bf16 : cpu::linear_fp32_dot_isa();
         const PrefillResult r = prefill(model, ids_of(prompt["prompt_ids"]), KvDtype::bf16, isa);
         const Agreement a = compare(r.logits, prompt["last_logits"]);
         std::printf("[fp8 logits] %-23s %-15s %s dot: max abs err %.3g, checksum rel %.3g\n", name,
