@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/bf16.hpp"
 #include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/fp8_encode_avx512.hpp"
 #include "kernels/fp8.hpp"
@@ -300,6 +301,39 @@ TEST_CASE("the 16-lane AVX-512 encoder is bitwise the scalar codec", "[fp8]") {
       if (got[j] != fp8_e4m3_encode(values[i + static_cast<std::size_t>(j)])) {
         if (++mismatches <= 5) FAIL_CHECK("bits " << fp8_float_bits(values[i + static_cast<std::size_t>(j)]));
       }
+    }
+  }
+  CHECK(mismatches == 0);
+}
+
+// bf16_decode(bf16_encode(x)) of 16 floats given by their bits, through the vector rounding.
+FP8SERVE_TARGET_AVX512F static void bf16_round16_of(const uint32_t* bits, float* out) {
+  _mm512_storeu_ps(out, fp8serve::cpu::bf16_round16(_mm512_castsi512_ps(_mm512_loadu_si512(bits))));
+}
+
+TEST_CASE("the 16-lane AVX-512 bf16 rounding is bitwise the scalar bf16 codec", "[fp8][bf16]") {
+  if (!fp8serve::cpu::cpu_features().avx512f) {
+    WARN("no AVX-512F: the vector bf16 rounding is not tested on this machine");
+    return;
+  }
+  // Every bf16 value (every exponent, sign, infinity and NaN payload of the kept half) with the
+  // dropped half at zero, just below, at and just above one half, and at its largest: every
+  // rounding case, ties to even and odd, and the carries into the exponent.
+  std::vector<uint32_t> bits;
+  for (uint32_t hi = 0; hi < (1u << 16); ++hi) {
+    for (const uint32_t lo : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) bits.push_back(hi << 16 | lo);
+  }
+  bits.resize(bits.size() / 16 * 16);
+  uint64_t mismatches = 0;
+  for (std::size_t i = 0; i < bits.size(); i += 16) {
+    alignas(64) uint32_t lanes[16];
+    alignas(64) float rounded[16];
+    std::copy(bits.begin() + static_cast<std::ptrdiff_t>(i), bits.begin() + static_cast<std::ptrdiff_t>(i + 16), lanes);
+    bf16_round16_of(lanes, rounded);
+    for (int j = 0; j < 16; ++j) {
+      const float x = fp8_bits_float(lanes[j]);
+      const uint32_t want = static_cast<uint32_t>(fp8serve::bf16_encode(x)) << 16;
+      if (fp8_float_bits(rounded[j]) != want && ++mismatches <= 5) FAIL_CHECK("bits " << lanes[j]);
     }
   }
   CHECK(mismatches == 0);
