@@ -181,6 +181,12 @@ const std::vector<FlagSpec>& flag_specs() {
     std::vector<FlagSpec> s;
     s.push_back(choice_flag("device", "where to run", {"auto", "cpu", "cuda"}, &Config::device));
     s.push_back(choice_flag("kv-cache-dtype", "KV cache storage type", {"fp8_e4m3", "bf16"}, &Config::kv_cache_dtype));
+    s.push_back(choice_flag("quantization",
+                            "projection weights: none (as stored, bf16) or fp8 (E4M3, one scale per output channel); "
+                            "FP8 checkpoints load as FP8 either way",
+                            {"none", "fp8"}, &Config::quantization));
+    s.push_back(bool_flag("fp8-lm-head", "with --quantization fp8, the LM head too (faster, less accurate)",
+                          &Config::fp8_lm_head, true));
     s.push_back(real_flag("kv-scale-margin", "FP8 scale headroom: scale = amax * margin / 448", 1.0, 64.0,
                           &Config::kv_scale_margin));
     s.push_back(integer_flag("kv-bf16-window", "FP8 KV: each sequence's newest tokens kept exact in bf16, quantized "

@@ -26,6 +26,8 @@ struct Config {
   // Device and KV cache (DESIGN §3, §8). Flag names follow vLLM's.
   std::string device = "auto";            // auto | cpu | cuda
   std::string kv_cache_dtype = "fp8_e4m3";  // fp8_e4m3 | bf16
+  std::string quantization = "none";      // none | fp8: projection weights (FP8 checkpoints: always FP8)
+  bool fp8_lm_head = false;               // with --quantization fp8, the LM head too
   double kv_scale_margin = 2.0;           // calibrated scale = amax * margin / 448 (see README)
   int kv_bf16_window = 64;                // newest tokens kept exact in bf16 (multiple of block_size; README)
   std::string kv_bf16_window_tensors = "k";   // k | kv: what the window keeps exact

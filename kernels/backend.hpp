@@ -50,6 +50,9 @@ class Backend {
   virtual ActDtype activation_dtype() const = 0;
   // One line for the start-up log: the device, its features and threads.
   virtual std::string describe() const = 0;
+  // Whether linear() takes weights of this dtype (kernels/forward_ops.hpp, LinearParams). A
+  // model refuses to load FP8 weights onto a backend without them, naming it.
+  virtual bool supports_weight_dtype(WeightDtype dtype) const { return dtype == WeightDtype::bf16; }
 
   // Device memory. allocate() returns zeroed memory aligned for any kernel (64 bytes at
   // least) and throws std::bad_alloc when the device has none left; free(nullptr) is a no-op.

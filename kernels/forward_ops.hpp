@@ -3,8 +3,9 @@
 // per op, shared by every backend: the CPU ops (kernels/cpu/ops.hpp, linear.hpp) take these
 // very structs. Their fields are documented here, the ops' arithmetic next to each op.
 // Activations (`void*`) are in the backend's activation dtype (fp32 on the CPU, bf16 on the
-// GPU); weights are bf16 bits (std::uint16_t) as HF stores them, [out, in] row-major. All
-// pointers are device memory. A token stride of 0 means "densely packed".
+// GPU); norm and embedding weights and biases are bf16 bits (std::uint16_t) as HF stores them;
+// projection weights are bf16 or FP8 with scales (LinearParams). All pointers are device
+// memory. A token stride of 0 means "densely packed".
 #include <cstdint>
 
 #include "kernels/paged_kv.hpp"
@@ -46,13 +47,59 @@ struct RmsNormParams {
   float eps = 1e-6f;
 };
 
-// y = x @ weight^T (+ bias). Batch invariant: y[t] does not depend on the other rows.
+// Storage type of a projection's weights (LinearParams::weight).
+enum class WeightDtype : uint8_t {
+  bf16,      // bf16 bits, as Hugging Face stores them; no scales
+  fp8_e4m3,  // E4M3FN codes (kernels/fp8.hpp), with fp32 scales (LinearParams::weight_scales)
+};
+
+// y = x @ W^T (+ bias). Batch invariant: y[t] does not depend on the other rows.
 // PRECOND: y overlaps neither x nor the weights.
+//
+// The weights W are [out_features, in_features] row-major, in one of two representations, the
+// same for every source and every backend:
+//   bf16      W[o, k] = bf16 value of weight[o, k]; weight_scales is nullptr.
+//   fp8_e4m3  W[o, k] = fp8_e4m3_decode(weight[o, k]) * weight_scales[o * num_k_blocks + k / block_k]
+//             block_k = weight_block_k, or in_features when weight_block_k is 0 (one scale per
+//             output channel); num_k_blocks = ceil(in_features / block_k). Scales are finite,
+//             positive fp32.
+// Where each comes from (model/transformer.cpp):
+//   --quantization fp8 (and GGUF quantized tensors under it): per output channel,
+//     scale = max(amax(row) / 448, FLT_MIN), codes = satfinite(RNE(W / scale)): the one
+//     codec of kernels/fp8.hpp. Fused projections (qkv, gate_up) are concatenations of whole
+//     rows, so quantizing per row commutes with the fusion.
+//   FP8 checkpoints, per-tensor or per-channel weight_scale: per output channel, exactly (the
+//     tensor scale repeated on every row).
+//   FP8 checkpoints with 128 x 128 block scales (weight_scale_inv): weight_block_k = 128 and
+//     the scale of block (o / 128, k / 128) repeated on each of the block's rows, exactly:
+//     requantizing to one scale per row would round every weight a second time (README:
+//     "FP8 weights" measures what that would cost).
+// A backend computes y[t, o] = sum_k x[t, k] * W[o, k] with fp32 (or wider) accumulation; how it
+// rounds x on the way (the CPU's bf16 dot product does) is its own, documented next to its
+// kernel. What every backend's linear() must honour for FP8 weights:
+//   - codes are E4M3FN (OCP, bias 7, max 448), never a NaN code (0x7f / 0xff: the loaders refuse
+//     them), row-major [out_features, in_features], in device memory like every other weight;
+//   - weight_scales is fp32 [out_features, num_k_blocks] in device memory, every scale finite and
+//     > 0; weight_block_k is 0 (one scale per row) or a multiple of 64, and the last block of a
+//     row may be partial; the 2-D 128 x 128 block layout of a checkpoint is recovered by taking
+//     every 128th row (true of every fused projection whose parts have multiple-of-128 rows, as
+//     Qwen3-FP8's do);
+//   - the dequantized W above is the reference (tests compare against it with dequantized
+//     weights and double accumulation); y[t] must not depend on the other rows of the batch
+//     (test_batching runs every prompt alone and in a batch and compares bitwise);
+//   - Backend::supports_weight_dtype(fp8_e4m3) says whether linear() takes them: until it does,
+//     the model refuses to load FP8 weights onto that backend with an error naming it.
+// cuBLASLt maps onto this as its FP8 GEMM with an "outer vector" (per-row) scale for B, or its
+// 128 x 128 block scales; a weight-only kernel for small batches converts codes in registers and
+// folds the scale into each block's partial sums, as kernels/cpu/linear_avx512bf16.cpp does.
 struct LinearParams {
-  const void* x = nullptr;                // [num_tokens, in_features] (row stride x_stride)
-  const std::uint16_t* weight = nullptr;  // [out_features, in_features] bf16
-  const std::uint16_t* bias = nullptr;    // [out_features] bf16 or nullptr
-  void* y = nullptr;                      // [num_tokens, out_features] (row stride y_stride)
+  const void* x = nullptr;              // [num_tokens, in_features] (row stride x_stride)
+  const void* weight = nullptr;         // [out_features, in_features] in weight_dtype
+  WeightDtype weight_dtype = WeightDtype::bf16;
+  const float* weight_scales = nullptr;  // fp8: [out_features, num_k_blocks] fp32
+  int64_t weight_block_k = 0;           // fp8: inputs per scale, a multiple of 64; 0 = in_features
+  const std::uint16_t* bias = nullptr;  // [out_features] bf16 or nullptr
+  void* y = nullptr;                    // [num_tokens, out_features] (row stride y_stride)
   int64_t num_tokens = 0;
   int64_t in_features = 0;
   int64_t out_features = 0;
@@ -62,6 +109,12 @@ struct LinearParams {
   // the host (a bf16 GPU backend writes them unrounded; the CPU's activations are fp32 anyway).
   bool y_fp32 = false;
 };
+
+// Scales per weight row of an FP8 projection: 1 per output channel, or one per block of
+// weight_block_k inputs.
+inline int64_t weight_num_k_blocks(int64_t in_features, int64_t weight_block_k) {
+  return weight_block_k <= 0 ? 1 : (in_features + weight_block_k - 1) / weight_block_k;
+}
 
 // RoPE (HF rotate_half layout) on q and k in place, with the table of set_rope_table(). q and
 // k may be column slices of a fused qkv tensor (token strides); k may be nullptr (q only).

@@ -63,10 +63,11 @@ LoadedModel load_gguf_file(const fs::path& file) {
   LoadedModel model;
   model.path = file.string();
   model.format = "gguf";
-  const GgufFile gguf = GgufFile::open(file.string());
+  const auto file_ptr = std::make_shared<const GgufFile>(GgufFile::open(file.string()));
+  const GgufFile& gguf = *file_ptr;
   model.name = gguf.get_string("general.name").value_or(file.stem().string());
   model.config = parse_gguf_config(gguf);
-  model.weights = load_gguf_weights(gguf, model.config);
+  model.weights = load_gguf_weights(file_ptr, model.config);
   for (const auto& info : gguf.tensors()) ++model.tensor_types[std::string(ggml_type_name(info.type))];
   model.tokenizer = from_gguf(gguf);
   model.chat_template = gguf.get_string("tokenizer.chat_template").value_or("");

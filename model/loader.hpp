@@ -1,6 +1,7 @@
 #pragma once
 // load_model(): a Hugging Face model folder or a single .gguf file -> everything the engine
-// needs: the architecture facts, bf16 weights under HF names, the tokenizer and the chat
+// needs: the architecture facts, the weights under HF names (still in their
+// mapped files, converted when the model uploads them), the tokenizer and the chat
 // template. Anything unsupported or malformed throws FormatError naming it.
 #include <map>
 #include <memory>

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -69,30 +70,19 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
   }
   const ModelConfig& c = config_;
 
-  // Weights: uploaded once, in bf16, under the layer's named slots; q/k/v and gate/up fused.
-  embed_tokens_ = upload(weights, {"model.embed_tokens.weight"});
-  final_norm_ = upload(weights, {"model.norm.weight"});
-  lm_head_ = c.tie_word_embeddings ? embed_tokens_ : upload(weights, {"lm_head.weight"});
-  layers_.resize(static_cast<std::size_t>(c.num_layers));
-  for (int i = 0; i < c.num_layers; ++i) {
-    LayerWeights& w = layers_[static_cast<std::size_t>(i)];
-    auto name = [i](const char* suffix) { return layer_name(i, suffix); };
-    w.input_norm = upload(weights, {name("input_layernorm.weight")});
-    w.qkv_proj = upload(weights, {name("self_attn.q_proj.weight"), name("self_attn.k_proj.weight"),
-                                  name("self_attn.v_proj.weight")});
-    if (c.attention_bias) {
-      w.qkv_bias = upload(weights, {name("self_attn.q_proj.bias"), name("self_attn.k_proj.bias"),
-                                    name("self_attn.v_proj.bias")});
-    }
-    if (c.qk_norm) {
-      w.q_norm = upload(weights, {name("self_attn.q_norm.weight")});
-      w.k_norm = upload(weights, {name("self_attn.k_norm.weight")});
-    }
-    w.o_proj = upload(weights, {name("self_attn.o_proj.weight")});
-    w.post_norm = upload(weights, {name("post_attention_layernorm.weight")});
-    w.gate_up_proj = upload(weights, {name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")});
-    w.down_proj = upload(weights, {name("mlp.down_proj.weight")});
+  // Weights: uploaded once under the layer's named slots; q/k/v and gate/up fused. Twice over the
+  // same calls: a planning pass sizes the one arena they all live in (weight_upload.hpp).
+  const bool quantize = options.quantize_fp8;
+  WeightUploader plan(backend_, stream_, weight_buffers_, /*planning=*/true);
+  upload_weights(weights, plan, quantize);
+  if (plan.bytes().fp8 > 0 && !backend_.supports_weight_dtype(WeightDtype::fp8_e4m3)) {
+    throw std::invalid_argument(std::string("the ") + std::string(backend_.name()) +
+                                " backend does not support FP8 weights yet (--quantization fp8, or an FP8 "
+                                "checkpoint): run on --device cpu");
   }
+  WeightUploader up(backend_, stream_, weight_buffers_, /*planning=*/false, plan.bytes().arena);
+  upload_weights(weights, up, quantize);
+  weight_bytes_ = up.bytes();
   backend_.set_rope_table(model_inv_freq(c), options.max_model_len);
 
   // Activations for the largest step, in the backend's activation dtype; logits in fp32.
@@ -124,6 +114,40 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
     graph_buckets_ = graph_batch_sizes(std::min(options.max_num_seqs, options.max_num_tokens));
 
   if (options.num_blocks > 0) allocate_kv_cache(options.num_blocks);
+}
+
+void Transformer::upload_weights(const ModelWeights& weights, WeightUploader& up, bool quantize) {
+  const ModelConfig& c = config_;
+  embed_tokens_ = up.bf16(weights, {"model.embed_tokens.weight"});
+  final_norm_ = up.bf16(weights, {"model.norm.weight"});
+  const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  if (c.tie_word_embeddings && !(quantize && options_.quantize_lm_head)) {
+    lm_head_.weight = embed_tokens_;  // the table itself
+    lm_head_.out_features = c.vocab_size;
+    lm_head_.in_features = c.hidden_size;
+  } else {
+    lm_head_ = up.projection(weights, {head_name}, quantize && options_.quantize_lm_head);
+  }
+  layers_.resize(static_cast<std::size_t>(c.num_layers));
+  for (int i = 0; i < c.num_layers; ++i) {
+    LayerWeights& w = layers_[static_cast<std::size_t>(i)];
+    auto name = [i](const char* suffix) { return layer_name(i, suffix); };
+    w.input_norm = up.bf16(weights, {name("input_layernorm.weight")});
+    w.qkv_proj = up.projection(weights, {name("self_attn.q_proj.weight"), name("self_attn.k_proj.weight"),
+                                         name("self_attn.v_proj.weight")}, quantize);
+    if (c.attention_bias) {
+      w.qkv_bias = up.bf16(weights, {name("self_attn.q_proj.bias"), name("self_attn.k_proj.bias"),
+                                     name("self_attn.v_proj.bias")});
+    }
+    if (c.qk_norm) {
+      w.q_norm = up.bf16(weights, {name("self_attn.q_norm.weight")});
+      w.k_norm = up.bf16(weights, {name("self_attn.k_norm.weight")});
+    }
+    w.o_proj = up.projection(weights, {name("self_attn.o_proj.weight")}, quantize);
+    w.post_norm = up.bf16(weights, {name("post_attention_layernorm.weight")});
+    w.gate_up_proj = up.projection(weights, {name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")}, quantize);
+    w.down_proj = up.projection(weights, {name("mlp.down_proj.weight")}, quantize);
+  }
 }
 
 void Transformer::allocate_kv_cache(int num_blocks) {
@@ -162,22 +186,19 @@ void Transformer::allocate_kv_cache(int num_blocks) {
   }
 }
 
-const std::uint16_t* Transformer::upload(const ModelWeights& weights, std::initializer_list<std::string> names) {
-  std::size_t bytes = 0;
-  for (const std::string& name : names) bytes += weights.at(name).data.size() * sizeof(std::uint16_t);
-  DeviceBuffer buffer(backend_, bytes);
-  std::size_t offset = 0;
-  for (const std::string& name : names) {
-    const HostTensor& tensor = weights.at(name);
-    const std::size_t part = tensor.data.size() * sizeof(std::uint16_t);
-    backend_.copy_to_device(static_cast<char*>(buffer.data()) + offset, tensor.data.data(), part, stream_);
-    offset += part;
-  }
-  backend_.synchronize(stream_);  // the host tensors may go once the constructor returns
-  weight_bytes_ += bytes;
-  const auto* ptr = buffer.as<const std::uint16_t>();
-  weight_buffers_.push_back(std::move(buffer));
-  return ptr;
+std::string mib_text(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+std::string Transformer::describe_weights() const {
+  const WeightBytes& b = weight_bytes_;
+  std::string out = mib_text(b.total());
+  if (b.fp8 == 0) return out + " bf16";
+  return out + ": FP8 projections " + mib_text(b.fp8) + " + scales " + mib_text(b.fp8_scales) + " (bf16 would be " +
+         mib_text(b.fp8_as_bf16) + "), bf16 " + mib_text(b.bf16) +
+         (lm_head_.dtype == WeightDtype::fp8_e4m3 ? " (embeddings, norms; LM head FP8)" : " (embeddings, norms, LM head)");
 }
 
 void Transformer::validate(const ForwardBatch& b, std::span<float> logits) const {
@@ -398,18 +419,21 @@ void Transformer::enqueue(const StepLayout& layout, const StepShape& shape) {
   const int32_t max_spill_tokens = shape.max_spill_tokens;
   const bool track_counts = shape.track_counts;
 
-  auto linear = [&](const void* in, int64_t in_stride, const std::uint16_t* w, const std::uint16_t* bias,
-                    void* out, int64_t out_stride, int64_t in_features, int64_t out_features) {
+  auto linear = [&](const void* in, int64_t in_stride, const DeviceProjection& w, const std::uint16_t* bias,
+                    void* out, int64_t out_stride) {
     LinearParams p;
     p.x = in;
     p.x_stride = in_stride;
-    p.weight = w;
+    p.weight = w.weight;
+    p.weight_dtype = w.dtype;
+    p.weight_scales = w.scales;
+    p.weight_block_k = w.block_k;
     p.bias = bias;
     p.y = out;
     p.y_stride = out_stride;
     p.num_tokens = num_tokens;
-    p.in_features = in_features;
-    p.out_features = out_features;
+    p.in_features = w.in_features;
+    p.out_features = w.out_features;
     backend_.linear(p, stream_);
   };
   // residual != nullptr: residual += in, then out = norm(residual) (the fused residual add).
@@ -447,7 +471,7 @@ void Transformer::enqueue(const StepLayout& layout, const StepShape& shape) {
     // Attention block: (x += previous MLP) norm -> q, k, v -> (q/k norm) -> rope -> kv_write ->
     // attention -> o_proj.
     rms_norm(layer == 0 ? x : proj, normed, w.input_norm, 1, hidden, hidden, layer == 0 ? nullptr : x);
-    linear(normed, hidden, w.qkv_proj, w.qkv_bias, qkv, qkv_width, hidden, qkv_width);
+    linear(normed, hidden, w.qkv_proj, w.qkv_bias, qkv, qkv_width);
     if (c.qk_norm) {
       rms_norm(q, q, w.q_norm, c.num_heads, head_dim, qkv_width);
       rms_norm(k, k, w.k_norm, c.num_kv_heads, head_dim, qkv_width);
@@ -500,11 +524,11 @@ void Transformer::enqueue(const StepLayout& layout, const StepShape& shape) {
     attention.batch = batch;
     backend_.paged_attention(attention, stream_);
 
-    linear(attn, q_width, w.o_proj, nullptr, proj, hidden, q_width, hidden);
+    linear(attn, q_width, w.o_proj, nullptr, proj, hidden);
 
     // MLP block: (x += attention) norm -> gate, up -> silu(gate) * up -> down_proj.
     rms_norm(proj, normed, w.post_norm, 1, hidden, hidden, x);
-    linear(normed, hidden, w.gate_up_proj, nullptr, gate, 2 * inter, hidden, 2 * inter);
+    linear(normed, hidden, w.gate_up_proj, nullptr, gate, 2 * inter);
     SiluMulParams swiglu;
     swiglu.gate = gate;
     swiglu.up = up;
@@ -515,7 +539,7 @@ void Transformer::enqueue(const StepLayout& layout, const StepShape& shape) {
     swiglu.up_token_stride = 2 * inter;
     swiglu.out_token_stride = 2 * inter;
     backend_.silu_mul(swiglu, stream_);
-    linear(gate, 2 * inter, w.down_proj, nullptr, proj, hidden, inter, hidden);
+    linear(gate, 2 * inter, w.down_proj, nullptr, proj, hidden);
   }
 
   // Logits only for the rows that sample: gather the stream and the last MLP output there, add
@@ -546,7 +570,10 @@ void Transformer::enqueue(const StepLayout& layout, const StepShape& shape) {
 
     LinearParams head;
     head.x = sampled_.data();
-    head.weight = lm_head_;
+    head.weight = lm_head_.weight;
+    head.weight_dtype = lm_head_.dtype;
+    head.weight_scales = lm_head_.scales;
+    head.weight_block_k = lm_head_.block_k;
     head.y = logits_.data();
     head.num_tokens = num_rows;
     head.in_features = hidden;

@@ -4,10 +4,10 @@
 // differ only by config flags: QKV bias (Qwen2), per-head q/k RMSNorm (Qwen3), llama3 rope
 // scaling, tied embeddings.
 //
-// The Transformer owns the model's device state: the bf16 weights (uploaded once; q, k and v
-// concatenated into one qkv projection, gate and up into one gate_up projection, as every
-// serious engine fuses them), the paged KV pool (one K and one V buffer per layer,
-// kernels/paged_kv.hpp layout), the activation buffers sized for the largest step (in the
+// The Transformer owns the model's device state: the weights (uploaded once by WeightUploader;
+// q, k and v concatenated into one qkv projection, gate and up into one gate_up projection, as
+// every serious engine fuses them; projections bf16 or FP8), the paged KV pool (one K and one V
+// buffer per layer, kernels/paged_kv.hpp layout), the activation buffers sized for the largest step (in the
 // backend's activation dtype), and the step's metadata buffers. It does not know which block
 // belongs to whom: the engine passes block tables, slots and scales in a ForwardBatch.
 #include <cstdint>
@@ -25,8 +25,12 @@
 #include "kernels/backend.hpp"
 #include "model/formats/model_config.hpp"
 #include "model/formats/weights.hpp"
+#include "model/weight_upload.hpp"
 
 namespace fp8serve {
+
+// "12.3 MiB": byte counts in the start-up log.
+std::string mib_text(uint64_t bytes);
 
 struct TransformerOptions {
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
@@ -39,6 +43,13 @@ struct TransformerOptions {
   int max_num_seqs = 64;       // per step
   int max_model_len = 0;       // positions the rope table covers; block tables' width
   float kv_scale_margin = kDefaultKvScaleMargin;
+  // --quantization fp8: every projection's weights to FP8 E4M3 with one scale per output channel
+  // (FP8 checkpoints load as FP8 whatever this says). Embeddings and norms stay bf16.
+  bool quantize_fp8 = false;
+  // With quantize_fp8, the LM head too (a tied head gets its own FP8 copy; the embedding table
+  // stays bf16). Off by default: on SmolLM2 an FP8 head multiplies the mean next-token KL by 5
+  // for 17% fewer bytes per token (README "FP8 weights").
+  bool quantize_lm_head = false;
   // The bf16 recent window (FP8 pool only): allocate_kv_cache() adds a bf16 tail pool of one
   // ring of window.ring_blocks() blocks per sequence (max_num_seqs rings), K and V or K only.
   KvWindow window;
@@ -100,7 +111,10 @@ class Transformer {
   // Decode steps run through graphs: how many graphs were captured, how many steps replayed one.
   uint64_t graphs_captured() const { return graphs_captured_; }
   uint64_t graph_replays() const { return graph_replays_; }
-  uint64_t weight_bytes() const { return weight_bytes_; }
+  uint64_t weight_bytes() const { return weight_bytes_.total(); }
+  const WeightBytes& weight_bytes_by_dtype() const { return weight_bytes_; }
+  // One line for the start-up log: the weights' dtypes and bytes.
+  std::string describe_weights() const;
   uint64_t kv_cache_bytes() const { return kv_cache_bytes_; }  // the main pool
   uint64_t tail_bytes() const { return tail_bytes_; }           // the window's tail pool
   // One layer's pools, for tests that read what the kernels stored (device pointers).
@@ -110,15 +124,17 @@ class Transformer {
  private:
   struct LayerWeights {
     const std::uint16_t* input_norm = nullptr;
-    const std::uint16_t* qkv_proj = nullptr;  // [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
+    DeviceProjection qkv_proj;                // [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
     const std::uint16_t* qkv_bias = nullptr;  // Qwen2
     const std::uint16_t* q_norm = nullptr;    // Qwen3
     const std::uint16_t* k_norm = nullptr;
-    const std::uint16_t* o_proj = nullptr;
+    DeviceProjection o_proj;
     const std::uint16_t* post_norm = nullptr;
-    const std::uint16_t* gate_up_proj = nullptr;  // [2 * intermediate, hidden]: gate rows, then up
-    const std::uint16_t* down_proj = nullptr;
+    DeviceProjection gate_up_proj;  // [2 * intermediate, hidden]: gate rows, then up
+    DeviceProjection down_proj;
   };
+  // Every weight through `up` into the named slots (layers_ sized).
+  void upload_weights(const ModelWeights& weights, WeightUploader& up, bool quantize);
 
   // Byte offsets of one step's metadata inside step_meta_ (and its host image step_host_), each
   // array 16-byte aligned and sized for this step. The scales and counts come last so that what
@@ -142,8 +158,6 @@ class Transformer {
     bool track_counts = false;     // kv_write accumulates counts into the step's metadata
   };
 
-  // Uploads the named tensors concatenated along their first dimension (one name: as it is).
-  const std::uint16_t* upload(const ModelWeights& weights, std::initializer_list<std::string> names);
   void validate(const ForwardBatch& batch, std::span<float> logits) const;
   // Packs the step's metadata into step_host_ and uploads it with one copy (a GPU backend
   // stages it through pinned memory and copies asynchronously on the stream).
@@ -168,8 +182,8 @@ class Transformer {
   std::vector<LayerWeights> layers_;
   const std::uint16_t* embed_tokens_ = nullptr;
   const std::uint16_t* final_norm_ = nullptr;
-  const std::uint16_t* lm_head_ = nullptr;  // == embed_tokens_ when tied
-  uint64_t weight_bytes_ = 0;
+  DeviceProjection lm_head_;  // the embedding table itself when tied and bf16
+  WeightBytes weight_bytes_;
 
   std::vector<DeviceBuffer> kv_buffers_;  // [num_layers * 2]: K then V of each layer
   std::vector<PagedKvView> kv_views_;     // [num_layers]

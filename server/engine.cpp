@@ -13,16 +13,6 @@
 
 namespace fp8serve {
 
-namespace {
-
-std::string mib(uint64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return buf;
-}
-
-}  // namespace
-
 EngineOptions engine_options_from_config(const Config& config) {
   EngineOptions options;
   options.device = config.device;
@@ -31,6 +21,8 @@ EngineOptions engine_options_from_config(const Config& config) {
   if (!dtype) throw ConfigError("--kv-cache-dtype: expected fp8_e4m3 or bf16");
   options.kv_dtype = *dtype;
   options.kv_scale_margin = static_cast<float>(config.kv_scale_margin);
+  options.quantize_fp8 = config.quantization == "fp8";
+  options.quantize_lm_head = config.fp8_lm_head;
   // A bf16 pool is exact already: the window applies to FP8 KV alone (the start-up log says so).
   options.kv_bf16_window = options.kv_dtype == KvDtype::fp8_e4m3 ? config.kv_bf16_window : 0;
   options.kv_bf16_window_values = config.kv_bf16_window_tensors == "kv";
@@ -73,6 +65,8 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   topts.max_num_seqs = options_.max_num_seqs;
   topts.max_model_len = options_.max_model_len;
   topts.kv_scale_margin = options_.kv_scale_margin;
+  topts.quantize_fp8 = options_.quantize_fp8;
+  topts.quantize_lm_head = options_.quantize_lm_head;
   topts.window = spec.window;
   topts.graphs = backend.supports_graphs() && !options_.enforce_eager ? TransformerOptions::Graphs::on
                                                                       : TransformerOptions::Graphs::off;
@@ -90,7 +84,7 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
       const double used = static_cast<double>(memory->total - memory->free);
       budget = allowed > used ? static_cast<uint64_t>(allowed - used) : 0;
       budget_source = "--gpu-memory-utilization " + std::to_string(options_.gpu_memory_utilization).substr(0, 4) +
-                      " of " + mib(memory->total) + ", " + mib(memory->total - memory->free) + " in use";
+                      " of " + mib_text(memory->total) + ", " + mib_text(memory->total - memory->free) + " in use";
       if (budget == 0) {
         throw std::invalid_argument("the weights and buffers leave no room for the KV cache under " + budget_source +
                                     ": raise --gpu-memory-utilization, or lower --max-num-batched-tokens");
@@ -145,14 +139,15 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
                                               std::to_string(std::min({options_.max_num_seqs, options_.max_num_batched_tokens, 256})) +
                                               " sequences, captured per batch-size bucket on first use");
   }
-  spdlog::info("model: {} ({}, {}, {} layers), weights {} bf16", model_.name, model_.format,
-               family_name(c.family), c.num_layers, mib(transformer_->weight_bytes()));
+  const std::string checkpoint = c.quantization.fp8 ? ", FP8 checkpoint (" + c.quantization.method + ")" : "";
+  spdlog::info("model: {} ({}, {}, {} layers{}), weights {}", model_.name, model_.format, family_name(c.family),
+               c.num_layers, checkpoint, transformer_->describe_weights());
   spdlog::info("KV cache: {} ({}), {} bytes/token, margin {}{}, max model len {}", spec.describe(num_blocks),
                budget_source, spec.bytes_per_token(), options_.kv_scale_margin,
                kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (unused for bf16)", options_.max_model_len);
   spdlog::info("KV {}{}; pool + tail {} of the {} budget", spec.describe_tail(options_.max_num_seqs),
                kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (a bf16 pool is exact: no window)",
-               mib(transformer_->kv_cache_bytes() + transformer_->tail_bytes()), mib(budget));
+               mib_text(transformer_->kv_cache_bytes() + transformer_->tail_bytes()), mib_text(budget));
 }
 
 Engine::~Engine() = default;
@@ -435,16 +430,22 @@ void Engine::run_step(const StepPlan& plan) {
     for (const SeqId id : samplers) {
       const auto it = seqs_.find(id);
       if (it == seqs_.end()) continue;
-      row_.assign(logits.begin(), logits.end());  // the sampler uses its row as scratch
       SeqState& seq = it->second;
+      // The sampler uses its row as scratch: forks and structured outputs (which may sample
+      // twice) each get a copy, a lone sequence the step's row itself, 200 KB less to copy.
+      std::span<float> scratch(logits_.data() + (row - 1) * vocab, vocab);
+      if (samplers.size() > 1 || seq.matcher) {
+        row_.assign(logits.begin(), logits.end());
+        scratch = row_;
+      }
       const int64_t budget = seq.matcher ? token_budget(seq) : 0;
-      if (seq.matcher && !apply_grammar(seq, budget, row_)) {
+      if (seq.matcher && !apply_grammar(seq, budget, scratch)) {
         RequestOutput out;
         out.error = "structured output: no token can continue the text the schema requires";
         finish_seq(id, out, FinishReason::error);
         continue;
       }
-      SampleResult sample = seq.sampler.sample(row_);
+      SampleResult sample = seq.sampler.sample(scratch);
       if (seq.matcher && !seq.closing && !seq.matcher->can_finish_after(sample.token, budget - 1)) {
         // That token would open more than the budget can close: take the shortest way to the
         // end instead, so the document still completes.

@@ -39,6 +39,8 @@ struct EngineOptions {
   std::string device = "cpu";  // auto | cpu | cuda (server/device.hpp); the CLI's default is auto
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
   float kv_scale_margin = kDefaultKvScaleMargin;
+  bool quantize_fp8 = false;           // --quantization fp8 (TransformerOptions)
+  bool quantize_lm_head = false;       // with it, the LM head too (--fp8-lm-head)
   int kv_bf16_window = 64;             // --kv-bf16-window tokens (FP8 pool only; 0 = off)
   bool kv_bf16_window_values = false;  // --kv-bf16-window-tensors kv (true) or k (false)
   int block_size = 16;

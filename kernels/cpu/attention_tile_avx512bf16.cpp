@@ -34,26 +34,9 @@
 
 #include "kernels/bf16.hpp"
 #include "kernels/cpu/attention_item.hpp"
+#include "kernels/cpu/fp8_bf16_table.hpp"
 #include "kernels/fp8.hpp"
 
-namespace fp8serve::cpu {
-namespace {
-
-// bf16 bits of E4M3 magnitude m (0..127): high bytes in [0, 128), low bytes in [128, 256).
-struct Fp8Bf16Table {
-  alignas(64) uint8_t bytes[256];
-  Fp8Bf16Table() {
-    for (int m = 0; m < 128; ++m) {
-      const uint16_t bits = bf16_encode(fp8_e4m3_decode(static_cast<uint8_t>(m)));  // exact
-      bytes[m] = static_cast<uint8_t>(bits >> 8);
-      bytes[128 + m] = static_cast<uint8_t>(bits & 0xff);
-    }
-  }
-};
-const Fp8Bf16Table kFp8Bf16Table;
-
-}  // namespace
-}  // namespace fp8serve::cpu
 
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx512bf16,avx2,fma,f16c"))), apply_to = function)
@@ -74,22 +57,11 @@ struct VecAvx512Bf16 : VecAvx512 {
   static constexpr int kMaxRows = 4;         // 4 rows x 4 value vectors = 16 accumulators
   static constexpr float kFp8Unit = 1.0f;    // the table gives exact values
 
-  struct Lut {
-    __m512i hi0, hi1, lo0, lo1, sign;
-  };
-  static Lut lut() {
-    const uint8_t* t = kFp8Bf16Table.bytes;
-    return {_mm512_load_si512(t), _mm512_load_si512(t + 64), _mm512_load_si512(t + 128),
-            _mm512_load_si512(t + 192), _mm512_set1_epi8(static_cast<char>(0x80))};
-  }
+  using Lut = Fp8Bf16Lut;
+  static Lut lut() { return fp8_bf16_lut(); }
   // 64 FP8 bytes -> 32 bf16 in w0 (bytes 0..7 of each 128-bit lane) and 32 in w1 (bytes 8..15).
   static void fp8_to_bf16(__m512i bytes, const Lut& t, __m512i& w0, __m512i& w1) {
-    // hi | (bytes & 0x80): the table's high byte with the FP8 sign put back.
-    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, bytes, t.hi1), bytes,
-                                                 t.sign, 0xf8);
-    const __m512i lo = _mm512_permutex2var_epi8(t.lo0, bytes, t.lo1);
-    w0 = _mm512_unpacklo_epi8(lo, hi);
-    w1 = _mm512_unpackhi_epi8(lo, hi);
+    cpu::fp8_to_bf16(bytes, t, w0, w1);
   }
   static __m512 dot(__m512 acc, __m512i a, __m512i b) {
     return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));

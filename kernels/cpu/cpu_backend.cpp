@@ -12,7 +12,7 @@
 namespace fp8serve::cpu {
 
 std::string CpuBackend::describe() const {
-  return "cpu (" + cpu::describe(cpu_features()) + "; linear " + linear_isa_name(linear_best_isa()) +
+  return "cpu (" + cpu::describe(cpu_features()) + "; linear " + linear_isa_name(linear_isa_) +
          "), " + std::to_string(pool_.num_threads()) + " threads";
 }
 
@@ -61,7 +61,9 @@ void CpuBackend::embedding(const EmbeddingParams& p, Stream /*stream*/) {
 
 void CpuBackend::rms_norm(const RmsNormParams& p, Stream /*stream*/) { rms_norm_cpu(p, pool_); }
 
-void CpuBackend::linear(const LinearParams& p, Stream /*stream*/) { linear_cpu(p, pool_); }
+void CpuBackend::linear(const LinearParams& p, Stream /*stream*/) {
+  linear_cpu(p, pool_, linear_workspace_, linear_isa_);
+}
 
 void CpuBackend::rope(const RopeParams& p, Stream /*stream*/) {
   if (rope_table_.max_positions == 0) throw std::logic_error("rope: set_rope_table() was not called");

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "kernels/backend.hpp"
+#include "kernels/cpu/linear.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/paged_attention_cpu.hpp"
 #include "kernels/cpu/thread_pool.hpp"
@@ -16,14 +17,17 @@ namespace fp8serve::cpu {
 
 class CpuBackend final : public Backend {
  public:
-  // attention_isa: which paged-attention build to run (best = avx512bf16 where the CPU has it;
-  // benchmarks pass avx512 to compare with the fp32 one).
-  explicit CpuBackend(ThreadPool& pool, CpuIsa attention_isa = CpuIsa::best)
-      : pool_(pool), attention_isa_(attention_isa) {}
+  // attention_isa / linear_isa: which paged-attention and projection builds to run (best =
+  // avx512bf16 where the CPU has it; tests and benchmarks pass avx512 to compare with the fp32
+  // ones).
+  explicit CpuBackend(ThreadPool& pool, CpuIsa attention_isa = CpuIsa::best,
+                      LinearIsa linear_isa = LinearIsa::best)
+      : pool_(pool), attention_isa_(attention_isa), linear_isa_(linear_isa) {}
 
   std::string_view name() const override { return "cpu"; }
   ActDtype activation_dtype() const override { return ActDtype::f32; }
   std::string describe() const override;
+  bool supports_weight_dtype(WeightDtype /*dtype*/) const override { return true; }
 
   void* allocate(std::size_t bytes) override;
   void free(void* ptr) override;
@@ -49,7 +53,9 @@ class CpuBackend final : public Backend {
  private:
   ThreadPool& pool_;
   CpuIsa attention_isa_;
+  LinearIsa linear_isa_;
   AttentionWorkspace attention_workspace_;  // reused by every layer of every step
+  LinearWorkspace linear_workspace_;
   RopeTable rope_table_;
 };
 

@@ -1,7 +1,8 @@
-// The AVX-512 linear kernel: register tiles of kRows tokens x kCols weight rows, one zmm of 16
-// partial sums per (token, weight row), bf16 widened to fp32 in registers (a zero-extend and a
-// shift: bf16 is the top half of an fp32). The summation order is the one linear_scalar.cpp
-// defines, so results are bitwise those of the scalar and AVX2 paths.
+// The AVX-512 fp32-dot linear kernel: register tiles of R tokens x C weight rows, one zmm of 16
+// partial sums per (token, weight row), weights widened to fp32 in registers (bf16: a
+// zero-extend and a shift, bf16 being the top half of an fp32; FP8: the fp16 trick, see
+// widen_fp8). The summation order is the one linear_scalar.cpp defines, so results are bitwise
+// those of the scalar and AVX2 paths.
 
 // GCC 12 reports its own intrinsics (the `__Y = __Y` idiom of _mm512_undefined_*) as
 // uninitialized once they are inlined into a target("avx512f") function (GCC bug 105593).
@@ -15,10 +16,12 @@
 #include <utility>
 
 #include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/linear_avx512_common.hpp"
+#include "kernels/cpu/linear_tiles.hpp"
 #include "kernels/cpu/ops.hpp"
 
-// AVX512BW+VL for the masked 16-bit tail loads: every CPU with AVX512BW also has VL.
-#define FP8SERVE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+// AVX512BW+VL for the masked 8- and 16-bit tail loads: every CPU with AVX512BW also has VL.
+#define FP8SERVE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
 namespace fp8serve::cpu::detail {
 
@@ -31,163 +34,101 @@ constexpr int kCols = 6;
 // Software prefetch into L2 (T1), measured on batch-1 decode of a 56 MB matrix (Zen 4, 1 thread,
 // a shared and noisy machine; GB/s against a streaming read of the same bytes). With the tile
 // walking kCols adjacent rows: no prefetch 20-35%, 2 tiles ahead into L1 (T0) 40-70%, 1-8 tiles
-// into L2 73-79%, NTA 56-65%. Walking kCols separate segments row after row (the batch-1 path
-// below) and prefetching 4 rows ahead in each: 75-110% (the plain read suffers more from 4 KiB
-// pages than the prefetching GEMV does).
+// into L2 73-79%, NTA 56-65%. Walking kCols separate segments row after row (the batch-1 path)
+// and prefetching 4 rows ahead in each: 75-110% (the plain read suffers more from 4 KiB pages
+// than the prefetching GEMV does).
 constexpr int kPrefetchTiles = 4;         // GEMM tiles: tiles ahead
 constexpr int64_t kGemvPrefetchRows = 4;  // batch-1 path: rows ahead in each segment
 
-FP8SERVE_AVX512 inline __m512 widen_bf16(__m256i bits) {
+// 16 weights -> 16 fp32, exactly. bf16: the bits move to the top half.
+FP8SERVE_AVX512 inline __m512 widen(const std::uint16_t* w) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
-
-// The canonical halving tree: (j + j+8), (j + j+4), (j + j+2), (j + j+1).
-FP8SERVE_AVX512 inline float reduce16(__m512 v) {
-  const __m256 lo = _mm512_castps512_ps256(v);
-  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-  const __m256 s8 = _mm256_add_ps(lo, hi);
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
+FP8SERVE_AVX512 inline __m512 widen_masked(const std::uint16_t* w, __mmask16 mask) {
+  const __m256i bits = _mm256_maskz_loadu_epi16(mask, w);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+// FP8: each E4M3 byte, sign-extended to 16 bits, shifted left by 7 and masked, is the fp16 of
+// its value times 2^-8 (the 4 exponent bits land in fp16's 5-bit field, whose bias is 8 more),
+// subnormals included; vcvtph2ps widens that exactly.
+FP8SERVE_AVX512 inline __m512 fp8_bytes_to_f32(__m128i bytes) {
+  __m256i halves = _mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7);
+  halves = _mm256_and_si256(halves, _mm256_set1_epi16(static_cast<short>(0xbf80)));
+  return _mm512_cvtph_ps(halves);
+}
+FP8SERVE_AVX512 inline __m512 widen(const std::uint8_t* w) {
+  return fp8_bytes_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+}
+FP8SERVE_AVX512 inline __m512 widen_masked(const std::uint8_t* w, __mmask16 mask) {
+  return fp8_bytes_to_f32(_mm_maskz_loadu_epi8(mask, w));
 }
 
-// dots[r * C + c] = canonical dot of x row r with weight row rows[c].
-// Each row is also prefetched (into L2) prefetch_bytes ahead of where it is being read: the
-// hardware prefetcher follows a few long streams well but not C interleaved short ones.
-// Prefetches past the end of the weights are harmless: they never fault.
-template <int R, int C>
-FP8SERVE_AVX512 void tile(const float* x, int64_t x_stride, const std::uint16_t* const* rows,
-                          int64_t k, int64_t prefetch_bytes, float* dots) {
+
+// dots[r * C + c] = canonical dot of x row r with weight row rows[c] (TileArgs). Each row is also
+// prefetched (into L2) prefetch_bytes ahead of where it is being read: the hardware prefetcher
+// follows a few long streams well but not C interleaved short ones. Prefetches past the end of
+// the weights are harmless: they never fault.
+template <typename W, int R, int C>
+FP8SERVE_AVX512 void tile(const TileArgs<W>& a, float* dots) {
+  constexpr bool kScaled = std::is_same_v<W, std::uint8_t>;
+  __m512 total[R][C];
   __m512 acc[R][C];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  }
   std::uintptr_t prefetch[C];
+  prefetch_starts(a, prefetch);
+  for (int64_t b = 0, begin = 0; begin < a.k; ++b, begin += a.block_k) {
+    const int64_t end = begin + a.block_k < a.k ? begin + a.block_k : a.k;
+    zero_tile(acc);
+    int64_t i = begin;
+    for (; i + 16 <= end; i += 16) {
+      if ((i * static_cast<int64_t>(sizeof(W))) % 64 == 0) {  // one prefetch per 64-byte line of each row
 #pragma GCC unroll 8
-  for (int c = 0; c < C; ++c) {
-    prefetch[c] =
-        reinterpret_cast<std::uintptr_t>(rows[c]) + static_cast<std::uintptr_t>(prefetch_bytes);
-  }
-  int64_t i = 0;
-  for (; i + 16 <= k; i += 16) {
-    if ((i & 31) == 0) {  // one prefetch per 64-byte line of each row
+        for (int c = 0; c < C; ++c) {
+          _mm_prefetch(reinterpret_cast<const char*>(prefetch[c] + static_cast<std::uintptr_t>(i * sizeof(W))),
+                       _MM_HINT_T1);
+        }
+      }
+      __m512 wv[C];
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) {
-        _mm_prefetch(
-            reinterpret_cast<const char*>(prefetch[c] + static_cast<std::uintptr_t>(2 * i)),
-            _MM_HINT_T1);
+      for (int c = 0; c < C; ++c) wv[c] = widen(a.rows[c] + i);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512 xv = _mm512_loadu_ps(a.x + r * a.x_stride + i);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
       }
     }
-    __m512 wv[C];
+    if (i < end) {
+      // Tail: masked loads, so the missing lanes add 0 * 0 exactly as the scalar path does.
+      const __mmask16 mask = static_cast<__mmask16>((1u << (end - i)) - 1u);
+      __m512 wv[C];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) {
-      wv[c] = widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[c] + i)));
+      for (int c = 0; c < C; ++c) wv[c] = widen_masked(a.rows[c] + i, mask);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512 xv = _mm512_maskz_loadu_ps(mask, a.x + r * a.x_stride + i);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+      }
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512 xv = _mm512_loadu_ps(x + r * x_stride + i);
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
-    }
+    end_block<kScaled, R, C>(a.scales, b, 1.0f / kFp8SumUnit, acc, total);
   }
-  if (i < k) {
-    // Tail: masked loads, so the missing lanes add 0 * 0 exactly as the scalar path does.
-    const int tail = static_cast<int>(k - i);
-    const __mmask16 mask = static_cast<__mmask16>((1u << tail) - 1u);
-    __m512 wv[C];
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) wv[c] = widen_bf16(_mm256_maskz_loadu_epi16(mask, rows[c] + i));
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + r * x_stride + i);
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) dots[r * C + c] = reduce16(acc[r][c]);
-  }
+  reduce_tile<R, C>(total, dots);
 }
 
-using TileFn = void (*)(const float*, int64_t, const std::uint16_t* const*, int64_t, int64_t,
-                        float*);
-
-struct TileTable {
-  TileFn fn[kRows][kCols];
+struct Tiles {
+  template <typename W, int R, int C>
+  static void run(const TileArgs<W>& a, float* dots) {
+    tile<W, R, C>(a, dots);
+  }
 };
-
-template <int R, int... Cs>
-constexpr void fill_row(TileTable& table, std::integer_sequence<int, Cs...>) {
-  ((table.fn[R - 1][Cs] = &tile<R, Cs + 1>), ...);
-}
-
-template <int... Rs>
-constexpr TileTable make_tiles(std::integer_sequence<int, Rs...>) {
-  TileTable table{};
-  (fill_row<Rs + 1>(table, std::make_integer_sequence<int, kCols>{}), ...);
-  return table;
-}
-
-// tiles.fn[rows - 1][cols - 1]: the tile for a partial block at the batch or output edge.
-constexpr auto tiles = make_tiles(std::make_integer_sequence<int, kRows>{});
 
 }  // namespace
 
-void linear_block_avx512(const LinearParams& p, int64_t t_begin, int64_t t_end, int64_t o_begin,
+void linear_block_avx512(const LinearJob& job, int64_t t_begin, int64_t t_end, int64_t o_begin,
                          int64_t o_end) {
-  float dots[kRows * kCols];
-  const std::uint16_t* rows[kCols];
-  auto store = [&](int64_t t, int num_rows, const int64_t* outs, int num_cols) {
-    for (int r = 0; r < num_rows; ++r) {
-      float* y = f32(p.y) + (t + r) * p.y_stride;
-      for (int c = 0; c < num_cols; ++c) {
-        const float dot = dots[r * num_cols + c];
-        y[outs[c]] = p.bias ? dot + bf16_to_float(p.bias[outs[c]]) : dot;
-      }
-    }
-  };
-  int64_t outs[kCols];
-  if (t_end - t_begin == 1) {
-    // One token (batch-1 decode): the weights are read once and DRAM bound. The block is cut
-    // into kCols contiguous segments read side by side, each walking its rows in memory order:
-    // a few long sequential streams, which the prefetchers follow at full speed.
-    const int64_t n = o_end - o_begin;
-    const int64_t per_segment = (n + kCols - 1) / kCols;
-    for (int64_t r = 0; r < per_segment; ++r) {
-      int cols = 0;
-      for (int s = 0; s < kCols; ++s) {
-        const int64_t o = o_begin + s * per_segment + r;
-        if (o < o_end) {
-          outs[cols] = o;
-          rows[cols++] = p.weight + o * p.in_features;
-        }
-      }
-      tiles.fn[0][cols - 1](f32(p.x) + t_begin * p.x_stride, p.x_stride, rows, p.in_features,
-                            kGemvPrefetchRows * p.in_features * 2, dots);
-      store(t_begin, 1, outs, cols);
-    }
-    return;
-  }
-  for (int64_t o = o_begin; o < o_end; o += kCols) {
-    const int cols = static_cast<int>(o_end - o < kCols ? o_end - o : kCols);
-    for (int c = 0; c < cols; ++c) {
-      outs[c] = o + c;
-      rows[c] = p.weight + (o + c) * p.in_features;
-    }
-    // A tile's rows are contiguous: prefetch the rows kPrefetchTiles tiles further on.
-    const int64_t prefetch_bytes = kPrefetchTiles * cols * p.in_features * 2;
-    for (int64_t t = t_begin; t < t_end; t += kRows) {
-      const int num_rows = static_cast<int>(t_end - t < kRows ? t_end - t : kRows);
-      tiles.fn[num_rows - 1][cols - 1](f32(p.x) + t * p.x_stride, p.x_stride, rows, p.in_features,
-                                       prefetch_bytes, dots);
-      store(t, num_rows, outs, cols);
-    }
-  }
+  TileWalk<Tiles, kRows, kCols> walk{job, kPrefetchTiles, kGemvPrefetchRows};
+  walk.run(t_begin, t_end, o_begin, o_end);
 }
 
 }  // namespace fp8serve::cpu::detail

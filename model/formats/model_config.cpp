@@ -314,6 +314,7 @@ ModelConfig parse_hf_config(const json& config, const json* generation_config) {
                       std::string(family_name(c.family)) + " (o_proj bias)");
   }
   c.qk_norm = c.family == Family::qwen3;
+  c.quantization = parse_quantization_config(config);
 
   c.bos_token_id = int_or(config, "bos_token_id", -1);
   c.eos_token_ids = opt_token_ids(config, "eos_token_id").value_or(std::vector<int>{});

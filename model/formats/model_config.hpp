@@ -32,6 +32,25 @@ struct RopeScaling {
   int original_max_position_embeddings = 0;
 };
 
+// The weight quantization a checkpoint declares (config.json's quantization_config). Only FP8
+// E4M3 weights are understood, as published:
+//   quant_method "fp8" (vLLM, Qwen3-FP8):  weight_scale per tensor, or with weight_block_size
+//       [rows, cols] a weight_scale_inv per block (the multiplier: w = q * weight_scale_inv)
+//   quant_method "compressed-tensors" (llm-compressor), float 8-bit weights, strategy tensor,
+//       channel or block: weight_scale per tensor, per channel or per block
+// input_scale (static activation scales) may be present and is unused: activations stay bf16 /
+// fp32. Anything else is a FormatError naming the key (quantization_config.cpp).
+struct WeightQuantization {
+  bool fp8 = false;
+  std::string method;  // quant_method as written
+  // Block scales: rows x cols weights per scale (0 x 0: per tensor or per channel).
+  int block_rows = 0;
+  int block_cols = 0;
+};
+
+// Parses config.json's quantization_config (absent or null: no quantization).
+WeightQuantization parse_quantization_config(const nlohmann::json& config);
+
 struct ModelConfig {
   Family family = Family::llama;
   std::string architecture;  // the HF class name: LlamaForCausalLM, Qwen2ForCausalLM, ...
@@ -49,6 +68,7 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // bias on q/k/v projections (Qwen2)
   bool qk_norm = false;         // per-head RMSNorm on q and k before rope (Qwen3)
+  WeightQuantization quantization;  // HF checkpoints; GGUF files: none
   int bos_token_id = -1;        // -1: none
   std::vector<int> eos_token_ids;
 };

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "model/formats/dequant.hpp"
+#include "model/formats/fp8_checkpoint.hpp"
 #include "model/formats/gguf.hpp"
 #include "model/formats/safetensors.hpp"
 
@@ -57,44 +58,43 @@ HostTensor host_tensor_from_safetensors(const SafetensorsTensor& t) {
   return out;
 }
 
-namespace {
-
-// llama.cpp's converter permutes the rows of q_proj and k_proj of llama-family models so that
-// its rope can rotate adjacent pairs (GPT-J style) instead of the two halves of each head
-// (HF/NeoX style): GGUF row h*hd + 2*i + j holds HF row h*hd + j*hd/2 + i. Undo it.
-void unpermute_rotary_rows(std::vector<float>& data, int64_t rows, int num_heads,
-                           const std::string& name) {
-  const auto n = static_cast<int64_t>(data.size());
-  const int64_t cols = rows > 0 ? n / rows : 0;
-  if (num_heads <= 0 || rows <= 0 || cols <= 0 || rows * cols != n || rows % num_heads != 0 ||
-      (rows / num_heads) % 2 != 0) {
-    throw FormatError("GGUF: tensor '" + name + "' has " + std::to_string(rows) +
-                      " rows, not num_heads x an even head dim");
-  }
-  const int64_t head_dim = rows / num_heads;
-  const int64_t half = head_dim / 2;
-  std::vector<float> out(data.size());
-  for (int64_t h = 0; h < num_heads; ++h) {
-    for (int64_t i = 0; i < half; ++i) {
-      for (int64_t j = 0; j < 2; ++j) {
-        const int64_t gguf_row = h * head_dim + 2 * i + j;
-        const int64_t hf_row = h * head_dim + j * half + i;
-        std::memcpy(&out[static_cast<size_t>(hf_row * cols)],
-                    &data[static_cast<size_t>(gguf_row * cols)],
-                    static_cast<size_t>(cols) * sizeof(float));
-      }
-    }
-  }
-  data.swap(out);
-}
-
-}  // namespace
 
 int64_t HostTensor::num_elements() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
 }
+
+int64_t HostTensor::rows() const { return shape.size() >= 2 ? shape[0] : 1; }
+
+int64_t HostTensor::cols() const {
+  const int64_t r = rows();
+  return r > 0 ? num_elements() / r : 0;
+}
+
+void HostTensor::read_rows(int64_t begin, int64_t end, float* out) const {
+  if (source) {
+    source->read_rows(begin, end, out);
+    return;
+  }
+  const int64_t c = cols();
+  for (int64_t i = begin * c; i < end * c; ++i) out[i - begin * c] = bf16_to_f32(data[static_cast<size_t>(i)]);
+}
+
+std::vector<uint16_t> HostTensor::to_bf16() const {
+  if (!source) return data;
+  std::vector<uint16_t> out(static_cast<size_t>(num_elements()));
+  const int64_t c = cols(), chunk = std::max<int64_t>(1, 65536 / std::max<int64_t>(c, 1));
+  std::vector<float> rows_f32(static_cast<size_t>(chunk * c));
+  for (int64_t r = 0; r < rows(); r += chunk) {
+    const int64_t end = std::min(rows(), r + chunk);
+    read_rows(r, end, rows_f32.data());
+    for (int64_t i = 0; i < (end - r) * c; ++i) out[static_cast<size_t>(r * c + i)] = f32_to_bf16(rows_f32[static_cast<size_t>(i)]);
+  }
+  return out;
+}
+
+std::string HostTensor::stored_type() const { return source ? std::string(source->stored_type()) : "BF16"; }
 
 const HostTensor* ModelWeights::find(std::string_view name) const {
   const auto it = tensors.find(name);
@@ -109,7 +109,7 @@ const HostTensor& ModelWeights::at(std::string_view name) const {
 
 uint64_t ModelWeights::num_bytes() const {
   uint64_t total = 0;
-  for (const auto& [name, t] : tensors) total += t.data.size() * sizeof(uint16_t);
+  for (const auto& [name, t] : tensors) total += static_cast<uint64_t>(t.num_elements()) * sizeof(uint16_t);
   return total;
 }
 
@@ -149,21 +149,30 @@ std::string hf_name_from_gguf(std::string_view name) {
 }
 
 ModelWeights load_hf_weights(const std::string& model_dir, const ModelConfig& config) {
-  const SafetensorsModel model = SafetensorsModel::open_dir(model_dir);
+  const auto model = std::make_shared<const SafetensorsModel>(SafetensorsModel::open_dir(model_dir));
   ModelWeights weights;
-  for (const SafetensorsTensor* t : model.tensors()) {
+  for (const SafetensorsTensor* t : model->tensors()) {
     // Old Llama checkpoints store the rotary inverse frequencies; they are derived, not weights.
     if (ends_with(t->name, ".rotary_emb.inv_freq")) continue;
-    weights.tensors.emplace(t->name, host_tensor_from_safetensors(*t));
+    // FP8 scales belong to their weight (fp8_checkpoint_weight checks that each has one).
+    if (is_fp8_scale_name(t->name)) continue;
+    HostTensor h;
+    h.name = t->name;
+    h.shape = t->shape;
+    Fp8Weight fp8;
+    if (t->dtype == SafetensorsDtype::f8_e4m3) fp8 = fp8_checkpoint_weight(*model, *t, config.quantization);
+    h.source = safetensors_tensor_source(model, *t, std::max<int64_t>(h.rows(), 1), std::max<int64_t>(h.cols(), 1),
+                                         std::move(fp8));
+    weights.tensors.emplace(t->name, std::move(h));
   }
+  check_fp8_scales_have_weights(*model);
   validate_weights(weights, config);
   return weights;
 }
 
-ModelWeights load_gguf_weights(const GgufFile& gguf, const ModelConfig& config) {
+ModelWeights load_gguf_weights(std::shared_ptr<const GgufFile> gguf, const ModelConfig& config) {
   ModelWeights weights;
-  std::vector<float> buffer;
-  for (const GgufTensorInfo& info : gguf.tensors()) {
+  for (const GgufTensorInfo& info : gguf->tensors()) {
     // Rope scaling divisors: parse_gguf_config has turned them into config.rope_scaling.
     if (info.name == "rope_freqs.weight") continue;
     std::string name = hf_name_from_gguf(info.name);
@@ -171,24 +180,21 @@ ModelWeights load_gguf_weights(const GgufFile& gguf, const ModelConfig& config) 
     HostTensor t;
     t.name = name;
     t.shape.assign(info.shape.rbegin(), info.shape.rend());  // ggml ne is innermost-first
-    const int64_t n = info.num_elements();
-    if (static_cast<uint64_t>(n) > std::numeric_limits<size_t>::max() / sizeof(float)) {
-      throw FormatError("GGUF: tensor '" + info.name + "' is too large");
+    if (!can_dequantize(info.type)) {
+      throw FormatError("GGUF: tensor '" + info.name + "': type " + std::string(ggml_type_name(info.type)) +
+                        " cannot be dequantized (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
+                        "Q4_K, Q5_K, Q6_K)");
     }
-    buffer.resize(static_cast<size_t>(n));
-    try {
-      dequantize_ggml(info.type, gguf.tensor_data(info), buffer);
-    } catch (const FormatError& e) {
-      throw FormatError("GGUF: tensor '" + info.name + "': " + e.what());
-    }
+    int unpermute_heads = 0;
     if (config.family == Family::llama && t.shape.size() >= 1 &&
         (ends_with(name, "self_attn.q_proj.weight") || ends_with(name, "self_attn.k_proj.weight"))) {
-      const bool is_q = ends_with(name, "q_proj.weight");
-      unpermute_rotary_rows(buffer, t.shape[0], is_q ? config.num_heads : config.num_kv_heads,
-                            info.name);
+      unpermute_heads = ends_with(name, "q_proj.weight") ? config.num_heads : config.num_kv_heads;
+      if (unpermute_heads <= 0) throw FormatError("GGUF: tensor '" + info.name + "': the config has no heads");
     }
-    t.data.resize(buffer.size());
-    for (size_t i = 0; i < buffer.size(); ++i) t.data[i] = f32_to_bf16(buffer[i]);
+    const int64_t rows = t.shape.size() >= 2 ? t.shape[0] : 1;
+    const int64_t cols = rows > 0 ? info.num_elements() / rows : 0;
+    if (rows < 1 || cols < 1) throw FormatError("GGUF: tensor '" + info.name + "' is empty");
+    t.source = gguf_tensor_source(gguf, info, rows, cols, unpermute_heads);
     if (!weights.tensors.emplace(name, std::move(t)).second) {
       throw FormatError("GGUF: two tensors map to '" + name + "'");
     }
@@ -257,7 +263,7 @@ WeightProblems check_weights(const ModelWeights& weights, const ModelConfig& con
     } else if (t->shape != shape) {
       problems.misshapen.push_back(name + ": got " + shape_str(t->shape) + ", expected " +
                                    shape_str(shape));
-    } else if (t->data.size() != static_cast<size_t>(t->num_elements())) {
+    } else if (!t->source && t->data.size() != static_cast<size_t>(t->num_elements())) {
       problems.misshapen.push_back(name + ": holds " + std::to_string(t->data.size()) +
                                    " values for shape " + shape_str(shape));
     }
@@ -266,7 +272,7 @@ WeightProblems check_weights(const ModelWeights& weights, const ModelConfig& con
     if (expected.count(name) != 0) continue;
     if (name == "lm_head.weight" && config.tie_word_embeddings) {
       const HostTensor* embed = weights.find("model.embed_tokens.weight");
-      if (embed != nullptr && embed->shape == t.shape && embed->data == t.data) continue;
+      if (embed != nullptr && embed->shape == t.shape && embed->to_bf16() == t.to_bf16()) continue;
     }
     problems.extra.push_back(name);
   }

@@ -1,10 +1,13 @@
 // bench_kv_quality: the seed's FP8-vs-bf16 table (issue 4), reproduced on this machine with the
 // default model: bf16 KV against FP8 KV at several --kv-scale-margin values and bf16 recent
 // windows (--kv-bf16-window, K and V or K only; issue 17), and, where the CPU attention runs on
-// bf16 dot products, bf16 KV through the fp32 attention build.
+// bf16 dot products, bf16 KV through the fp32 attention build. With --weights, the same for FP8
+// weights (issue 14): bf16 weights against --quantization fp8 (LM head FP8 or bf16), the
+// fp32-dot projections against the bf16 dot, and FP8 KV (the first of --windows) on top.
 //
 //   bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] [--windows 0,32,64]
-//                    [--window-tensors kv,k] [--text FILE]...
+//                    [--window-tensors kv,k] [--text FILE]... [--weights] [--reference NAME]
+//                    [--reference-only (only the third table)]
 //
 // Workloads (prompts are token windows of natural English text, the repository's READMEs by
 // default): one long prompt (1000 tokens) + 256 generated, batch 1; and 50 short prompts
@@ -17,6 +20,10 @@
 //   teacher-forced every FP8 configuration in lockstep with bf16, all fed the bf16 run's tokens,
 //                 so divergence does not compound: KL(p_bf16 || p_fp8) of each next-token
 //                 distribution, mean and max.
+// With a transformers reference for the model (tests/fixtures/engine/NAME.kv-bf16[.act-bf16].json;
+// NAME from --reference, else the model's file or folder name), a third table: each config's 32
+// greedy tokens on the reference's prompts, and where they first differ, the reference's top-2
+// margin there (a near-tie is < 0.01).
 // It drives the Transformer directly (no scheduler): one sequence per contiguous run of blocks,
 // the whole prompt set prefilled in one step, so the FP8 scales are calibrated on each full
 // prompt, as the engine does with an unchunked prefill; with a window, sequence s owns tail
@@ -24,14 +31,14 @@
 // Also printed: KV bytes per token of one sequence at 128 to 8k tokens of context (its FP8
 // blocks plus its tail ring), what the window costs in memory.
 #include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <numeric>
 #include <sstream>
@@ -39,8 +46,11 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "bench_inputs.hpp"
 #include "cache/kv_cache_spec.hpp"
+#include "child_process.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #include "model/loader.hpp"
 #include "model/transformer.hpp"
@@ -56,6 +66,9 @@ struct KvConfig {
   cpu::CpuIsa attention_isa = cpu::CpuIsa::best;
   int window = 0;       // --kv-bf16-window
   bool values = true;   // K and V in the window (false: K only)
+  bool fp8_weights = false;  // --quantization fp8
+  bool fp8_lm_head = false;  // with it, the LM head too
+  cpu::LinearIsa linear_isa = cpu::LinearIsa::best;
   std::string name() const {
     char buf[64];
     if (dtype == KvDtype::bf16) std::snprintf(buf, sizeof buf, "bf16");
@@ -63,6 +76,8 @@ struct KvConfig {
     else std::snprintf(buf, sizeof buf, "fp8 m=%.1f w=%d %s", margin, window, values ? "kv" : "k");
     std::string out = buf;
     if (attention_isa != cpu::CpuIsa::best) out += std::string(" ") + cpu::cpu_isa_name(attention_isa);
+    if (fp8_weights) out = std::string("W fp8") + (fp8_lm_head ? " (LM head fp8)" : "") + ", KV " + out;
+    if (linear_isa != cpu::LinearIsa::best) out += std::string(", projections ") + cpu::linear_isa_name(linear_isa);
     return out;
   }
 };
@@ -73,7 +88,7 @@ class Stepper {
  public:
   Stepper(const LoadedModel& model, cpu::ThreadPool& pool, const KvConfig& kv,
           const std::vector<std::vector<int32_t>>& prompts, int num_generate)
-      : config_(model.config), backend_(pool, kv.attention_isa), prompts_(prompts) {
+      : config_(model.config), backend_(pool, kv.attention_isa, kv.linear_isa), prompts_(prompts) {
     const auto num_seqs = static_cast<int>(prompts.size());
     int max_prompt = 0, total_prompt = 0;
     for (const auto& p : prompts) {
@@ -89,6 +104,8 @@ class Stepper {
     options.max_num_tokens = std::max(total_prompt, num_seqs);
     options.max_num_seqs = num_seqs;
     options.max_model_len = blocks_per_seq_ * kBlock;
+    options.quantize_fp8 = kv.fp8_weights;
+    options.quantize_lm_head = kv.fp8_lm_head;
     options.window = KvWindow{kv.window, kv.values, kBlock};
     window_ = options.window;
     transformer_ = std::make_unique<Transformer>(model.config, model.weights, backend_, options);
@@ -243,11 +260,7 @@ FreeRun free_run(const LoadedModel& model, cpu::ThreadPool& pool, const KvConfig
 // Runs free_run in a forked child (its own peak RSS), results back through a pipe.
 FreeRun free_run_isolated(const LoadedModel& model, int threads, const KvConfig& kv,
                           const std::vector<std::vector<int32_t>>& prompts, int num_generate) {
-  int fds[2];
-  if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
+  std::istringstream in(bench::run_in_child([&] {
     cpu::ThreadPool pool(threads);
     const FreeRun r = free_run(model, pool, kv, prompts, num_generate);
     std::ostringstream out;
@@ -256,25 +269,8 @@ FreeRun free_run_isolated(const LoadedModel& model, int threads, const KvConfig&
         << r.elements << ' ' << r.saturated;
     for (const auto& seq : r.tokens)
       for (const int32_t t : seq) out << ' ' << t;
-    const std::string text = out.str();
-    std::size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = write(fds[1], text.data() + done, text.size() - done);
-      if (n <= 0) _exit(1);
-      done += static_cast<std::size_t>(n);
-    }
-    _exit(0);
-  }
-  close(fds[1]);
-  std::string text;
-  char buf[65536];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error("benchmark child failed");
-  std::istringstream in(text);
+    return out.str();
+  }));
   FreeRun r;
   in >> r.wall_s >> r.prefill_s >> r.decode_s >> r.kv_bytes >> r.peak_rss_kib >> r.elements >> r.saturated;
   r.tokens.assign(prompts.size(), std::vector<int32_t>(static_cast<std::size_t>(num_generate)));
@@ -351,7 +347,7 @@ void print_table(const LoadedModel& model, int threads, const std::vector<KvConf
     const std::vector<Divergence> part = teacher_forced(model, pool, group, prompts, runs[0].tokens, num_generate);
     kl.insert(kl.end(), part.begin(), part.end());
   }
-  std::printf("| KV | KV MiB (+ tail) | peak RSS MiB | wall s | prefill tok/s | decode tok/s | greedy tokens = bf16 | "
+  std::printf("| config | KV MiB (+ tail) | peak RSS MiB | wall s | prefill tok/s | decode tok/s | greedy tokens = bf16 | "
               "sequences all = bf16 | mean KL | max KL | saturated |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::size_t prompt_tokens = 0;
@@ -380,6 +376,57 @@ void print_table(const LoadedModel& model, int threads, const std::vector<KvConf
   }
 }
 
+// Greedy tokens of every config on the prompts of a transformers reference, against it: the
+// reference of the arithmetic the config runs (bf16 K/V; projections' inputs rounded to bf16 for
+// the bf16 dot where that reference exists).
+void print_reference(const LoadedModel& model, int threads, const std::vector<KvConfig>& configs,
+                     const std::string& name) {
+  const std::filesystem::path dir = bench::repo_root() / "tests/fixtures/engine";
+  auto read = [](const std::filesystem::path& path) {
+    std::ifstream in(path);
+    return in.good() ? nlohmann::json::parse(in) : nlohmann::json();
+  };
+  const nlohmann::json fp32_dot = read(dir / (name + ".kv-bf16.json"));
+  const nlohmann::json bf16_dot = read(dir / (name + ".kv-bf16.act-bf16.json"));
+  if (fp32_dot.is_null()) {
+    std::printf("\n(no transformers reference named %s: pass --reference NAME)\n", name.c_str());
+    return;
+  }
+  std::printf("\n## greedy tokens against the transformers reference %s (%zu prompts x 32 tokens)\n\n", name.c_str(),
+              fp32_dot["prompts"].size());
+  std::printf("| config | reference | tokens = reference | prompts all = | first divergences: reference margin there |\n");
+  std::printf("|---|---|---|---|---|\n");
+  cpu::ThreadPool pool(threads);
+  for (const KvConfig& config : configs) {
+    const cpu::LinearIsa isa = config.linear_isa == cpu::LinearIsa::best ? cpu::linear_best_isa() : config.linear_isa;
+    const bool rounded = isa == cpu::LinearIsa::avx512bf16 && !bf16_dot.is_null();
+    const nlohmann::json& ref = rounded ? bf16_dot : fp32_dot;
+    std::vector<std::vector<int32_t>> prompts;
+    for (const auto& p : ref["prompts"]) prompts.push_back(p["prompt_ids"].get<std::vector<int32_t>>());
+    const FreeRun run = free_run(model, pool, config, prompts, 32);
+    int matched = 0, all = 0;
+    std::string margins;
+    for (std::size_t p = 0; p < prompts.size(); ++p) {
+      const auto expected = ref["prompts"][p]["greedy_ids"].get<std::vector<int32_t>>();
+      std::size_t i = 0;
+      while (i < expected.size() && run.tokens[p][i] == expected[i]) ++i;
+      matched += static_cast<int>(i);
+      if (i == expected.size()) {
+        ++all;
+        continue;
+      }
+      char buf[48];
+      std::snprintf(buf, sizeof buf, "%s%.3g@%zu", margins.empty() ? "" : ", ",
+                    ref["prompts"][p]["greedy_steps"][i]["margin"].get<double>(), i);
+      margins += buf;
+    }
+    std::printf("| %s | %s | %d/%zu | %d/%zu | %s |\n", config.name().c_str(),
+                rounded ? "x rounded to bf16" : "fp32 projections", matched, 32 * prompts.size(), all, prompts.size(),
+                margins.empty() ? "-" : margins.c_str());
+    std::fflush(stdout);
+  }
+}
+
 // KV bytes per token of one sequence at several context lengths: its FP8 (or bf16) blocks plus,
 // with a window, its tail ring - what the window costs, next to pure FP8.
 void print_memory_table(const ModelConfig& c, const std::vector<KvConfig>& configs) {
@@ -387,7 +434,7 @@ void print_memory_table(const ModelConfig& c, const std::vector<KvConfig>& confi
   std::printf("\n## KV bytes per token of one sequence (its blocks of 16 + its tail ring), and / pure FP8\n\n");
   std::printf("| KV | tail ring | 128 | 1k | 4k | 8k |\n|---|---|---|---|---|---|\n");
   for (const KvConfig& kv : configs) {
-    if (kv.attention_isa != cpu::CpuIsa::best) continue;
+    if (kv.attention_isa != cpu::CpuIsa::best || kv.fp8_weights || kv.linear_isa != cpu::LinearIsa::best) continue;
     KvCacheSpec spec{16, c.num_layers, c.num_kv_heads, c.head_dim, kv.dtype, KvWindow{kv.window, kv.values, 16}};
     KvCacheSpec fp8 = spec;
     fp8.dtype = KvDtype::fp8_e4m3;
@@ -409,7 +456,8 @@ int main(int argc, char** argv) {
   std::string model_path = bench::default_model_path();
   std::vector<std::string> texts = bench::default_text_files();
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  bool quick = false;
+  bool quick = false, weights = false, reference_only = false;
+  std::string reference;
   std::vector<float> margins = {1.0f, 2.0f, 4.0f};
   std::vector<int> windows = {0};
   std::vector<bool> tensors = {true};  // values in the window: kv = true, k = false
@@ -426,6 +474,12 @@ int main(int argc, char** argv) {
       threads = std::stoi(argv[++i]);
     } else if (arg == "--quick") {
       quick = true;
+    } else if (arg == "--weights") {
+      weights = true;
+    } else if (arg == "--reference-only") {
+      reference_only = true;
+    } else if (arg == "--reference" && i + 1 < argc) {
+      reference = argv[++i];
     } else if (arg == "--text" && i + 1 < argc) {  // repeatable: the files, in order
       if (!own_texts) texts.clear();
       own_texts = true;
@@ -443,7 +497,8 @@ int main(int argc, char** argv) {
       model_path = arg;
     } else {
       std::fprintf(stderr, "usage: bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] "
-                           "[--windows 0,32,64] [--window-tensors kv,k] [--text FILE]...\n");
+                           "[--windows 0,32,64] [--window-tensors kv,k] [--text FILE]... [--weights] "
+                           "[--reference NAME] [--reference-only]\n");
       return 2;
     }
   }
@@ -457,24 +512,50 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<KvConfig> configs{{KvDtype::bf16, 1.0f}};
-  // Where the default attention is the bf16 dot-product build, the fp32 one on the same bf16
-  // KV as well: what the kernel's own rounding of q and p costs, next to what FP8 costs.
-  if (cpu::resolve_cpu_isa(cpu::CpuIsa::best, model.config.head_dim) == cpu::CpuIsa::avx512bf16) {
-    configs.push_back({KvDtype::bf16, 1.0f, cpu::CpuIsa::avx512});
-  }
-  for (const float m : margins) {
-    for (const int w : windows) {
-      if (w == 0) {
-        configs.push_back({KvDtype::fp8_e4m3, m});
-        continue;
+  if (weights) {
+    // FP8 weights: LM head FP8 and bf16; the bf16 dot's own cost (fp32-dot projections on bf16
+    // weights); FP8 KV on top of FP8 weights and alone, at the default margin.
+    const float m = margins.size() == 1 ? margins[0] : kDefaultKvScaleMargin;
+    KvConfig w{KvDtype::bf16, 1.0f};
+    w.fp8_weights = true;
+    configs.push_back(w);
+    w.fp8_lm_head = true;
+    configs.push_back(w);
+    if (cpu::linear_isa_supported(cpu::LinearIsa::avx512bf16)) {
+      KvConfig fp32_dot{KvDtype::bf16, 1.0f};
+      fp32_dot.linear_isa = cpu::LinearIsa::avx512;
+      configs.push_back(fp32_dot);
+    }
+    const KvConfig fp8_kv{KvDtype::fp8_e4m3, m, cpu::CpuIsa::best, windows.front(), tensors.front()};
+    configs.push_back(fp8_kv);
+    KvConfig both = fp8_kv;
+    both.fp8_weights = true;
+    configs.push_back(both);
+  } else {
+    // Where the default attention is the bf16 dot-product build, the fp32 one on the same bf16
+    // KV as well: what the kernel's own rounding of q and p costs, next to what FP8 costs.
+    if (cpu::resolve_cpu_isa(cpu::CpuIsa::best, model.config.head_dim) == cpu::CpuIsa::avx512bf16) {
+      configs.push_back({KvDtype::bf16, 1.0f, cpu::CpuIsa::avx512});
+    }
+    for (const float m : margins) {
+      for (const int w : windows) {
+        if (w == 0) {
+          configs.push_back({KvDtype::fp8_e4m3, m});
+          continue;
+        }
+        for (const bool values : tensors) configs.push_back({KvDtype::fp8_e4m3, m, cpu::CpuIsa::best, w, values});
       }
-      for (const bool values : tensors) configs.push_back({KvDtype::fp8_e4m3, m, cpu::CpuIsa::best, w, values});
     }
   }
+  if (reference.empty()) {
+    const std::filesystem::path path(model_path);
+    reference = path.stem() == "SmolLM2-135M-Instruct.Q4_1" ? "smollm2-135m-q4_1" : path.filename().string();
+  }
 
-  std::printf("# bench_kv_quality: %s, %d threads, %zu text tokens\n", model.name.c_str(), threads, ids.size());
-  std::printf("(peak RSS includes the %.0f MiB host copy of the weights every run inherits from the loader)\n",
-              static_cast<double>(model.weights.num_bytes()) / 1048576.0);
+  std::printf("# bench_kv_quality: %s, %d threads, %zu text tokens, projections %s\n", model.name.c_str(), threads,
+              ids.size(), cpu::linear_isa_name(cpu::LinearIsa::best));
+  std::printf("(peak RSS: of a forked child, after the parent loaded the model - its weights still in the mapped "
+              "file - and the run uploaded them)\n");
   Workload long_workload{"long prompt", {std::vector<int32_t>(ids.begin(), ids.begin() + long_len)}, long_gen, {}};
 
   // Short prompts: windows of 20-100 tokens spread over the text.
@@ -486,10 +567,15 @@ int main(int argc, char** argv) {
     short_prompts.emplace_back(begin, begin + static_cast<std::ptrdiff_t>(len));
   }
   Workload short_workload{"short prompts (one batch)", short_prompts, short_gen, {}};
+  if (reference_only) {
+    print_reference(model, threads, configs, reference);
+    return 0;
+  }
   print_memory_table(model.config, configs);
   run_free(model, threads, configs, long_workload);
   run_free(model, threads, configs, short_workload);
   print_table(model, threads, configs, long_workload);
   print_table(model, threads, configs, short_workload);
+  print_reference(model, threads, configs, reference);
   return 0;
 }

@@ -89,6 +89,21 @@ __attribute__((target("avx2,fma"))) inline float fma_loop_avx2(int64_t iters) {
   return lanes[0];
 }
 
+template <int kChains>
+__attribute__((target("avx512f,avx512bf16"))) inline float dpbf16_loop(int64_t iters) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3f80));  // bf16 1.0
+  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3a83));  // bf16 ~1e-3
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+  }
+  float out = 0.0f;
+  for (int c = 0; c < kChains; ++c) out += _mm512_reduce_add_ps(acc[c]);
+  return out;
+}
+
 }  // namespace detail
 
 // Reads `bytes` at p with every thread of the pool, each its own contiguous slice.
@@ -139,6 +154,20 @@ inline double fma_peak(cpu::ThreadPool& pool) {
   });
   const double lanes = avx512 ? 16.0 : 8.0;
   return 2.0 * lanes * 12.0 * static_cast<double>(iters) * pool.num_threads() / t;
+}
+
+// The AVX512-BF16 dot product's peak in FLOP/s (a vdpbf16ps is 32 multiply-adds), measured as
+// fma_peak; 0 where the CPU lacks it.
+inline double dpbf16_peak(cpu::ThreadPool& pool) {
+  if (!cpu::cpu_features().avx512bf16) return 0.0;
+  const int64_t iters = 100000;
+  std::vector<float> sink(static_cast<std::size_t>(pool.num_threads()));
+  const double t = best_time(200, [&] {
+    pool.parallel_for(pool.num_threads(), [&](int64_t i) {
+      sink[static_cast<std::size_t>(i)] = detail::dpbf16_loop<12>(iters);
+    });
+  });
+  return 2.0 * 32.0 * 12.0 * static_cast<double>(iters) * pool.num_threads() / t;
 }
 
 }  // namespace fp8serve::bench

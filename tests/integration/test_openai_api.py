@@ -165,9 +165,11 @@ def agreeing_steps(server, greedy_ids, text):
 def test_default_model_greedy_matches_transformers(smol):
     """Every reference prompt (token ids) through the HTTP API gives the 32 greedy tokens
     transformers produced — or departs only at a near-tie of the reference (top-1 minus top-2
-    logit < 0.01, the engine tests' rule: bf16 weights move logits by ~1e-4) — and streaming
-    gives the same text."""
+    logit < 0.01, the engine tests' rule: fp32 sums in another order move logits by ~1e-4; < 0.1
+    where the projections round their inputs to bf16, whose logits lie within 0.07-0.13 of
+    transformers' on this model, test_forward_logits.cpp) — and streaming gives the same text."""
     reference = json.loads(REFERENCE.read_text())
+    near_tie = 0.1 if "linear avx512bf16" in smol.log_text() else 0.01
     client = openai.OpenAI(base_url=smol.base + "/v1", api_key="unused", max_retries=0, timeout=120)
     model = client.models.list().data[0].id
     for case in reference["prompts"]:
@@ -178,7 +180,7 @@ def test_default_model_greedy_matches_transformers(smol):
         agree = agreeing_steps(smol, case["greedy_ids"], text)
         print(f"[smollm2 via HTTP] {case['name']}: {agree}/{reference['num_greedy']} greedy tokens as transformers")
         if agree < reference["num_greedy"]:
-            assert case["greedy_steps"][agree]["margin"] < 0.01, (case["name"], agree)
+            assert case["greedy_steps"][agree]["margin"] < near_tie, (case["name"], agree)
         assert agree >= 8, case["name"]
         assert r.usage.prompt_tokens == len(case["prompt_ids"]) and r.usage.completion_tokens == reference["num_greedy"]
         s = client.completions.create(model=model, prompt=case["prompt_ids"], max_tokens=reference["num_greedy"],

@@ -36,6 +36,11 @@ TEST_CASE("defaults and flags of every kind parse", "[config]") {
   CHECK(parse_command_line({"generate", "m", "--prompt", "p", "--seed", "18446744073709551615"}).seed == 18446744073709551615ull);
   CHECK(c.host == "127.0.0.1");  // loopback unless told otherwise
   CHECK(c.block_size == 16);
+  CHECK(c.quantization == "none");  // weights as stored unless told otherwise
+  CHECK_FALSE(c.fp8_lm_head);
+  const auto q = parse_command_line({"serve", "m", "--quantization", "fp8", "--fp8-lm-head"});
+  CHECK(q.quantization == "fp8");
+  CHECK(q.fp8_lm_head);
   CHECK(c.kv_bf16_window == 64);  // the README's choice: 64 tokens, K only
   CHECK(c.kv_bf16_window_tensors == "k");
 }
@@ -46,6 +51,7 @@ TEST_CASE("bad values name the flag and the accepted range", "[config]") {
   CHECK(message_of({"serve", "m", "--kv-cache-dtype", "fp16"}) ==
         "--kv-cache-dtype: must be one of fp8_e4m3, bf16, got 'fp16'");
   CHECK(message_of({"serve", "m", "--block-size", "12"}) == "--block-size: must be 8, 16 or 32, got 12");
+  CHECK(message_of({"serve", "m", "--quantization", "int4"}) == "--quantization: must be one of none, fp8, got 'int4'");
   CHECK(message_of({"serve", "m", "--kv-bf16-window", "24"}) ==
         "--kv-bf16-window: must be a multiple of --block-size (16), got 24");
   CHECK(message_of({"serve", "m", "--kv-bf16-window", "24", "--block-size", "8"}) == "no error");

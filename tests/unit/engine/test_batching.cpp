@@ -9,9 +9,10 @@ using namespace fp8serve::test;
 
 namespace {
 
-void check_invariance(const std::string& model, KvDtype dtype) {
+void check_invariance(const std::string& model, KvDtype dtype, bool quantize_fp8 = false) {
   const int max_tokens = kSanitized ? 8 : 24;
-  const EngineOptions options = small_options(dtype);
+  EngineOptions options = small_options(dtype);
+  options.quantize_fp8 = quantize_fp8;
   const auto prompts = eight_prompts();
   auto engine = make_engine(model, options);
   Outputs batched;
@@ -26,7 +27,8 @@ void check_invariance(const std::string& model, KvDtype dtype) {
   for (int i = 0; i < 8; ++i) {
     const Choice alone = run_alone(model, options, prompts[i], max_tokens);
     const Choice& in_batch = batched.at(std::to_string(i)).at(0);
-    INFO("prompt " << i << " (" << prompts[i].size() << " tokens), " << kv_dtype_name(dtype) << " pool");
+    INFO(model << ": prompt " << i << " (" << prompts[i].size() << " tokens), " << kv_dtype_name(dtype)
+               << " pool, --quantization fp8 " << quantize_fp8);
     CHECK(in_batch.tokens.size() == static_cast<std::size_t>(max_tokens));
     CHECK(in_batch.tokens == alone.tokens);
     CHECK(in_batch.logprobs == alone.logprobs);  // bitwise: same logits rows
@@ -38,6 +40,11 @@ void check_invariance(const std::string& model, KvDtype dtype) {
 TEST_CASE("batch invariance: alone == in a batch of 8 with mixed prefill and decode, bitwise", "[engine][batch]") {
   check_invariance(fixture("models/tiny-llama"), KvDtype::bf16);
   check_invariance(fixture("models/tiny-qwen3"), KvDtype::fp8_e4m3);
+}
+
+TEST_CASE("batch invariance with FP8 weights: quantized at load, and a block-scaled checkpoint", "[engine][batch][fp8]") {
+  check_invariance(fixture("models/tiny-llama"), KvDtype::bf16, /*quantize_fp8=*/true);
+  check_invariance(fixture("models/tiny-qwen3-fp8-block"), KvDtype::fp8_e4m3);
 }
 
 TEST_CASE("preemption in a tiny pool leaves outputs unchanged and returns every block", "[engine][preemption]") {

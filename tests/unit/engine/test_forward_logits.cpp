@@ -30,103 +30,23 @@ using namespace fp8serve::test;
 
 namespace {
 
-struct PrefillResult {
-  std::vector<float> logits;  // [vocab] at the last prompt position
-  std::vector<KvWriteCounts> counts;
-  std::vector<float> k_scales;  // [num_layers]
-};
-
-// One sequence, one prefill chunk, blocks 0..n-1 in order.
-PrefillResult prefill(const LoadedModel& model, const std::vector<int32_t>& prompt, KvDtype dtype) {
-  cpu::ThreadPool pool(2);
-  cpu::CpuBackend backend(pool);
-  TransformerOptions options;
-  options.kv_dtype = dtype;
-  options.block_size = 16;
-  options.max_model_len = 256;
-  options.num_blocks = 16;
-  options.max_num_tokens = 256;
-  options.max_num_seqs = 4;
-  Transformer transformer(model.config, model.weights, backend, options);
-
-  const auto n = static_cast<int32_t>(prompt.size());
-  const int32_t num_blocks = (n + 15) / 16;
-  std::vector<int32_t> positions(prompt.size()), table(static_cast<std::size_t>(num_blocks));
-  std::iota(positions.begin(), positions.end(), 0);
-  std::iota(table.begin(), table.end(), 0);
-  std::vector<int64_t> slots(positions.begin(), positions.end());
-  const std::vector<int32_t> qsl{0, n}, context{n}, rows{n - 1};
-  const std::vector<uint8_t> calibrate{1};
-  const auto layers = static_cast<std::size_t>(model.config.num_layers);
-  PrefillResult result;
-  result.k_scales.assign(layers, 1.0f);
-  std::vector<float> v_scales(layers, 1.0f);
-  result.logits.resize(static_cast<std::size_t>(model.config.vocab_size));
-  result.counts.resize(layers);
-
-  ForwardBatch batch;
-  batch.token_ids = prompt;
-  batch.positions = positions;
-  batch.query_start_loc = qsl;
-  batch.context_lens = context;
-  batch.block_tables = table;
-  batch.max_blocks_per_seq = num_blocks;
-  batch.slot_mapping = slots;
-  batch.k_scales = result.k_scales;
-  batch.v_scales = v_scales;
-  batch.calibrate = calibrate;
-  batch.sample_rows = rows;
-  transformer.forward(batch, result.logits, result.counts);
-  return result;
-}
-
-struct Agreement {
-  double max_abs_error = 0;   // over the reference's top-20
-  double cosine = 0;          // of the top-20 logits
-  double checksum_rel = 0;    // worst relative error of sum, sum_sq, weighted_sum
-  bool same_argmax = false;
-};
-
-Agreement compare(const std::vector<float>& ours, const nlohmann::json& last) {
-  Agreement a;
-  const auto ids = last["top_ids"].get<std::vector<int>>();
-  const auto values = last["top_values"].get<std::vector<double>>();
-  double dot = 0, nr = 0, no = 0;
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    const double o = ours[static_cast<std::size_t>(ids[i])];
-    a.max_abs_error = std::max(a.max_abs_error, std::abs(o - values[i]));
-    dot += o * values[i];
-    nr += values[i] * values[i];
-    no += o * o;
-  }
-  a.cosine = dot / std::sqrt(nr * no);
-  double sum = 0, sum_sq = 0, weighted = 0;
-  for (std::size_t i = 0; i < ours.size(); ++i) {
-    sum += ours[i];
-    sum_sq += static_cast<double>(ours[i]) * ours[i];
-    weighted += ours[i] * static_cast<double>((i % 7) + 1);
-  }
-  const nlohmann::json& c = last["checksum"];
-  auto rel = [](double x, double ref) { return std::abs(x - ref) / std::max(1.0, std::abs(ref)); };
-  a.checksum_rel = std::max({rel(sum, c["sum"].get<double>()), rel(sum_sq, c["sum_sq"].get<double>()),
-                             rel(weighted, c["weighted_sum"].get<double>())});
-  const auto best = std::max_element(ours.begin(), ours.end()) - ours.begin();
-  a.same_argmax = best == ids[0];
-  return a;
-}
-
 void check_model(const std::string& name, const std::string& path) {
   const LoadedModel model = load_model(path);
-  const nlohmann::json ref = load_kv_bf16_reference(name);
+  const nlohmann::json ref = load_fixture_json("engine/" + name + ".kv-bf16.json");
   const nlohmann::json ref_fp32_kv = load_reference(name);
+  const bool bf16_dot = cpu::linear_isa_supported(cpu::LinearIsa::avx512bf16);
+  const nlohmann::json ref_act_bf16 = bf16_dot ? load_fixture_json("engine/" + name + ".kv-bf16.act-bf16.json")
+                                               : nlohmann::json();
   for (std::size_t p = 0; p < ref["prompts"].size(); ++p) {
     const nlohmann::json& prompt = ref["prompts"][p];
     REQUIRE(prompt["prompt_ids"] == ref_fp32_kv["prompts"][p]["prompt_ids"]);
     const std::vector<int32_t> ids = ids_of(prompt["prompt_ids"]);
     DYNAMIC_SECTION(name << " / " << prompt["name"].get<std::string>()) {
-      const PrefillResult bf16 = prefill(model, ids, KvDtype::bf16);
+      // The fp32 dot against transformers: the forward pass itself (rope pairs, biases, eps,
+      // norms), at the tight tolerance derived above.
+      const PrefillResult bf16 = prefill(model, ids, KvDtype::bf16, cpu::linear_fp32_dot_isa());
       const Agreement a = compare(bf16.logits, prompt["last_logits"]);
-      std::printf("[logits] %-11s %-15s bf16 KV: max abs err %.3g, top-20 cosine %.9f, checksum rel %.3g\n",
+      std::printf("[logits] %-11s %-15s bf16 KV, fp32 dot: max abs err %.3g, top-20 cosine %.9f, checksum rel %.3g\n",
                   name.c_str(), prompt["name"].get<std::string>().c_str(), a.max_abs_error, a.cosine,
                   a.checksum_rel);
       const Agreement a32 = compare(bf16.logits, ref_fp32_kv["prompts"][p]["last_logits"]);
@@ -136,11 +56,28 @@ void check_model(const std::string& name, const std::string& path) {
       CHECK(a.checksum_rel < 1e-3);
       CHECK(a.same_argmax);
 
+      // The bf16 dot (x rounded to bf16 at every projection's input) against the same model with
+      // the same roundings (numpy, checked against transformers). Summation orders still differ
+      // by ~1e-6, and an activation that lands that close to a bf16 rounding boundary rounds the
+      // other way on one side: one bf16 ulp (2^-8 relative) of one element, which these random
+      // models amplify to ~0.02 on a logit (2 of the 12 prompts; the others agree to ~5e-7).
+      if (bf16_dot) {
+        const PrefillResult rounded = prefill(model, ids, KvDtype::bf16, cpu::LinearIsa::avx512bf16);
+        const Agreement r = compare(rounded.logits, ref_act_bf16["prompts"][p]["last_logits"]);
+        std::printf("[logits] %-11s %-15s bf16 KV, bf16 dot: max abs err %.3g, top-20 cosine %.9f, checksum rel %.3g\n",
+                    name.c_str(), prompt["name"].get<std::string>().c_str(), r.max_abs_error, r.cosine,
+                    r.checksum_rel);
+        CHECK(r.max_abs_error < 0.05);
+        CHECK(r.checksum_rel < 0.01);
+        CHECK(r.cosine > 0.99999);
+        CHECK(r.same_argmax);
+      }
+
       // FP8 pool: what it must guarantee is that calibrating on this very prefill leaves
       // nothing to saturate, that the scales are amax / 448 (> 0), and that attention still
       // sees nearly the same keys and values (3 mantissa bits: ~3% relative per element).
       const PrefillResult fp8 = prefill(model, ids, KvDtype::fp8_e4m3);
-      const Agreement f = compare(fp8.logits, prompt["last_logits"]);
+      const Agreement f = compare(fp8.logits, (bf16_dot ? ref_act_bf16["prompts"][p] : prompt)["last_logits"]);
       std::printf("[logits] %-11s %-15s fp8 KV:  max abs err %.3g, top-20 cosine %.9f, same argmax %d\n",
                   name.c_str(), prompt["name"].get<std::string>().c_str(), f.max_abs_error, f.cosine,
                   f.same_argmax ? 1 : 0);
@@ -175,12 +112,44 @@ TEST_CASE("tiny Qwen3 (q/k norm, head_dim 32, sharded): last logits match transf
 TEST_CASE("the GGUF twin of tiny Llama computes bitwise the same logits as the HF folder", "[engine][forward]") {
   const LoadedModel hf = load_model(fixture("models/tiny-llama"));
   const LoadedModel gguf = load_model(fixture("models/tiny-llama.gguf"));
-  const nlohmann::json ref = load_kv_bf16_reference("tiny-llama");
+  const nlohmann::json ref = load_fixture_json("engine/tiny-llama.kv-bf16.json");
   for (const auto& prompt : ref["prompts"]) {
     const std::vector<int32_t> ids = ids_of(prompt["prompt_ids"]);
     const PrefillResult a = prefill(hf, ids, KvDtype::bf16);
     const PrefillResult b = prefill(gguf, ids, KvDtype::bf16);
     CHECK(a.logits == b.logits);
-    CHECK(compare(b.logits, prompt["last_logits"]).max_abs_error < 1e-3);
+    CHECK(compare(prefill(gguf, ids, KvDtype::bf16, cpu::linear_fp32_dot_isa()).logits, prompt["last_logits"]).max_abs_error < 1e-3);
+  }
+}
+
+
+TEST_CASE("default model (SmolLM2-135M Q4_1 GGUF): last logits near transformers on both dot products", "[engine][forward][model]") {
+  if (!std::filesystem::exists(default_model_path())) {
+    WARN("skipped: " << default_model_path() << " is absent (.ci/fetch-model downloads it)");
+    return;
+  }
+  // 30 layers turn summation-order differences into K/V elements (and, with the bf16 dot,
+  // activations) that round to the other bf16 neighbour: measured, the fp32 dot lies within
+  // 0.016-0.056 of transformers' top-20 logits (magnitudes ~20) and the bf16 dot within
+  // 0.07-0.13, against transformers and against numpy with the same roundings alike. The bounds
+  // are about twice that; the greedy test's near-tie criterion follows from them.
+  const LoadedModel model = load_model(default_model_path());
+  const nlohmann::json ref = load_fixture_json("engine/smollm2-135m-q4_1.kv-bf16.json");
+  const std::size_t num_prompts = kSanitized ? 2 : ref["prompts"].size();  // ASan: ~10x slower
+  for (std::size_t p = 0; p < num_prompts; ++p) {
+    const nlohmann::json& prompt = ref["prompts"][p];
+    const std::vector<int32_t> ids = ids_of(prompt["prompt_ids"]);
+    for (const bool bf16_dot : {false, true}) {
+      if (bf16_dot && !cpu::linear_isa_supported(cpu::LinearIsa::avx512bf16)) continue;
+      const Agreement a = compare(
+          prefill(model, ids, KvDtype::bf16, bf16_dot ? cpu::LinearIsa::avx512bf16 : cpu::linear_fp32_dot_isa()).logits,
+          prompt["last_logits"]);
+      std::printf("[logits] smollm2     %-15s bf16 KV, %s dot: max abs err %.3g, top-20 cosine %.9f\n",
+                  prompt["name"].get<std::string>().c_str(), bf16_dot ? "bf16" : "fp32", a.max_abs_error, a.cosine);
+      INFO(prompt["name"] << (bf16_dot ? " bf16 dot" : " fp32 dot"));
+      CHECK(a.max_abs_error < (bf16_dot ? 0.25 : 0.1));
+      CHECK(a.cosine > 0.99999);
+      CHECK(a.same_argmax);
+    }
   }
 }

@@ -2,7 +2,9 @@
 // transformers, for the tiny fixtures and the default model.
 //
 // With the bf16 pool the tokens must be identical to transformers with bf16-rounded K/V (the
-// pool's exact semantics, tests/fixtures/engine/), up to a near-tie of the reference. Against
+// pool's exact semantics, tests/fixtures/engine/; with the bf16 dot, the same computation with
+// every projection's input rounded to bf16 where that reference exists), up to a near-tie of the
+// reference (criterion below). Against
 // the fp32-K/V reference, and with the FP8 pool, the agreement is printed, not asserted: the
 // random tiny models have near-tied logits (margins ~0.01) that FP8's 3 mantissa bits move by
 // ~0.5, so FP8 is held to what it must guarantee in test_forward_logits.cpp (no saturation on
@@ -58,14 +60,20 @@ void check_greedy(const std::string& name, const std::string& path, const Engine
                 "fp8 KV = bf16 KV: %2d/32\n",
                 name.c_str(), prompt_name.c_str(), common_prefix(ours, expected),
                 common_prefix(ours, ids_of(ref32["prompts"][p]["greedy_ids"])), common_prefix(fp8.at(prompt_name), ours));
-    // Identical, or diverging only at a near-tie of the reference (top-1 - top-2 < 0.01): our
-    // fp32 sums run in another order than torch's, which over 30 layers moves a logit by
-    // ~1e-4 (the logits test bounds it), enough to pick the other token of a 0.002 tie.
+    // Identical, or diverging only at a near-tie of the reference: a step whose top-1 - top-2
+    // margin is below 0.01 where our arithmetic is the reference's (the fp32 dot against
+    // transformers; the bf16 dot against the *.act-bf16.json references with the same roundings):
+    // our fp32 sums run in another order than torch's or numpy's, which moves a logit by ~1e-4
+    // (the logits test bounds it), enough to pick the other token of a 0.002 tie. Where the bf16
+    // dot meets a reference without its roundings (the default model), below 0.1: its last
+    // logits lie within 0.07-0.13 of transformers' (test_forward_logits.cpp), each of the two
+    // top logits may move by that much.
+    const bool same_roundings = !projections_round_to_bf16() || has_act_bf16_reference(name);
     const int agree = common_prefix(ours, expected);
     if (agree < 32) {
       const double margin = prompt["greedy_steps"][static_cast<std::size_t>(agree)]["margin"];
       INFO("first difference at step " << agree << ", reference margin " << margin);
-      CHECK(margin < 0.01);
+      CHECK(margin < (same_roundings ? 0.01 : 0.1));
     }
     CHECK(ours.size() == 32);
     CHECK(fp8.at(prompt_name).size() == 32);

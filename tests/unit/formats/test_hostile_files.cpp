@@ -163,9 +163,10 @@ TEST_CASE("GGUF: bit-flipped model headers never crash the config and weight loa
       bytes[at] ^= static_cast<uint8_t>(1u << (rng() % 8));
     }
     try {
-      const GgufFile f = GgufFile::from_bytes(std::move(bytes));
-      const ModelConfig c = parse_gguf_config(f);
-      (void)load_gguf_weights(f, c);
+      const auto f = std::make_shared<const GgufFile>(GgufFile::from_bytes(std::move(bytes)));
+      const ModelConfig c = parse_gguf_config(*f);
+      // Tensors are decoded when uploaded: decode them all here.
+      for (const auto& [name, t] : load_gguf_weights(f, c).tensors) (void)t.to_bf16();
       ++loaded;
     } catch (const FormatError&) {
     }

@@ -115,7 +115,7 @@ TEST_CASE("tied embeddings: lm_head may be absent, or present only as a copy", "
   copy.name = "lm_head.weight";
   w.tensors.emplace("lm_head.weight", copy);
   CHECK_NOTHROW(validate_weights(w, c));
-  w.tensors["lm_head.weight"].data[3] = 0;
+  w.tensors["lm_head.weight"].data[3] = 0;  // held in memory: data is the tensor
   CHECK_THROWS_WITH(validate_weights(w, c), Catch::Contains("lm_head.weight"));
 }
 
@@ -127,7 +127,8 @@ TEST_CASE("tiny Llama: HF directory and GGUF twin give identical weights", "[wei
     return;
   }
   const ModelConfig hf_config = load_hf_config(dir);
-  const GgufFile gguf = GgufFile::open(gguf_path);
+  const auto gguf_file = std::make_shared<const GgufFile>(GgufFile::open(gguf_path));
+  const GgufFile& gguf = *gguf_file;
   const ModelConfig gguf_config = parse_gguf_config(gguf);
   CHECK(gguf_config.num_layers == hf_config.num_layers);
   CHECK(gguf_config.hidden_size == hf_config.hidden_size);
@@ -147,14 +148,14 @@ TEST_CASE("tiny Llama: HF directory and GGUF twin give identical weights", "[wei
         hf_config.rope_scaling.original_max_position_embeddings);
 
   const ModelWeights from_hf = load_hf_weights(dir, hf_config);
-  const ModelWeights from_gguf = load_gguf_weights(gguf, gguf_config);
+  const ModelWeights from_gguf = load_gguf_weights(gguf_file, gguf_config);
   REQUIRE(from_hf.tensors.size() == from_gguf.tensors.size());
   for (const auto& [name, t] : from_hf.tensors) {
     INFO("tensor " << name);
     const HostTensor* g = from_gguf.find(name);
     REQUIRE(g != nullptr);
     CHECK(g->shape == t.shape);
-    CHECK(g->data == t.data);  // bit-identical, Q/K rows included
+    CHECK(g->to_bf16() == t.to_bf16());  // bit-identical, Q/K rows included
   }
 }
 
@@ -165,7 +166,8 @@ TEST_CASE("default model: every tensor loads, validates and matches transformers
     return;
   }
   const auto ref = test::read_json(formats_fixture("smollm2_reference.json"));
-  const GgufFile gguf = GgufFile::open(kDefaultModel);
+  const auto gguf_file = std::make_shared<const GgufFile>(GgufFile::open(kDefaultModel));
+  const GgufFile& gguf = *gguf_file;
   std::map<std::string, int> types;
   for (const auto& t : gguf.tensors()) types[std::string(ggml_type_name(t.type))]++;
   CHECK(types == ref["tensor_types"].get<std::map<std::string, int>>());
@@ -173,19 +175,20 @@ TEST_CASE("default model: every tensor loads, validates and matches transformers
   CHECK(num_parameters(config) == ref["num_parameters"].get<uint64_t>());
 
   const auto start = std::chrono::steady_clock::now();
-  const ModelWeights w = load_gguf_weights(gguf, config);
+  const ModelWeights w = load_gguf_weights(gguf_file, config);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   WARN("loaded " << w.tensors.size() << " tensors, " << w.num_bytes() / 1e6 << " MB bf16 in "
                  << seconds << " s");
   CHECK(w.tensors.size() == 272);  // tied: no lm_head
   uint64_t elements = 0;
-  for (const auto& [name, t] : w.tensors) elements += t.data.size();
+  for (const auto& [name, t] : w.tensors) elements += static_cast<uint64_t>(t.num_elements());
   CHECK(elements == num_parameters(config));
 
   for (const auto& [name, sample] : ref["samples"].items()) {
     INFO("tensor " << name);
-    const HostTensor& t = w.at(name);
+    const HostTensor& tensor = w.at(name);
+    const HostTensor t{tensor.name, tensor.shape, tensor.to_bf16(), nullptr};
     CHECK(t.shape == sample["shape"].get<std::vector<int64_t>>());
     const int64_t cols = t.num_elements() / t.shape[0];
     for (const auto& [row, values] : sample["rows"].items()) {
@@ -230,7 +233,7 @@ TEST_CASE("tiny models of each family load and validate from HF directories",
     CHECK(c.tie_word_embeddings == facts["tie_word_embeddings"].get<bool>());
     const ModelWeights w = load_hf_weights(dir, c);  // validates
     uint64_t elements = 0;
-    for (const auto& [tensor, t] : w.tensors) elements += t.data.size();
+    for (const auto& [tensor, t] : w.tensors) elements += static_cast<uint64_t>(t.num_elements());
     CHECK(elements == num_parameters(c));
   }
 }

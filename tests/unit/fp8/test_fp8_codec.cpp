@@ -18,6 +18,9 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/bf16.hpp"
+#include "kernels/cpu/cpu_features.hpp"
+#include "kernels/cpu/fp8_encode_avx512.hpp"
 #include "kernels/fp8.hpp"
 
 namespace {
@@ -274,4 +277,64 @@ TEST_CASE("exhaustive sweep over all 2^32 float32 bit patterns", "[.][exhaustive
   std::vector<SweepSegment> segments;
   add_range(segments, 0, uint64_t{1} << 32, 1);
   sweep(segments);
+}
+
+TEST_CASE("the 16-lane AVX-512 encoder is bitwise the scalar codec", "[fp8]") {
+  if (!fp8serve::cpu::cpu_features().avx512f) {
+    WARN("no AVX-512F: the vector encoder is not tested on this machine");
+    return;
+  }
+  // Every float whose low 12 bits are zero (every exponent, sign, NaN and infinity, every E4M3
+  // rounding boundary and tie, normal and subnormal), each with its two neighbours.
+  std::vector<float> values;
+  values.reserve(16 * 3 << 20);
+  for (uint64_t hi = 0; hi < (uint64_t{1} << 20); ++hi) {
+    const uint32_t bits = static_cast<uint32_t>(hi << 12);
+    for (const uint32_t b : {bits, bits + 1, bits - 1}) values.push_back(fp8_bits_float(b));
+  }
+  values.resize(values.size() / 16 * 16);
+  uint64_t mismatches = 0;
+  for (std::size_t i = 0; i < values.size(); i += 16) {
+    uint8_t got[16];
+    fp8serve::cpu::fp8_e4m3_encode16(&values[i], got);
+    for (int j = 0; j < 16; ++j) {
+      if (got[j] != fp8_e4m3_encode(values[i + static_cast<std::size_t>(j)])) {
+        if (++mismatches <= 5) FAIL_CHECK("bits " << fp8_float_bits(values[i + static_cast<std::size_t>(j)]));
+      }
+    }
+  }
+  CHECK(mismatches == 0);
+}
+
+// bf16_decode(bf16_encode(x)) of 16 floats given by their bits, through the vector rounding.
+FP8SERVE_TARGET_AVX512F static void bf16_round16_of(const uint32_t* bits, float* out) {
+  _mm512_storeu_ps(out, fp8serve::cpu::bf16_round16(_mm512_castsi512_ps(_mm512_loadu_si512(bits))));
+}
+
+TEST_CASE("the 16-lane AVX-512 bf16 rounding is bitwise the scalar bf16 codec", "[fp8][bf16]") {
+  if (!fp8serve::cpu::cpu_features().avx512f) {
+    WARN("no AVX-512F: the vector bf16 rounding is not tested on this machine");
+    return;
+  }
+  // Every bf16 value (every exponent, sign, infinity and NaN payload of the kept half) with the
+  // dropped half at zero, just below, at and just above one half, and at its largest: every
+  // rounding case, ties to even and odd, and the carries into the exponent.
+  std::vector<uint32_t> bits;
+  for (uint32_t hi = 0; hi < (1u << 16); ++hi) {
+    for (const uint32_t lo : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) bits.push_back(hi << 16 | lo);
+  }
+  bits.resize(bits.size() / 16 * 16);
+  uint64_t mismatches = 0;
+  for (std::size_t i = 0; i < bits.size(); i += 16) {
+    alignas(64) uint32_t lanes[16];
+    alignas(64) float rounded[16];
+    std::copy(bits.begin() + static_cast<std::ptrdiff_t>(i), bits.begin() + static_cast<std::ptrdiff_t>(i + 16), lanes);
+    bf16_round16_of(lanes, rounded);
+    for (int j = 0; j < 16; ++j) {
+      const float x = fp8_bits_float(lanes[j]);
+      const uint32_t want = static_cast<uint32_t>(fp8serve::bf16_encode(x)) << 16;
+      if (fp8_float_bits(rounded[j]) != want && ++mismatches <= 5) FAIL_CHECK("bits " << lanes[j]);
+    }
+  }
+  CHECK(mismatches == 0);
 }

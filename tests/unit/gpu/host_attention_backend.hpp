@@ -20,6 +20,7 @@ class HostAttentionBackend final : public Backend {
   std::string_view name() const override { return device_->name(); }
   ActDtype activation_dtype() const override { return device_->activation_dtype(); }
   std::string describe() const override { return device_->describe() + " + host attention"; }
+  bool supports_weight_dtype(WeightDtype d) const override { return device_->supports_weight_dtype(d); }
   void* allocate(std::size_t bytes) override { return device_->allocate(bytes); }
   void free(void* ptr) override { device_->free(ptr); }
   void copy_to_device(void* d, const void* s, std::size_t n, Stream st) override { device_->copy_to_device(d, s, n, st); }

@@ -21,7 +21,8 @@
 //    summation order): ~2^-9 on its output, which in the next layer moves a K or V element across
 //    an FP8 rounding boundary (steps of 2^-4) about once in 30 - with an FP8 pool that measured
 //    2.6% (cosine 0.99958) on tiny-qwen3 in the emulator, so there: 6% and 0.999.
-//  - The plain fp32 CPU backend. Here bf16 activations themselves (2^-9 relative per rounding,
+//  - The plain fp32 CPU backend (its projections on the fp32 dot: the bf16 dot, the CPU's
+//    default where it has AVX512-BF16, rounds x to bf16 as the GPU does). Here bf16 activations themselves (2^-9 relative per rounding,
 //    ~12 roundings per layer) move the logits: measured up to 5.8% (bf16 pool) and 22% (FP8 pool:
 //    the 3-bit mantissa amplifies a K/V that differs by a bf16 ulp), cosine >= 0.998 / 0.978 -
 //    exactly what the bf16-rounding CPU shows against the fp32 one, also printed, so it is the
@@ -184,7 +185,7 @@ void check_model(const std::string& name, bool host_attention) {
     Bf16RoundingBackend rounding;
     const GreedyRun bf16_reference = run_greedy(rounding, model, prompts, steps, dtype);
     cpu::ThreadPool pool(2);
-    cpu::CpuBackend cpu(pool);
+    cpu::CpuBackend cpu(pool, cpu::CpuIsa::best, cpu::linear_fp32_dot_isa());  // x not rounded to bf16
     const GreedyRun fp32_reference = run_greedy(cpu, model, prompts, steps, dtype);
 
     const bool fp8 = dtype == KvDtype::fp8_e4m3;
