@@ -60,6 +60,12 @@ class Server:
         self.log.flush()
         return self.log_path.read_text(errors="replace")[-5000:]
 
+    def startup_log(self):
+        """The log's beginning: the start-up lines, which a long-lived server's request lines push
+        out of log_text()."""
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")[:5000]
+
     def alive(self):
         return self.proc.poll() is None
 
