@@ -108,6 +108,9 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
   step_meta_ = DeviceBuffer(backend_, meta_bytes);
   step_host_.resize(meta_bytes);
 
+  // The attention's workspace for the largest step is taken now, before the engine sizes the
+  // KV pool from the device memory left.
+  backend_.reserve_attention_workspace(options.max_num_seqs, c.num_heads, c.num_kv_heads, c.head_dim);
   if (options.graphs == TransformerOptions::Graphs::on && !backend_.supports_graphs())
     throw std::invalid_argument("Transformer: graphs on a backend without graphs");
   if (options.graphs != TransformerOptions::Graphs::off)

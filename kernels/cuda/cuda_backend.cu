@@ -330,6 +330,17 @@ void CudaBackend::kv_write(const KvWriteParams& p, Stream stream) {
   kv_write_cuda(p, slots, errors_, s);
 }
 
+void CudaBackend::reserve_attention_workspace(int32_t max_num_seqs, int32_t num_heads, int32_t num_kv_heads,
+                                              int32_t head_dim) {
+  PagedAttentionCudaLimits limits;
+  limits.max_num_seqs = max_num_seqs;
+  limits.num_heads = num_heads;
+  limits.num_kv_heads = num_kv_heads;
+  limits.head_dim = head_dim;
+  const std::size_t bytes = paged_attention_cuda_workspace_bytes(limits);
+  if (bytes) scratch(attention_workspace_, attention_workspace_bytes_, bytes, stream_);
+}
+
 void CudaBackend::paged_attention(const PagedAttentionParams& p, Stream stream) {
   const cudaStream_t s = stream_of(stream);
   // Sized for this step's batch and grown to the largest one seen, so the steady state never

@@ -48,6 +48,8 @@ class CudaBackend final : public Backend {
   void synchronize(Stream stream) override;
   std::optional<DeviceMemory> memory_info() const override;
   void copy_blocks(const CopyBlocksParams& params, Stream stream) override;
+  void reserve_attention_workspace(int32_t max_num_seqs, int32_t num_heads, int32_t num_kv_heads,
+                                   int32_t head_dim) override;
   bool supports_graphs() const override { return true; }
   void begin_capture(Stream stream) override;
   std::unique_ptr<Graph> end_capture(Stream stream) override;
