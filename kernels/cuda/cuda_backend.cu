@@ -312,7 +312,12 @@ void CudaBackend::linear(const LinearParams& p, Stream stream) {
 #if FP8SERVE_CUDA_EMU
   linear_portable_cuda(p, stream_of(stream));
 #else
-  cublaslt_->run(p, stream_of(stream));
+  // FP8 weights: weight-only on the portable GEMM (correct, not yet fast; see the README).
+  if (p.weight_dtype == WeightDtype::fp8_e4m3) {
+    linear_portable_cuda(p, stream_of(stream));
+  } else {
+    cublaslt_->run(p, stream_of(stream));
+  }
 #endif
 }
 

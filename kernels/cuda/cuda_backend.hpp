@@ -51,6 +51,7 @@ class CudaBackend final : public Backend {
   void reserve_attention_workspace(int32_t max_num_seqs, int32_t num_heads, int32_t num_kv_heads,
                                    int32_t head_dim) override;
   bool supports_graphs() const override { return true; }
+  bool supports_weight_dtype(WeightDtype) const override { return true; }
   void begin_capture(Stream stream) override;
   std::unique_ptr<Graph> end_capture(Stream stream) override;
   void replay(const Graph& graph, Stream stream) override;

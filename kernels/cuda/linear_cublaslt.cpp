@@ -172,7 +172,7 @@ CublasLtLinear::~CublasLtLinear() {
 std::size_t CublasLtLinear::num_cached_plans() const { return impl_->plans.size(); }
 
 void CublasLtLinear::run(const LinearParams& p, void* stream) {
-  check_linear_params(p, "linear (cuBLASLt)");
+  check_linear_params(p, "linear (cuBLASLt)", /*allow_fp8=*/false);
   if (p.num_tokens == 0) return;
   const bool epilogue_bias = p.bias != nullptr && !p.y_fp32;
   PlanKey key{};

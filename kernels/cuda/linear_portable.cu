@@ -1,7 +1,9 @@
-// The portable GEMM: y = x @ W^T (+ bias) with bf16 x and W, fp32 accumulation, y bf16 or fp32
-// (LinearParams, forward_ops.hpp). It is the emulated backend's linear (the emulator cannot run
-// cuBLASLt or tensor cores) and, on a GPU, the reference the cuBLASLt path is tested against.
-// On a real device the backend uses cuBLASLt (linear_cublaslt.cpp); this kernel is plain CUDA
+// The portable GEMM: y = x @ W^T (+ bias) with bf16 x, W bf16 or FP8 E4M3 with fp32 scales per
+// row or per row and k-block, fp32 accumulation, y bf16 or fp32 (LinearParams, forward_ops.hpp).
+// It is the emulated backend's linear (the emulator cannot run cuBLASLt or tensor cores), on a
+// GPU the reference the cuBLASLt path is tested against, and there, for now, the one path for
+// FP8 weights (weight-only: codes converted in registers, times their scale, as they are staged).
+// On a real device bf16 weights use cuBLASLt (linear_cublaslt.cpp); this kernel is plain CUDA
 // cores - correct at every shape and stride, not fast.
 //
 // Tiling: a block of 256 threads computes a 64 (tokens) x 64 (outputs) tile of y, walking K in
@@ -11,6 +13,7 @@
 #include <stdexcept>
 
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/fp8.hpp"
 #include "kernels/cuda/linear_checks.hpp"
 
 namespace fp8serve::cuda {
@@ -25,7 +28,11 @@ constexpr int kPad = 1;  // breaks the 4-way bank conflict of the transposed sto
 
 struct GemmArgs {
   const std::uint16_t* x;
-  const std::uint16_t* w;
+  const std::uint16_t* w;     // bf16 weights, or
+  const std::uint8_t* w8;     // FP8 codes, with
+  const float* scales;        // [n, k_blocks]
+  int64_t k_blocks;
+  int64_t block_k;            // inputs per scale (a multiple of 8)
   const std::uint16_t* bias;
   void* y;
   int64_t m;  // tokens
@@ -56,7 +63,24 @@ FP8SERVE_UNROLL
   for (int e = 0; e < 8; ++e) tile[c + e][r] = v[e];
 }
 
-template <bool kVec>
+// The same for FP8 weight rows: codes decoded and multiplied by their row's scale for the block
+// that holds them (8 consecutive inputs never straddle a block: block_k is a multiple of 8).
+FP8SERVE_DEVICE void stage_fp8_tile(const GemmArgs& a, int64_t row0, int64_t k0, float (*tile)[kTileM + kPad]) {
+  const int r = static_cast<int>(threadIdx.x) / 4;
+  const int c = (static_cast<int>(threadIdx.x) % 4) * 8;
+  const int64_t row = row0 + r;
+  const int64_t col = k0 + c;
+  float v[8];
+  const float scale = row < a.n && col < a.k ? a.scales[row * a.k_blocks + col / a.block_k] : 0.0f;
+FP8SERVE_UNROLL
+  for (int e = 0; e < 8; ++e) {
+    v[e] = row < a.n && col + e < a.k ? fp8_e4m3_decode(a.w8[row * a.k + col + e]) * scale : 0.0f;
+  }
+FP8SERVE_UNROLL
+  for (int e = 0; e < 8; ++e) tile[c + e][r] = v[e];
+}
+
+template <bool kVec, bool kFp8>
 __global__ void __launch_bounds__(kThreads) linear_kernel(const GemmArgs a) {
   FP8SERVE_SHARED(float[kTileK][kTileM + kPad], xs);
   FP8SERVE_SHARED(float[kTileK][kTileN + kPad], ws);
@@ -67,7 +91,11 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(const GemmArgs a) {
   float acc[4][4] = {};
   for (int64_t k0 = 0; k0 < a.k; k0 += kTileK) {
     stage_tile<kVec>(a.x, a.x_stride, a.m, a.k, m0, k0, xs);
-    stage_tile<kVec>(a.w, a.k, a.n, a.k, n0, k0, ws);
+    if constexpr (kFp8) {
+      stage_fp8_tile(a, n0, k0, ws);
+    } else {
+      stage_tile<kVec>(a.w, a.k, a.n, a.k, n0, k0, ws);
+    }
     __syncthreads();
 FP8SERVE_UNROLL
     for (int kk = 0; kk < kTileK; ++kk) {
@@ -110,7 +138,12 @@ void linear_portable_cuda(const LinearParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return;
   GemmArgs a{};
   a.x = static_cast<const std::uint16_t*>(p.x);
-  a.w = static_cast<const std::uint16_t*>(p.weight);
+  const bool fp8 = p.weight_dtype == WeightDtype::fp8_e4m3;
+  a.w = fp8 ? nullptr : static_cast<const std::uint16_t*>(p.weight);
+  a.w8 = fp8 ? static_cast<const std::uint8_t*>(p.weight) : nullptr;
+  a.scales = p.weight_scales;
+  a.block_k = p.weight_block_k > 0 ? p.weight_block_k : p.in_features;
+  a.k_blocks = weight_num_k_blocks(p.in_features, p.weight_block_k);
   a.bias = p.bias;
   a.y = p.y;
   a.m = p.num_tokens;
@@ -121,13 +154,14 @@ void linear_portable_cuda(const LinearParams& p, cudaStream_t stream) {
   a.y_fp32 = p.y_fp32;
   if (div_up(a.m, kTileM) > 65535) throw std::invalid_argument("linear (cuda): too many tokens for one launch");
   const dim3 grid(static_cast<unsigned>(div_up(a.n, kTileN)), static_cast<unsigned>(div_up(a.m, kTileM)));
-  if (vec8_ok(a.x, a.x_stride, a.k) && vec8_ok(a.w, a.k, a.k)) {
-    FP8SERVE_LAUNCH((linear_kernel<true>), grid, dim3(kThreads), 0, stream, a);
-    CUDA_CHECK(cudaGetLastError());
+  if (fp8) {
+    FP8SERVE_LAUNCH((linear_kernel<false, true>), grid, dim3(kThreads), 0, stream, a);
+  } else if (vec8_ok(a.x, a.x_stride, a.k) && vec8_ok(a.w, a.k, a.k)) {
+    FP8SERVE_LAUNCH((linear_kernel<true, false>), grid, dim3(kThreads), 0, stream, a);
   } else {
-    FP8SERVE_LAUNCH((linear_kernel<false>), grid, dim3(kThreads), 0, stream, a);
-    CUDA_CHECK(cudaGetLastError());
+    FP8SERVE_LAUNCH((linear_kernel<false, false>), grid, dim3(kThreads), 0, stream, a);
   }
+  CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace fp8serve::cuda

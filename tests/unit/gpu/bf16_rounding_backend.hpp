@@ -23,6 +23,7 @@ class Bf16RoundingBackend final : public Backend {
   std::string describe() const override { return cpu_.describe() + ", activations rounded to bf16"; }
   void* allocate(std::size_t bytes) override { return cpu_.allocate(bytes); }
   void free(void* ptr) override { cpu_.free(ptr); }
+  bool supports_weight_dtype(WeightDtype d) const override { return cpu_.supports_weight_dtype(d); }
   void copy_to_device(void* d, const void* s, std::size_t n, Stream st) override { cpu_.copy_to_device(d, s, n, st); }
   void copy_to_host(void* d, const void* s, std::size_t n, Stream st) override { cpu_.copy_to_host(d, s, n, st); }
   void synchronize(Stream) override {}

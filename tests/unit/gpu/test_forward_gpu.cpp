@@ -3,12 +3,11 @@
 // Qwen3 with q/k norm): two sequences prefilled in one step, then decoded together greedily,
 // with a bf16 and an FP8 pool.
 //
-// Which attention. Until branch cudaattn's CUDA paged attention is merged, the CUDA backend's
-// attention is a stub that throws; the first test then runs attention on the host
-// (host_attention_backend.hpp) and every other op - embedding, the fused norms, the projections
-// (the portable GEMM in the emulator, cuBLASLt on a GPU), q/k norm, RoPE, kv_write with its
-// calibration, SiLU·mul, the gathers - on the CUDA backend. The second test runs the CUDA backend
-// alone and reports itself pending while the stub is in place.
+// Which attention. The first test runs attention on the host (host_attention_backend.hpp) and
+// every other op - embedding, the fused norms, the projections (the portable GEMM in the
+// emulator, cuBLASLt on a GPU), q/k norm, RoPE, kv_write with its calibration, SiLU·mul, the
+// gathers - on the CUDA backend, so a difference there is not the attention's. The second runs
+// the CUDA backend alone, the FP8-weight fixtures too.
 //
 // Two references, two tolerances (worst figures measured in the emulator are printed by the run):
 //  - The CPU backend with every activation rounded to bf16 where the CUDA backend stores one
@@ -190,7 +189,14 @@ void check_model(const std::string& name, bool host_attention) {
 
     const bool fp8 = dtype == KvDtype::fp8_e4m3;
     const std::string label = name + (fp8 ? " fp8 KV" : " bf16 KV") + (host_attention ? " (host attn)" : "");
-    compare_runs(label + " vs bf16 CPU", got, bf16_reference, vocab, fp8 && !host_attention ? kTightFp8CudaAttention : kTight);
+    // FP8 weights: the GPU multiplies each code by its scale, the CPU folds a block's scale into
+    // its partial sum - another rounding per product, so the FP8 pool's tolerance; and the fp32
+    // CPU is no reference there (the two CPU backends' greedy tokens part at real margins on
+    // these random models: 3-bit weights amplify a bf16 rounding of x, as the FP8 pool does).
+    const bool fp8_weights = model.config.quantization.fp8;
+    compare_runs(label + " vs bf16 CPU", got, bf16_reference, vocab,
+                 (fp8 && !host_attention) || fp8_weights ? kTightFp8CudaAttention : kTight);
+    if (fp8_weights) continue;
     compare_runs(label + " vs fp32 CPU", got, fp32_reference, vocab, fp8 ? kLooseFp8 : kLoose);
     compare_runs(name + (fp8 ? " fp8 KV" : " bf16 KV") + ": bf16 CPU vs fp32 CPU", bf16_reference, fp32_reference, vocab,
                  fp8 ? kLooseFp8 : kLoose);
@@ -206,19 +212,10 @@ TEST_CASE("forward on the CUDA backend (attention on the host) matches the CPU b
 }
 
 TEST_CASE("forward on the CUDA backend alone (CUDA paged attention) matches the CPU backend", "[gpu][forward]") {
-  if (cuda::device_count() == 0) return;
-  try {
-    auto probe = cuda::make_cuda_backend(0);
-    probe->paged_attention(PagedAttentionParams{}, Stream{});
-  } catch (const std::logic_error& e) {
-    if (std::string(e.what()).find("not built yet") != std::string::npos) {
-      WARN("pending: the CUDA paged attention (branch cudaattn) is not merged yet: " << e.what());
-      return;
-    }
-  } catch (const std::exception&) {
-    // the real kernels reject empty params: they are there
-  }
-  for (const char* name : {"tiny-llama", "tiny-qwen2", "tiny-qwen3"}) {
+  // The FP8-weight fixtures (per channel, per tensor, 128 x 128 blocks) run the CUDA backend's
+  // weight-only FP8 projections against the CPU's on the same codes and scales.
+  for (const char* name : {"tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-llama-fp8-channel", "tiny-qwen2-fp8-tensor",
+                           "tiny-qwen3-fp8-block"}) {
     DYNAMIC_SECTION(name) { check_model(name, false); }
   }
 }

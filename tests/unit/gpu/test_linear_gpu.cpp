@@ -2,7 +2,9 @@
 // emulator) and the portable GEMM itself, against the CPU op (linear_cpu) on the same bf16 x
 // widened to fp32 and the same bf16 weights: Llama-3-8B's qkv / gate_up / down (GPU), SmolLM2
 // and Qwen2-0.5B shapes with the QKV bias (emulator too), the LM head's fp32 logits, row
-// strides on both sides, 1 to 300 tokens.
+// strides on both sides, 1 to 300 tokens; and FP8 weights (one scale per row, or per row and
+// block of 64 or 128 inputs, the project's quantizer) on the portable GEMM, which the backend runs
+// for them, against the CPU op on the same codes and scales.
 //
 // Tolerance, per element: the two fp32 dot products differ only in summation order, each within
 // (K - 1) u sum|x w| of the exact value (u = 2^-24; the standard bound), so they differ by at
@@ -17,6 +19,7 @@
 #include "cuda_test_util.hpp"
 #include "kernels/cpu/linear.hpp"
 #include "kernels/cuda/ops_cuda.hpp"
+#include "kernels/fp8_quantize.hpp"
 
 using namespace fp8serve;
 using namespace fp8serve::gpu_test;
@@ -29,15 +32,45 @@ struct LinearCase {
   bool y_fp32 = false;
   int64_t x_pad = 0;  // x_stride = in + x_pad
   int64_t y_pad = 0;  // y_stride = out + y_pad
+  int64_t fp8_block = -1;  // FP8 weights: 0 one scale per row, > 0 per block of that many inputs; -1 bf16
 };
+
+// W quantized to FP8 as the loader does (per row, or per block of each row), and its dequantized
+// values for the error bound.
+struct Fp8Weights {
+  std::vector<std::uint8_t> codes;
+  std::vector<float> scales;
+  std::vector<float> dequantized;
+};
+Fp8Weights quantize(const std::vector<std::uint16_t>& w, int64_t out, int64_t in, int64_t block) {
+  const int64_t bk = block > 0 ? block : in, blocks = weight_num_k_blocks(in, block);
+  Fp8Weights q;
+  q.codes.resize(static_cast<std::size_t>(out * in));
+  q.scales.resize(static_cast<std::size_t>(out * blocks));
+  q.dequantized.resize(q.codes.size());
+  const std::vector<float> wf = widen(w);
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t k0 = b * bk, n = std::min(bk, in - k0);
+      const std::size_t at = static_cast<std::size_t>(o * in + k0);
+      float& scale = q.scales[static_cast<std::size_t>(o * blocks + b)];
+      quantize_row_fp8(wf.data() + at, n, q.codes.data() + at, &scale);
+      for (int64_t k = 0; k < n; ++k) q.dequantized[at + static_cast<std::size_t>(k)] = fp8_e4m3_decode(q.codes[at + static_cast<std::size_t>(k)]) * scale;
+    }
+  }
+  return q;
+}
 
 enum class Path { backend, portable };
 
 void check_linear(Backend& gpu, const LinearCase& c, Path path, std::uint32_t seed) {
-  const bool cublas = path == Path::backend && !kEmulated;
+  const bool fp8 = c.fp8_block >= 0;
+  const bool cublas = path == Path::backend && !kEmulated && !fp8;
   INFO((path == Path::portable ? "portable GEMM " : "backend linear ") << c.tokens << " x " << c.in << " -> "
                                                                       << c.out << (c.bias ? " +bias" : "")
-                                                                      << (c.y_fp32 ? " fp32 y" : ""));
+                                                                      << (c.y_fp32 ? " fp32 y" : "")
+                                                                      << (fp8 ? " fp8 block " : "")
+                                                                      << (fp8 ? std::to_string(c.fp8_block) : ""));
   const int64_t x_stride = c.in + c.x_pad, y_stride = c.out + c.y_pad;
   const std::vector<std::uint16_t> x = random_bf16(static_cast<std::size_t>(c.tokens * x_stride), seed, 1.0f);
   const std::vector<std::uint16_t> w =
@@ -47,11 +80,18 @@ void check_linear(Backend& gpu, const LinearCase& c, Path path, std::uint32_t se
   const std::size_t y_bytes = y_elems * (c.y_fp32 ? 4 : 2);
   const std::vector<std::uint8_t> y_init(y_bytes, 0x5a);
 
-  DeviceBuffer d_x = to_device(gpu, x), d_w = to_device(gpu, w), d_b = to_device(gpu, bias);
+  const Fp8Weights q = fp8 ? quantize(w, c.out, c.in, c.fp8_block) : Fp8Weights{};
+  DeviceBuffer d_x = to_device(gpu, x), d_w = fp8 ? to_device(gpu, q.codes) : to_device(gpu, w);
+  DeviceBuffer d_b = to_device(gpu, bias), d_s = fp8 ? to_device(gpu, q.scales) : DeviceBuffer();
   DeviceBuffer d_y = to_device(gpu, y_init);
   LinearParams p;
   p.x = d_x.data();
-  p.weight = d_w.as<std::uint16_t>();
+  p.weight = d_w.data();
+  if (fp8) {
+    p.weight_dtype = WeightDtype::fp8_e4m3;
+    p.weight_scales = d_s.as<float>();
+    p.weight_block_k = c.fp8_block;
+  }
   p.bias = c.bias ? d_b.as<std::uint16_t>() : nullptr;
   p.y = d_y.data();
   p.num_tokens = c.tokens;
@@ -73,7 +113,8 @@ void check_linear(Backend& gpu, const LinearCase& c, Path path, std::uint32_t se
   std::vector<float> ref(y_elems, 0.0f);
   LinearParams r = p;
   r.x = xf.data();
-  r.weight = w.data();
+  r.weight = fp8 ? static_cast<const void*>(q.codes.data()) : static_cast<const void*>(w.data());
+  r.weight_scales = fp8 ? q.scales.data() : nullptr;
   r.bias = c.bias ? bias.data() : nullptr;
   r.y = ref.data();
   r.y_fp32 = false;
@@ -95,8 +136,9 @@ void check_linear(Backend& gpu, const LinearCase& c, Path path, std::uint32_t se
       }
       double magnitude = c.bias ? std::fabs(bf16_decode(bias[static_cast<std::size_t>(o)])) : 0.0;
       for (int64_t k = 0; k < c.in; ++k) {
+        const std::size_t wk = static_cast<std::size_t>(o * c.in + k);
         magnitude += std::fabs(static_cast<double>(xf[static_cast<std::size_t>(t * x_stride + k)]) *
-                               bf16_decode(w[static_cast<std::size_t>(o * c.in + k)]));
+                               (fp8 ? q.dequantized[wk] : bf16_decode(w[wk])));
       }
       float value;
       if (c.y_fp32) {
@@ -139,6 +181,10 @@ TEST_CASE("linear on CUDA matches the CPU op within the fp32 reordering bound", 
     cases.push_back({7, 4096, 2 * 14336});          // gate_up
     cases.push_back({1, 14336, 4096});              // down, one decode token
   }
+  cases.push_back({5, 576, 576 + 2 * 192, false, false, 0, 0, 0});        // FP8, a scale per row
+  cases.push_back({1, 1536, 576, false, false, 0, 0, 128});              // FP8, 128-input blocks
+  cases.push_back({3, 900, 1152, true, false, 0, 0, 64});                // FP8 + bias, a partial last block
+  cases.push_back({2, 576, 1000, false, true, 0, 0, 0});                 // FP8 LM head, fp32 logits
   for (std::size_t i = 0; i < cases.size(); ++i) {
     check_linear(*gpu, cases[i], Path::backend, static_cast<std::uint32_t>(50 + i));
     if (!kEmulated) check_linear(*gpu, cases[i], Path::portable, static_cast<std::uint32_t>(50 + i));
