@@ -50,6 +50,8 @@ Device make_device(const std::string& device, int threads) {
 #if FP8SERVE_WITH_CUDA
     d.kind = "cuda";
     d.backend = cuda::make_cuda_backend(0);
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    d.pool = std::make_unique<cpu::ThreadPool>(std::min(cores, 8));
     return d;
 #endif
   }

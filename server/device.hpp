@@ -12,7 +12,8 @@ namespace fp8serve {
 
 struct Device {
   std::string kind;                       // "cpu" or "cuda"
-  std::unique_ptr<cpu::ThreadPool> pool;  // the CPU backend's threads; null on CUDA
+  // Host threads: the CPU backend's; on CUDA a few for the host's share of a step (sampling).
+  std::unique_ptr<cpu::ThreadPool> pool;
   std::unique_ptr<Backend> backend;
 };
 

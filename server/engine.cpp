@@ -424,54 +424,79 @@ void Engine::run_step(const StepPlan& plan) {
     transformer_->copy_tail_rings(tail_copies_);
   }
 
+  // Sequences that sample alone from their row without a grammar (nearly all of them) are
+  // sampled in parallel first, each from its own row of the step's logits (used as scratch);
+  // forks and structured outputs then sample in turn, and every token is handed on in plan
+  // order. Each sampler owns its RNG, so the draws do not depend on the threads or the batch.
+  struct Pending {
+    SeqId id;
+    std::size_t row;
+    bool parallel;
+    SampleResult sample;
+  };
+  std::vector<Pending> pending;
   std::size_t row = 0;
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.samples) continue;
-    const std::span<const float> logits(logits_.data() + row * vocab, vocab);
+    if (const auto it = seqs_.find(s.id); it != seqs_.end())
+      pending.push_back({s.id, row, s.forks.empty() && !it->second.matcher, {}});
+    for (const SeqId child : s.forks) pending.push_back({child, row, false, {}});
     ++row;
-    std::vector<SeqId> samplers{s.id};
-    samplers.insert(samplers.end(), s.forks.begin(), s.forks.end());
-    for (const SeqId id : samplers) {
-      const auto it = seqs_.find(id);
-      if (it == seqs_.end()) continue;
-      SeqState& seq = it->second;
-      // The sampler uses its row as scratch: forks and structured outputs (which may sample
-      // twice) each get a copy, a lone sequence the step's row itself, 200 KB less to copy.
-      std::span<float> scratch(logits_.data() + (row - 1) * vocab, vocab);
-      if (samplers.size() > 1 || seq.matcher) {
-        row_.assign(logits.begin(), logits.end());
-        scratch = row_;
-      }
-      const int64_t budget = seq.matcher ? token_budget(seq) : 0;
-      if (seq.matcher && !apply_grammar(seq, budget, scratch)) {
-        RequestOutput out;
-        out.error = "structured output: no token can continue the text the schema requires";
-        finish_seq(id, out, FinishReason::error);
-        continue;
-      }
-      SampleResult sample = seq.sampler.sample(scratch);
-      if (seq.matcher && !seq.closing && !seq.matcher->can_finish_after(sample.token, budget - 1)) {
-        // That token would open more than the budget can close: take the shortest way to the
-        // end instead, so the document still completes.
-        seq.sampler.forget(sample.token);
-        seq.closing = true;
-        if (seq.matcher->can_end()) {  // already complete: the budget ends it here
-          RequestOutput out;
-          finish_seq(id, out, FinishReason::length);
-          continue;
-        }
-        row_.assign(logits.begin(), logits.end());
-        apply_grammar(seq, budget, row_);
-        sample = seq.sampler.sample(row_);
-      }
-      if (seq.matcher && !seq.matcher->accept_token(sample.token)) {
-        RequestOutput out;  // a masked token was sampled: a bug, not the client's doing
-        out.error = "structured output: the sampler chose a token the grammar does not allow";
-        finish_seq(id, out, FinishReason::error);
-        continue;
-      }
-      on_token(id, sample);
+  }
+  std::vector<std::size_t> parallel;
+  for (std::size_t i = 0; i < pending.size(); ++i)
+    if (pending[i].parallel) parallel.push_back(i);
+  auto sample_row = [&](int64_t j) {
+    Pending& p = pending[parallel[static_cast<std::size_t>(j)]];
+    p.sample = seqs_.at(p.id).sampler.sample(std::span<float>(logits_.data() + p.row * vocab, vocab));
+  };
+  if (device_.pool && parallel.size() > 1) {
+    device_.pool->parallel_for(static_cast<int64_t>(parallel.size()), sample_row);
+  } else {
+    for (std::size_t j = 0; j < parallel.size(); ++j) sample_row(static_cast<int64_t>(j));
+  }
+
+  for (Pending& p : pending) {
+    const SeqId id = p.id;
+    if (p.parallel) {
+      on_token(id, p.sample);
+      continue;
     }
+    const auto it = seqs_.find(id);
+    if (it == seqs_.end()) continue;
+    const std::span<const float> logits(logits_.data() + p.row * vocab, vocab);
+    SeqState& seq = it->second;
+    // Forks and structured outputs (which may sample twice) sample from a copy of the row.
+    row_.assign(logits.begin(), logits.end());
+    const int64_t budget = seq.matcher ? token_budget(seq) : 0;
+    if (seq.matcher && !apply_grammar(seq, budget, row_)) {
+      RequestOutput out;
+      out.error = "structured output: no token can continue the text the schema requires";
+      finish_seq(id, out, FinishReason::error);
+      continue;
+    }
+    SampleResult sample = seq.sampler.sample(row_);
+    if (seq.matcher && !seq.closing && !seq.matcher->can_finish_after(sample.token, budget - 1)) {
+      // That token would open more than the budget can close: take the shortest way to the
+      // end instead, so the document still completes.
+      seq.sampler.forget(sample.token);
+      seq.closing = true;
+      if (seq.matcher->can_end()) {  // already complete: the budget ends it here
+        RequestOutput out;
+        finish_seq(id, out, FinishReason::length);
+        continue;
+      }
+      row_.assign(logits.begin(), logits.end());
+      apply_grammar(seq, budget, row_);
+      sample = seq.sampler.sample(row_);
+    }
+    if (seq.matcher && !seq.matcher->accept_token(sample.token)) {
+      RequestOutput out;  // a masked token was sampled: a bug, not the client's doing
+      out.error = "structured output: the sampler chose a token the grammar does not allow";
+      finish_seq(id, out, FinishReason::error);
+      continue;
+    }
+    on_token(id, sample);
   }
 }
 

@@ -25,6 +25,18 @@ def stream_text(client, prompt, max_tokens):
     return text, finish
 
 
+def tokens_and_margins(client, prompt, max_tokens):
+    """The greedy tokens, and at each the gap between the two best logprobs (a near-tie when small)."""
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0, logprobs=2,
+                                  extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    margins = []
+    for top in lp.top_logprobs:
+        best = sorted(top.values(), reverse=True) + [float("-inf")]
+        margins.append(best[0] - best[1])
+    return lp.tokens, margins
+
+
 def test_32_concurrent_streams_equal_sequential_outputs(tiny, openai_client):
     alone = [stream_text(openai_client, p, 24) for p in PROMPTS]
     with ThreadPoolExecutor(32) as pool:
@@ -45,10 +57,17 @@ def test_preemption_with_a_pool_of_a_few_blocks(tmp_path):
     try:
         client = openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0, timeout=120)
         prompts = PROMPTS[:16]
-        alone = [stream_text(client, p, 60) for p in prompts]
+        alone = [tokens_and_margins(client, p, 60) for p in prompts]
         with ThreadPoolExecutor(16) as pool:
-            together = list(pool.map(lambda p: stream_text(client, p, 60), prompts))
-        assert together == alone
+            together = list(pool.map(lambda p: tokens_and_margins(client, p, 60), prompts))
+        # A recompute after preemption rebuilds the KV with prefill's arithmetic where decode made
+        # it (the bf16 window's rows and the attention's summation order): equal up to rounding,
+        # so a greedy token may flip only where its two best candidates were nearly tied.
+        for (tokens, margins), (got, _) in zip(alone, together):
+            first = next((i for i, (a, b) in enumerate(zip(tokens, got)) if a != b), None)
+            assert len(got) == len(tokens) == 60
+            if first is not None:
+                assert margins[first] < 0.01, (first, margins[first])
         m = s.metrics()
         print(f"[preemption] {m['fp8serve:num_preemptions_total']:.0f} preemptions for 16 concurrent requests")
         assert m["fp8serve:num_preemptions_total"] > 0
