@@ -142,6 +142,7 @@ std::pair<double, double> load_footprint(const std::string& model_path, bool fp8
     options.quantize_lm_head = fp8_head;
     options.threads = threads;
     options.kv_cache_memory = 16u << 20;
+    options.kv_bf16_window = 0;  // the load's footprint: no tail pool (64 rings would not fit in 16 MiB)
     options.max_num_batched_tokens = 512;
     options.max_model_len = 2048;
     Engine engine(load_model(model_path), options);
