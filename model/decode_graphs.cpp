@@ -30,12 +30,12 @@ std::optional<GraphKey> graph_key(const ForwardBatch& b, const std::vector<int32
   return GraphKey{*bucket, std::min(width, max_blocks)};
 }
 
-PaddedDecode pad_decode(const ForwardBatch& b, GraphKey key, int32_t num_layers) {
+HostBatch pad_decode(const ForwardBatch& b, GraphKey key, int32_t num_layers) {
   const auto n = static_cast<std::size_t>(b.context_lens.size());
   const auto m = static_cast<std::size_t>(key.num_seqs);
   const auto w = static_cast<std::size_t>(key.width);
-  PaddedDecode p;
-  p.width = key.width;
+  HostBatch p;
+  p.max_blocks_per_seq = key.width;
   auto padded = [m](auto span, auto fill) {
     std::vector<std::remove_const_t<typename decltype(span)::element_type>> v(span.begin(), span.end());
     v.resize(m, fill);
@@ -68,25 +68,6 @@ PaddedDecode pad_decode(const ForwardBatch& b, GraphKey key, int32_t num_layers)
     p.tail_slots = padded(b.tail_slots, 0);
   }
   return p;
-}
-
-ForwardBatch PaddedDecode::batch() {
-  ForwardBatch b;
-  b.token_ids = token_ids;
-  b.positions = positions;
-  b.query_start_loc = query_start_loc;
-  b.context_lens = context_lens;
-  b.block_tables = block_tables;
-  b.max_blocks_per_seq = width;
-  b.slot_mapping = slot_mapping;
-  b.k_scales = k_scales;
-  b.v_scales = v_scales;
-  b.calibrate = calibrate;
-  b.sample_rows = sample_rows;
-  b.fp8_lens = fp8_lens;
-  b.spill_starts = spill_starts;
-  b.tail_slots = tail_slots;
-  return b;
 }
 
 }  // namespace fp8serve

@@ -35,18 +35,7 @@ struct GraphKey {
 std::optional<GraphKey> graph_key(const ForwardBatch& b, const std::vector<int32_t>& buckets, int32_t max_blocks,
                                   int32_t max_spill_tokens, int32_t block_size);
 
-// `b` padded to key.num_seqs sequences and key.width-wide block tables. batch() views the
-// vectors: keep the PaddedDecode alive while it is used.
-struct PaddedDecode {
-  std::vector<int32_t> token_ids, positions, query_start_loc, context_lens, block_tables, sample_rows;
-  std::vector<int64_t> slot_mapping;
-  std::vector<float> k_scales, v_scales;
-  std::vector<uint8_t> calibrate;
-  std::vector<int32_t> fp8_lens, spill_starts, tail_slots;
-  int32_t width = 0;
-
-  ForwardBatch batch();
-};
-PaddedDecode pad_decode(const ForwardBatch& b, GraphKey key, int32_t num_layers);
+// `b` padded to key.num_seqs sequences and key.width-wide block tables.
+HostBatch pad_decode(const ForwardBatch& b, GraphKey key, int32_t num_layers);
 
 }  // namespace fp8serve

@@ -296,6 +296,25 @@ void Transformer::upload_batch(const ForwardBatch& b, const StepLayout& layout, 
   backend_.copy_to_device(step_meta_.data(), step_host_.data(), end, stream_);
 }
 
+ForwardBatch HostBatch::view() {
+  ForwardBatch b;
+  b.token_ids = token_ids;
+  b.positions = positions;
+  b.query_start_loc = query_start_loc;
+  b.context_lens = context_lens;
+  b.block_tables = block_tables;
+  b.max_blocks_per_seq = max_blocks_per_seq;
+  b.slot_mapping = slot_mapping;
+  b.k_scales = k_scales;
+  b.v_scales = v_scales;
+  b.calibrate = calibrate;
+  b.sample_rows = sample_rows;
+  b.fp8_lens = fp8_lens;
+  b.spill_starts = spill_starts;
+  b.tail_slots = tail_slots;
+  return b;
+}
+
 void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::span<KvWriteCounts> counts) {
   if (!has_kv_cache()) throw std::logic_error("Transformer::forward: allocate_kv_cache() was not called");
   validate(b, logits);
@@ -318,7 +337,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
   if (options_.graphs != TransformerOptions::Graphs::off) {
     const int32_t max_blocks = (options_.max_model_len + options_.block_size - 1) / options_.block_size;
     if (const auto key = graph_key(b, graph_buckets_, max_blocks, shape.max_spill_tokens, options_.block_size)) {
-      forward_graphed(b, key->num_seqs, key->width, shape.max_spill_tokens, logits, counts);
+      forward_graphed(b, key->num_seqs, key->width, logits, counts);
       return;
     }
   }
@@ -329,20 +348,19 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
   finish(b, layout, shape, logits, counts);
 }
 
-void Transformer::forward_graphed(const ForwardBatch& b, int32_t num_seqs, int32_t width, int32_t max_spill_tokens,
-                                  std::span<float> logits, std::span<KvWriteCounts> counts) {
-  PaddedDecode padded = pad_decode(b, GraphKey{num_seqs, width}, config_.num_layers);
-  const ForwardBatch p = padded.batch();
+void Transformer::forward_graphed(const ForwardBatch& b, int32_t num_seqs, int32_t width, std::span<float> logits,
+                                  std::span<KvWriteCounts> counts) {
+  HostBatch padded = pad_decode(b, GraphKey{num_seqs, width}, config_.num_layers);
+  const ForwardBatch p = padded.view();
   StepShape shape;
   shape.num_tokens = num_seqs;
   shape.num_seqs = num_seqs;
   shape.max_blocks_per_seq = width;
   shape.num_rows = num_seqs;
-  // The same launches for every step of the bucket: kv_spill always (nothing to do for most
-  // sequences), counts always.
+  // The same launches for every step of the bucket: kv_spill always, with the most a step that
+  // graph_key admits can spill (nothing to do for most sequences), counts always.
   shape.max_spill_tokens = options_.window.enabled() ? options_.block_size : 0;
   shape.track_counts = true;
-  (void)max_spill_tokens;  // graph_key admitted it: at most block_size
   const StepLayout layout = step_layout(static_cast<std::size_t>(num_seqs), static_cast<std::size_t>(num_seqs),
                                         static_cast<std::size_t>(width));
   upload_batch(p, layout, true);

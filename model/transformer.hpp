@@ -84,6 +84,19 @@ struct ForwardBatch {
   std::span<const int32_t> tail_slots;    // each sequence's ring in the tail pool
 };
 
+// The arrays of a ForwardBatch, owned: steps built on the host (a padded decode step, benchmarks).
+// view() points a ForwardBatch at them; keep the HostBatch alive while that is used.
+struct HostBatch {
+  std::vector<int32_t> token_ids, positions, query_start_loc, context_lens, block_tables, sample_rows;
+  std::vector<int64_t> slot_mapping;
+  std::vector<float> k_scales, v_scales;
+  std::vector<uint8_t> calibrate;
+  std::vector<int32_t> fp8_lens, spill_starts, tail_slots;
+  int32_t max_blocks_per_seq = 0;
+
+  ForwardBatch view();
+};
+
 class Transformer {
  public:
   // Uploads the weights (the host copy may be dropped afterwards) and allocates the KV pool and
@@ -170,8 +183,8 @@ class Transformer {
   void finish(const ForwardBatch& batch, const StepLayout& layout, const StepShape& shape, std::span<float> logits,
               std::span<KvWriteCounts> counts);
   // A decode step through a graph (TransformerOptions::graphs).
-  void forward_graphed(const ForwardBatch& batch, int32_t num_seqs, int32_t width, int32_t max_spill_tokens,
-                       std::span<float> logits, std::span<KvWriteCounts> counts);
+  void forward_graphed(const ForwardBatch& batch, int32_t num_seqs, int32_t width, std::span<float> logits,
+                       std::span<KvWriteCounts> counts);
 
   ModelConfig config_;
   Backend& backend_;

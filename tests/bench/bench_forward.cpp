@@ -38,54 +38,33 @@ double now_s() {
 
 // A synthetic step: num_seqs sequences, each with `num_new` new tokens ending at context
 // `context`, blocks laid out sequence after sequence.
-struct StepInputs {
-  std::vector<int32_t> token_ids, positions, query_start_loc, context_lens, block_tables, sample_rows;
-  std::vector<int64_t> slot_mapping;
-  std::vector<float> k_scales, v_scales;
-  std::vector<uint8_t> calibrate;
-  int32_t max_blocks = 0;
-
-  StepInputs(const ModelConfig& c, int block_size, int num_seqs, int num_new, int context) {
-    max_blocks = (context + block_size - 1) / block_size;
-    query_start_loc.push_back(0);
-    for (int s = 0; s < num_seqs; ++s) {
-      for (int b = 0; b < max_blocks; ++b) block_tables.push_back(s * max_blocks + b);
-      for (int i = 0; i < num_new; ++i) {
-        const int pos = context - num_new + i;
-        token_ids.push_back((s * 7919 + pos) % c.vocab_size);
-        positions.push_back(pos);
-        slot_mapping.push_back(static_cast<int64_t>(s * max_blocks + pos / block_size) * block_size + pos % block_size);
-      }
-      query_start_loc.push_back(static_cast<int32_t>(token_ids.size()));
-      context_lens.push_back(context);
-      sample_rows.push_back(static_cast<int32_t>(token_ids.size()) - 1);
-      calibrate.push_back(0);
+HostBatch synthetic_step(const ModelConfig& c, int block_size, int num_seqs, int num_new, int context) {
+  HostBatch h;
+  const int max_blocks = (context + block_size - 1) / block_size;
+  h.max_blocks_per_seq = max_blocks;
+  h.query_start_loc.push_back(0);
+  for (int s = 0; s < num_seqs; ++s) {
+    for (int b = 0; b < max_blocks; ++b) h.block_tables.push_back(s * max_blocks + b);
+    for (int i = 0; i < num_new; ++i) {
+      const int pos = context - num_new + i;
+      h.token_ids.push_back((s * 7919 + pos) % c.vocab_size);
+      h.positions.push_back(pos);
+      h.slot_mapping.push_back(static_cast<int64_t>(s * max_blocks + pos / block_size) * block_size + pos % block_size);
     }
-    k_scales.assign(static_cast<std::size_t>(c.num_layers * num_seqs), 0.05f);
-    v_scales = k_scales;
+    h.query_start_loc.push_back(static_cast<int32_t>(h.token_ids.size()));
+    h.context_lens.push_back(context);
+    h.sample_rows.push_back(static_cast<int32_t>(h.token_ids.size()) - 1);
+    h.calibrate.push_back(0);
   }
-
-  ForwardBatch batch() {
-    ForwardBatch b;
-    b.token_ids = token_ids;
-    b.positions = positions;
-    b.query_start_loc = query_start_loc;
-    b.context_lens = context_lens;
-    b.block_tables = block_tables;
-    b.max_blocks_per_seq = max_blocks;
-    b.slot_mapping = slot_mapping;
-    b.k_scales = k_scales;
-    b.v_scales = v_scales;
-    b.calibrate = calibrate;
-    b.sample_rows = sample_rows;
-    return b;
-  }
-};
+  h.k_scales.assign(static_cast<std::size_t>(c.num_layers * num_seqs), 0.05f);
+  h.v_scales = h.k_scales;
+  return h;
+}
 
 // Mean seconds per forward() over enough repetitions to pass ~0.5 s (after one warm-up).
-double time_step(Transformer& model, StepInputs& in, int min_reps) {
+double time_step(Transformer& model, HostBatch& in, int min_reps) {
   std::vector<float> logits(in.sample_rows.size() * static_cast<std::size_t>(model.config().vocab_size));
-  ForwardBatch b = in.batch();
+  ForwardBatch b = in.view();
   model.forward(b, logits);
   int reps = 0;
   const double t0 = now_s();
@@ -183,7 +162,7 @@ int main(int argc, char** argv) {
     const double weight_bytes = static_cast<double>(model.weight_bytes());
     for (const int context : contexts) {
       for (const int batch : batches) {
-        StepInputs in(config, block_size, batch, 1, context);
+        HostBatch in = synthetic_step(config, block_size, batch, 1, context);
         const double step_s = time_step(model, in, quick ? 3 : 10);
         const double bound_s = (weight_bytes + static_cast<double>(batch) * context * spec.bytes_per_token()) / bandwidth;
         std::printf("%-5s %-8s %6d %8d %10.3f %10.1f %7.1f%%\n", name, "decode", batch, context, 1e3 * step_s,
@@ -192,7 +171,7 @@ int main(int argc, char** argv) {
       }
     }
     for (const int prompt : prompts) {
-      StepInputs in(config, block_size, 1, prompt, prompt);
+      HostBatch in = synthetic_step(config, block_size, 1, prompt, prompt);
       const double step_s = time_step(model, in, 2);
       std::printf("%-5s %-8s %6d %8d %10.3f %10.1f %8s\n", name, "prefill", 1, prompt, 1e3 * step_s, prompt / step_s,
                   "");

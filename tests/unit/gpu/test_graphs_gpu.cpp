@@ -75,64 +75,50 @@ Run run_schedule(const LoadedModel& model, KvDtype dtype, KvWindow window, Trans
     for (int32_t s = 0; s < num_seqs; ++s) active[static_cast<std::size_t>(s)] = s;
     if (step > 0) active = kActive[step - 1];
     const auto n = active.size();
-    std::vector<int32_t> ids, positions, qsl{0}, ctx, rows, fp8_lens, spill_starts, tail_slots;
-    std::vector<int64_t> slots;
-    std::vector<uint8_t> calibrate;
+    HostBatch h;
+    h.query_start_loc.push_back(0);
     int32_t width = 1;
     for (const int32_t s : active) {
       const int32_t fresh = step == 0 ? prompt_lens[static_cast<std::size_t>(s)] : 1;
       for (int32_t i = 0; i < fresh; ++i) {
         const int32_t pos = lengths[static_cast<std::size_t>(s)]++;
-        ids.push_back(token());
-        positions.push_back(pos);
-        slots.push_back(static_cast<int64_t>(block_of(s, pos / kBlockSize)) * kBlockSize + pos % kBlockSize);
+        h.token_ids.push_back(token());
+        h.positions.push_back(pos);
+        h.slot_mapping.push_back(static_cast<int64_t>(block_of(s, pos / kBlockSize)) * kBlockSize + pos % kBlockSize);
       }
-      qsl.push_back(static_cast<int32_t>(ids.size()));
-      ctx.push_back(lengths[static_cast<std::size_t>(s)]);
-      rows.push_back(static_cast<int32_t>(ids.size()) - 1);
-      calibrate.push_back(step == 0 ? 1 : 0);
+      h.query_start_loc.push_back(static_cast<int32_t>(h.token_ids.size()));
+      h.context_lens.push_back(lengths[static_cast<std::size_t>(s)]);
+      h.sample_rows.push_back(static_cast<int32_t>(h.token_ids.size()) - 1);
+      h.calibrate.push_back(step == 0 ? 1 : 0);
       width = std::max(width, (lengths[static_cast<std::size_t>(s)] + kBlockSize - 1) / kBlockSize);
       if (window.enabled()) {
-        spill_starts.push_back(fp8[static_cast<std::size_t>(s)]);
-        fp8[static_cast<std::size_t>(s)] = std::max(fp8[static_cast<std::size_t>(s)], window.fp8_len(ctx.back()));
-        fp8_lens.push_back(fp8[static_cast<std::size_t>(s)]);
-        tail_slots.push_back(s);
+        h.spill_starts.push_back(fp8[static_cast<std::size_t>(s)]);
+        fp8[static_cast<std::size_t>(s)] = std::max(fp8[static_cast<std::size_t>(s)], window.fp8_len(h.context_lens.back()));
+        h.fp8_lens.push_back(fp8[static_cast<std::size_t>(s)]);
+        h.tail_slots.push_back(s);
       }
     }
-    std::vector<int32_t> tables(n * static_cast<std::size_t>(width), -1);
-    std::vector<float> ks(layers * n), vs(layers * n);
+    h.max_blocks_per_seq = width;
+    h.block_tables.assign(n * static_cast<std::size_t>(width), -1);
+    h.k_scales.resize(layers * n);
+    h.v_scales.resize(layers * n);
     for (std::size_t i = 0; i < n; ++i) {
       const int32_t s = active[i];
       for (int32_t b = 0; b < (lengths[static_cast<std::size_t>(s)] + kBlockSize - 1) / kBlockSize; ++b)
-        tables[i * static_cast<std::size_t>(width) + static_cast<std::size_t>(b)] = block_of(s, b);
+        h.block_tables[i * static_cast<std::size_t>(width) + static_cast<std::size_t>(b)] = block_of(s, b);
       for (std::size_t l = 0; l < layers; ++l) {
-        ks[l * n + i] = k_scales[l * num_seqs + static_cast<std::size_t>(s)];
-        vs[l * n + i] = v_scales[l * num_seqs + static_cast<std::size_t>(s)];
+        h.k_scales[l * n + i] = k_scales[l * num_seqs + static_cast<std::size_t>(s)];
+        h.v_scales[l * n + i] = v_scales[l * num_seqs + static_cast<std::size_t>(s)];
       }
     }
     std::vector<float> logits(n * static_cast<std::size_t>(c.vocab_size));
-    ForwardBatch batch;
-    batch.token_ids = ids;
-    batch.positions = positions;
-    batch.query_start_loc = qsl;
-    batch.context_lens = ctx;
-    batch.block_tables = tables;
-    batch.max_blocks_per_seq = width;
-    batch.slot_mapping = slots;
-    batch.k_scales = ks;
-    batch.v_scales = vs;
-    batch.calibrate = calibrate;
-    batch.sample_rows = rows;
-    batch.fp8_lens = fp8_lens;
-    batch.spill_starts = spill_starts;
-    batch.tail_slots = tail_slots;
     std::vector<KvWriteCounts> counts(layers);
-    transformer.forward(batch, logits, counts);
+    transformer.forward(h.view(), logits, counts);
     for (std::size_t i = 0; i < n; ++i) {  // calibrated scales back into the sequences' own
       const auto s = static_cast<std::size_t>(active[i]);
       for (std::size_t l = 0; l < layers; ++l) {
-        k_scales[l * num_seqs + s] = ks[l * n + i];
-        v_scales[l * num_seqs + s] = vs[l * n + i];
+        k_scales[l * num_seqs + s] = h.k_scales[l * n + i];
+        v_scales[l * num_seqs + s] = h.v_scales[l * n + i];
       }
     }
     run.logits.push_back(std::move(logits));
