@@ -1,16 +1,13 @@
 #pragma once
 // Device building blocks of the paged attention kernels (paged_attention_decode.cu,
 // paged_attention_prefill.cu): the one FP8 -> float conversion, bf16 <-> float, 16-byte
-// global -> shared copies (cp.async under nvcc), the bf16 tensor-core MMA, and a block-wide
-// exclusive scan that the kernels plan their work with.
-//
-// Each fast path (inline PTX) sits beside a portable version that the emulator runs and that
-// FP8SERVE_CUDA_FAST_PATHS=0 selects on a GPU; the tests check both against the host codec or a
-// host reference.
+// global -> shared copies (cp.async), the bf16 tensor-core MMA, and a block-wide exclusive scan
+// that the kernels plan their work with. The PTX itself is in ptx.cuh (the emulator runs it).
 #include <cstdint>
 
 #include "kernels/bf16.hpp"
 #include "kernels/cuda/launch.hpp"
+#include "kernels/cuda/ptx.cuh"
 #include "kernels/fp8.hpp"
 #include "kernels/paged_kv.hpp"
 
@@ -34,23 +31,22 @@ ATTN_DEVICE int log2_of(int pow2) { return 31 - __clz(pow2); }
 
 // ---- FP8 E4M3 and bf16 -> float ----------------------------------------------------------------
 
-// The four E4M3 codes of `word` (byte i = element i) as floats: exactly fp8_e4m3_decode's values
-// (kernels/fp8.hpp) for all 256 codes. Hardware: cvt.rn.f16x2.e4m3x2 (sm_89+; E4M3 is a subset
-// of fp16, so the fp16 -> fp32 step is exact too); its NaN is fp16's canonical one, so only
-// NaN's payload differs from the host codec. Portable: the 7 exponent-mantissa bits moved to a
-// float's bits 20..26 give |x| * 2^-120 exactly (subnormal codes become float subnormals), and
-// the multiply by 2^120 is exact; the two NaN codes are found once per word. Needs IEEE
-// subnormals (nvcc's default -ftz=false; never build the attention with --use_fast_math).
-ATTN_DEVICE void fp8x4_to_float(uint32_t word, float (&out)[4]) {
-#if FP8SERVE_CUDA_FAST_PATHS && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t lo, hi;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(lo) : "h"(static_cast<uint16_t>(word & 0xffffu)));
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(hi) : "h"(static_cast<uint16_t>(word >> 16)));
-  asm("{.reg .b16 a, b;\n mov.b32 {a, b}, %2;\n cvt.f32.f16 %0, a;\n cvt.f32.f16 %1, b;}"
-      : "=f"(out[0]), "=f"(out[1]) : "r"(lo));
-  asm("{.reg .b16 a, b;\n mov.b32 {a, b}, %2;\n cvt.f32.f16 %0, a;\n cvt.f32.f16 %1, b;}"
-      : "=f"(out[2]), "=f"(out[3]) : "r"(hi));
-#else
+// The four E4M3 codes of `word` (byte i = element i) as floats, two ways that give
+// fp8_e4m3_decode's values (kernels/fp8.hpp) for all 256 codes except NaN's payload:
+// - cvt: the hardware conversion (cvt.rn.f16x2.e4m3x2, sm_89+; E4M3 is a subset of fp16, so the
+//   fp16 -> fp32 step is exact too); NaN becomes fp16's canonical one.
+// - bits: the 7 exponent-mantissa bits moved to a float's bits 20..26 give |x| * 2^-120 exactly
+//   (subnormal codes become float subnormals), and the multiply by 2^120 is exact; the two NaN
+//   codes are found once per word. Needs IEEE subnormals (nvcc's default -ftz=false).
+// Which one is faster in the attention's inner loop is a measurement (bench_attention_cuda): the
+// kernels use cvt unless built with FP8SERVE_CUDA_FAST_PATHS=0, and GPUs before sm_89 (which have
+// no cvt.e4m3x2) always use bits.
+ATTN_DEVICE void fp8x4_to_float_cvt(uint32_t word, float (&out)[4]) {
+  ptx::cvt_f32_f16x2(ptx::cvt_f16x2_e4m3x2(static_cast<uint16_t>(word & 0xffffu)), out[0], out[1]);
+  ptx::cvt_f32_f16x2(ptx::cvt_f16x2_e4m3x2(static_cast<uint16_t>(word >> 16)), out[2], out[3]);
+}
+
+ATTN_DEVICE void fp8x4_to_float_bits(uint32_t word, float (&out)[4]) {
 ATTN_UNROLL
   for (int i = 0; i < 4; ++i) {
     const uint32_t b = word >> (8 * i);
@@ -64,6 +60,13 @@ ATTN_UNROLL
       if (nan_bytes & (0x80u << (8 * i))) out[i] = __uint_as_float(((word >> (8 * i) & 0x80u) << 24) | 0x7fc00000u);
     }
   }
+}
+
+ATTN_DEVICE void fp8x4_to_float(uint32_t word, float (&out)[4]) {
+#if FP8SERVE_CUDA_FAST_PATHS && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 890)
+  fp8x4_to_float_cvt(word, out);
+#else
+  fp8x4_to_float_bits(word, out);
 #endif
 }
 
@@ -74,88 +77,12 @@ ATTN_DEVICE float bf16_bits_to_float(uint16_t bits) { return __uint_as_float(sta
 
 // Two floats -> a bf16 pair (a in the low half), rounded to nearest even (bf16_encode's result
 // for every non-NaN value).
-ATTN_DEVICE uint32_t pack_bf16x2(float a, float b) {
-#if FP8SERVE_CUDA_FAST_PATHS && defined(__CUDA_ARCH__)
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
-  return r;
-#else
-  return static_cast<uint32_t>(bf16_encode(a)) | (static_cast<uint32_t>(bf16_encode(b)) << 16);
-#endif
-}
+ATTN_DEVICE uint32_t pack_bf16x2(float a, float b) { return ptx::cvt_bf16x2_f32(a, b); }
 
-// ---- 16-byte global -> shared copies ----------------------------------------------------------
-
-// Copies 16 bytes, or writes 16 zero bytes when !valid (src is then not read). Fast path:
-// cp.async.cg (bypasses L1: the pool is streamed once), completed by copy_wait<N>() in the
-// issuing thread; other threads see the bytes after a barrier that follows the wait.
-ATTN_DEVICE void copy16_async(void* smem, const void* gmem, bool valid) {
-#if FP8SERVE_CUDA_FAST_PATHS
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0)
-               : "memory");
-#else
-  uint4 v = make_uint4(0u, 0u, 0u, 0u);
-  if (valid) v = *static_cast<const uint4*>(gmem);
-  *static_cast<uint4*>(smem) = v;
-#endif
-}
-
-// Closes the group of copies issued since the last commit.
-ATTN_DEVICE void copy_commit() {
-#if FP8SERVE_CUDA_FAST_PATHS
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-ATTN_DEVICE void copy_wait() {
-#if FP8SERVE_CUDA_FAST_PATHS
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
-
-// ---- bf16 tensor-core MMA ----------------------------------------------------------------------
-
-// d += a * b for one warp: A 16x16 (row), B 16x8 (col), bf16 inputs, fp32 accumulators, with
-// PTX's m16n8k16 fragments (g = lane / 4, t = lane % 4; a pair's first element in the low half):
-//   a[0] = A[g][2t..2t+1]   a[1] = A[g+8][2t..2t+1]   a[2] = A[g][2t+8..]   a[3] = A[g+8][2t+8..]
-//   b[0] = B[2t..2t+1][g]   b[1] = B[2t+8..2t+9][g]
-//   d[0..1] = D[g][2t..2t+1]   d[2..3] = D[g+8][2t..2t+1]
-// The portable version computes exactly that from the 32 lanes' fragments, gathered with
-// shuffles (products exact, fp32 sums in k order), so the emulator runs the tensor-core path's
-// fragment logic too. Every lane of the warp must call it.
-ATTN_DEVICE void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if FP8SERVE_CUDA_FAST_PATHS
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-  const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  const int g = lane / 4, t = lane % 4;
-  float acc[4] = {d[0], d[1], d[2], d[3]};
-  for (int src = 0; src < 4; ++src) {  // the lanes holding k = 2 src.. and 2 src + 8..
-    const int a_lane = 4 * g + src;
-    const uint32_t a_top = __shfl_sync(kAllLanes, a[0], a_lane);     // A[g][2src..]
-    const uint32_t a_bottom = __shfl_sync(kAllLanes, a[1], a_lane);  // A[g+8][2src..]
-    const uint32_t a_top8 = __shfl_sync(kAllLanes, a[2], a_lane);    // A[g][2src+8..]
-    const uint32_t a_bottom8 = __shfl_sync(kAllLanes, a[3], a_lane); // A[g+8][2src+8..]
-    for (int col = 0; col < 2; ++col) {  // D columns 2t + col come from B column 2t + col
-      const int b_lane = 4 * (2 * t + col) + src;
-      const uint32_t b_k = __shfl_sync(kAllLanes, b[0], b_lane);   // B[2src..][2t+col]
-      const uint32_t b_k8 = __shfl_sync(kAllLanes, b[1], b_lane);  // B[2src+8..][2t+col]
-      acc[col] += bf16_lo(a_top) * bf16_lo(b_k) + bf16_hi(a_top) * bf16_hi(b_k) +
-                  bf16_lo(a_top8) * bf16_lo(b_k8) + bf16_hi(a_top8) * bf16_hi(b_k8);
-      acc[2 + col] += bf16_lo(a_bottom) * bf16_lo(b_k) + bf16_hi(a_bottom) * bf16_hi(b_k) +
-                      bf16_lo(a_bottom8) * bf16_lo(b_k8) + bf16_hi(a_bottom8) * bf16_hi(b_k8);
-    }
-  }
-  for (int i = 0; i < 4; ++i) d[i] = acc[i];
-#endif
-}
+// ---- 16-byte global -> shared copies and the bf16 MMA -----------------------------------------
+// The kernels call ptx::cp_async_cg16 / cp_async_commit / cp_async_wait<N> and
+// ptx::mma_m16n8k16_bf16 directly (ptx.cuh), so that the emulator sees each call's own line: the
+// lanes of an mma must all be at the same one.
 
 // ---- the pools as the kernels read them --------------------------------------------------------
 

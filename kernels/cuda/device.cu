@@ -111,14 +111,17 @@ void encode_fp8_e4m3_on_device(const float* host_in, uint8_t* host_out, size_t n
   if (n == 0) return;
   DeviceBuffer in(n * sizeof(float));
   DeviceBuffer out(n);
-  in.copy_from_host(host_in, n * sizeof(float));
+  const auto s = static_cast<cudaStream_t>(stream.handle());
+  // Every copy on the kernel's stream: a plain cudaMemcpy runs on the legacy stream, which a
+  // non-blocking stream does not wait for (its bytes may not have landed when the kernel reads).
+  CUDA_CHECK(cudaMemcpyAsync(in.data(), host_in, n * sizeof(float), cudaMemcpyHostToDevice, s));
   const unsigned threads = 256;
   const unsigned blocks = static_cast<unsigned>((n + threads - 1) / threads);
-  FP8SERVE_LAUNCH(encode_fp8_kernel, blocks, threads, 0, static_cast<cudaStream_t>(stream.handle()),
-                  static_cast<const float*>(in.data()), static_cast<uint8_t*>(out.data()), n, use_cuda_intrinsic);
+  FP8SERVE_LAUNCH(encode_fp8_kernel, blocks, threads, 0, s, static_cast<const float*>(in.data()),
+                  static_cast<uint8_t*>(out.data()), n, use_cuda_intrinsic);
   CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaMemcpyAsync(host_out, out.data(), n, cudaMemcpyDeviceToHost, s));
   stream.synchronize();
-  out.copy_to_host(host_out, n);
 }
 
 }  // namespace fp8serve::cuda

@@ -3,21 +3,17 @@
 // reductions, IEEE arithmetic that nvcc may not contract into FMAs, and the host-side checks
 // that decide whether a kernel may use 16-byte accesses.
 //
-// bf16 is handled as its bits (std::uint16_t) with kernels/bf16.hpp's codec, which is exact
-// when widening and rounds to nearest even when narrowing - the same results as cuda_bf16.h's
-// __float2bfloat16_rn for every non-NaN value. Under FP8SERVE_CUDA_FAST_PATHS narrowing uses
-// the hardware conversion (one cvt.rn.bf16x2.f32 per pair on sm_80+).
+// bf16 is handled as its bits (std::uint16_t): widening is exact (a shift); narrowing a pair
+// is the hardware conversion (one cvt.rn.bf16x2.f32, ptx.cuh), which rounds to nearest even like
+// kernels/bf16.hpp's codec for every non-NaN value; single values use that codec.
 #include <cstdint>
 #include <cstring>
 
 #include "kernels/bf16.hpp"
 #include "kernels/cuda/launch.hpp"
 #include "kernels/cuda/ops_cuda.hpp"
+#include "kernels/cuda/ptx.cuh"
 #include "kernels/fp8.hpp"
-
-#if FP8SERVE_CUDA_FAST_PATHS
-#include <cuda_bf16.h>
-#endif
 
 #define FP8SERVE_DEVICE __device__ __forceinline__
 
@@ -87,16 +83,7 @@ FP8SERVE_DEVICE void unpack_bf16x2(uint32_t word, float& lo, float& hi) {
   lo = fp8_bits_float(word << 16);
   hi = fp8_bits_float(word & 0xffff0000u);
 }
-FP8SERVE_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
-#if FP8SERVE_CUDA_FAST_PATHS && defined(__CUDA_ARCH__)
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  uint32_t word;
-  memcpy(&word, &h, sizeof word);
-  return word;
-#else
-  return static_cast<uint32_t>(bf16_encode(lo)) | (static_cast<uint32_t>(bf16_encode(hi)) << 16);
-#endif
-}
+FP8SERVE_DEVICE uint32_t pack_bf16x2(float lo, float hi) { return ptx::cvt_bf16x2_f32(lo, hi); }
 
 // kVec consecutive bf16 to/from fp32: one 16-byte access for kVec = 8 (PRECOND: p 16-byte
 // aligned), element by element for kVec = 1.

@@ -10,9 +10,6 @@
 #include "cache/kv_scales.hpp"
 #include "kernels/cuda/device_util.cuh"
 
-#if FP8SERVE_CUDA_FAST_PATHS
-#include <cuda_fp8.h>
-#endif
 
 namespace fp8serve::cuda {
 
@@ -22,16 +19,10 @@ inline bool pool_vec_ok(const PagedKvView& view) {
          view.v_token_stride % 8 == 0;
 }
 
-// Two floats to two E4M3 codes (a in the low byte): the codec of kernels/fp8.hpp, or the
-// hardware conversion (cvt.rn.satfinite.e4m3x2.f32 on sm_89+), which is bit-identical to it
-// (tests/unit/gpu/test_fp8_codec_gpu.cpp).
-FP8SERVE_DEVICE uint32_t encode_fp8x2(float a, float b) {
-#if FP8SERVE_CUDA_FAST_PATHS && defined(__CUDA_ARCH__)
-  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-#else
-  return static_cast<uint32_t>(fp8_e4m3_encode(a)) | (static_cast<uint32_t>(fp8_e4m3_encode(b)) << 8);
-#endif
-}
+// Two floats to two E4M3 codes (a in the low byte): the hardware conversion
+// (cvt.rn.satfinite.e4m3x2.f32, ptx.cuh), bit-identical to kernels/fp8.hpp's codec for every
+// non-NaN value (tests/unit/gpu/test_fp8_codec_gpu.cpp).
+FP8SERVE_DEVICE uint32_t encode_fp8x2(float a, float b) { return ptx::cvt_e4m3x2_f32(a, b); }
 
 // kVec bf16 bits from contiguous activations.
 template <int kVec>

@@ -18,11 +18,13 @@
 //       `type* name` pointing at the block's dynamic shared memory (16-byte aligned; the launch's
 //       shared_bytes long). Once per kernel.
 //   FP8SERVE_CUDA_FAST_PATHS
-//       1 under nvcc, 0 in the emulator: tensor-core MMA, cp.async, TMA and inline PTX go behind
-//       `#if FP8SERVE_CUDA_FAST_PATHS`, kept small, beside a portable path that the emulator runs
-//       (and that -DFP8SERVE_CUDA_FAST_PATHS=0 selects on a GPU too, to compare the two). nvcc
-//       compiles every kernel for sm_80 and sm_90a: Hopper-only instructions (wgmma, setmaxnreg)
-//       also need `__CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)`.
+//       1 unless defined 0, in both builds. Inline PTX lives in ptx.cuh only, one named device
+//       function per instruction, which the emulator implements (emu/ptx.hpp): the emulator runs
+//       the code the GPU runs. A portable twin of a fast path exists only where a GPU build may
+//       choose it by measurement, behind `#if FP8SERVE_CUDA_FAST_PATHS` (today: the bit-trick FP8
+//       decode against cvt, attention_device.cuh); -DFP8SERVE_CUDA_FAST_PATHS=0 selects the twins,
+//       in either build, for the A/B. Hopper-only instructions (wgmma, setmaxnreg) also need
+//       `__CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)` (nvcc builds sm_80 and sm_90a).
 //
 // The file convention: kernels/cuda/*.cu hold kernels and host code that uses only the runtime
 // API the emulator has (memory, copies, streams, events, device properties); both builds compile
@@ -43,13 +45,7 @@
 
 #include "kernels/cuda/cuda_check.hpp"
 
-#if FP8SERVE_CUDA_EMU
-#if defined(FP8SERVE_CUDA_FAST_PATHS) && FP8SERVE_CUDA_FAST_PATHS
-#error "FP8SERVE_CUDA_FAST_PATHS needs nvcc: the emulator runs the portable paths only"
-#endif
-#undef FP8SERVE_CUDA_FAST_PATHS
-#define FP8SERVE_CUDA_FAST_PATHS 0
-#elif !defined(FP8SERVE_CUDA_FAST_PATHS)
+#if !defined(FP8SERVE_CUDA_FAST_PATHS)
 #define FP8SERVE_CUDA_FAST_PATHS 1
 #endif
 

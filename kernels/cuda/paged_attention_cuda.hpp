@@ -55,9 +55,9 @@ void paged_attention_cuda(const PagedAttentionParams& params, void* workspace, s
 // Knobs for tests and benchmarks; the defaults are what paged_attention_cuda() runs.
 struct PagedAttentionCudaOptions {
   enum class PrefillMath : uint8_t {
-    best,  // tensor cores (bf16 mma.sync) under nvcc, the SIMT path in the emulator
-    mma,   // bf16 mma.sync (in the emulator: its fragment semantics emulated with shuffles)
-    simt,  // the portable SIMT path on CUDA cores
+    best,  // what the GPU runs by default: mma
+    mma,   // tensor cores: bf16 mma.sync, P rounded to bf16 for P V
+    simt,  // CUDA cores, fp32 P: more exact, slower
   };
   PrefillMath prefill_math = PrefillMath::best;
   // Decode partition size in tokens: 0 = adaptive (fill the GPU), > 0 = at most this many tokens

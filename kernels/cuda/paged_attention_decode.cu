@@ -127,7 +127,8 @@ ATTN_UNROLL
         const int v = lane + kWarp * i;
         if (v < k_vectors) {
           const int group = v >> quad_shift, quad = v & (quads - 1);
-          copy16_async(stage + v * 16, k_block + ((int64_t{group} << block_shift) + t0 + 4 * quad) * 4, k_ok);
+          ptx::cp_async_cg16(stage + v * 16, k_block + ((int64_t{group} << block_shift) + t0 + 4 * quad) * 4,
+                             k_ok ? 16 : 0);
         }
       }
 ATTN_UNROLL
@@ -136,7 +137,8 @@ ATTN_UNROLL
         const int t = v / kRowVectors, part = v % kRowVectors;
         if (t < chunk && part < row_vectors) {
           const bool ok = v_ok && pos0 + t >= seg.lo && pos0 + t < seg.hi;
-          copy16_async(stage + kChunkBytes + v * 16, v_block + (t0 + t) * seg.v.row_bytes + part * 16, ok);
+          ptx::cp_async_cg16(stage + kChunkBytes + v * 16, v_block + (t0 + t) * seg.v.row_bytes + part * 16,
+                             ok ? 16 : 0);
         }
       }
     };
@@ -268,16 +270,16 @@ ATTN_UNROLL
     int next = warp;
     for (int s = 0; s < kStages - 1; ++s, next += kWarps) {
       if (next < num_chunks) issue(next);
-      copy_commit();
+      ptx::cp_async_commit();
     }
     for (int c = warp; c < num_chunks; c += kWarps, next += kWarps) {
       if (next < num_chunks) issue(next);
-      copy_commit();
-      copy_wait<kStages - 1>();
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<kStages - 1>();
       __syncwarp();
       compute(c);
     }
-    copy_wait<0>();
+    ptx::cp_async_wait<0>();
     __syncwarp();
   }
 };

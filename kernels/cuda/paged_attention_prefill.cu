@@ -137,7 +137,7 @@ ATTN_UNROLL
         if (8 * nb >= t.keys) break;
         const uint32_t b[2] = {word(k_s, 8 * nb + g, kQStride, 16 * j + 2 * c),
                                word(k_s, 8 * nb + g, kQStride, 16 * j + 8 + 2 * c)};
-        mma_bf16_16816(s[nb], a, b);
+        ptx::mma_m16n8k16_bf16(s[nb], a, b);
       }
     }
     // Scale, mask, online softmax; element e of s[nb] is row r0 (e < 2) or r0 + 8, key 8 nb + 2c + e % 2.
@@ -189,7 +189,7 @@ ATTN_UNROLL
         if (8 * nb >= head_dim) break;
         const uint32_t b[2] = {word(vt_s, 8 * nb + g, kVStride, 16 * kb + 2 * c),
                                word(vt_s, 8 * nb + g, kVStride, 16 * kb + 8 + 2 * c)};
-        mma_bf16_16816(o[nb], a, b);
+        ptx::mma_m16n8k16_bf16(o[nb], a, b);
       }
     }
   }
@@ -344,8 +344,8 @@ struct PrefillCta {
       const int pos = start + key;
       bool ok = pos + 3 >= seg.lo && pos < seg.hi;  // the 4 keys' words of one column
       const unsigned char* block = ok ? seg.k.block(pos >> block_shift, ok) : seg.k.base;
-      copy16_async(raw + ((group << key_shift) + key) * 4,
-                   block + ((int64_t{group} << block_shift) + (pos & (block_size - 1))) * 4, ok);
+      ptx::cp_async_cg16(raw + ((group << key_shift) + key) * 4,
+                   block + ((int64_t{group} << block_shift) + (pos & (block_size - 1))) * 4, ok ? 16 : 0);
     }
     // V rows are staged kD elements (+ 16 bytes against bank conflicts) apart.
     const int v_elem = seg.v_fp8 ? 1 : 2;
@@ -357,8 +357,8 @@ struct PrefillCta {
       const int pos = start + key;
       bool ok = pos >= seg.lo && pos < seg.hi;
       const unsigned char* block = ok ? seg.v.block(pos >> block_shift, ok) : seg.v.base;
-      copy16_async(raw + layout.stage_k_bytes + key * (kD * v_elem + 16) + part * 16,
-                   block + (pos & (block_size - 1)) * seg.v.row_bytes + part * 16, ok);
+      ptx::cp_async_cg16(raw + layout.stage_k_bytes + key * (kD * v_elem + 16) + part * 16,
+                   block + (pos & (block_size - 1)) * seg.v.row_bytes + part * 16, ok ? 16 : 0);
     }
   }
 
@@ -426,18 +426,18 @@ ATTN_UNROLL
     float* s_s = reinterpret_cast<float*>(smem + layout.s_s);
     float* stats = reinterpret_cast<float*>(smem + layout.stats);
     issue(seg, first, key_shift, 0);
-    copy_commit();
+    ptx::cp_async_commit();
     for (int i = 0; i < count; ++i) {
       if (i + 1 < count) issue(seg, first + i + 1, key_shift, (i + 1) % 2);
-      copy_commit();
-      copy_wait<1>();
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<1>();
       __syncthreads();  // tile i has landed for every thread; the math of tile i - 1 is done
       convert(seg, first + i, key_shift, i % 2);
       __syncthreads();
       const TileInfo t{(first + i) * keys, keys, seg.lo, seg.hi, args.qk_scale * seg.k_scale, seg.v_scale};
       math.tile(q_s, k_s, vt_s, t, args.head_dim, s_s, stats);
     }
-    copy_wait<0>();
+    ptx::cp_async_wait<0>();
   }
 };
 
@@ -532,7 +532,7 @@ void launch_prefill_math(const AttentionArgs& args, int32_t sms, cudaStream_t st
 void launch_prefill(const AttentionArgs& args, PagedAttentionCudaOptions::PrefillMath math, int32_t sms,
                     cudaStream_t stream) {
   using Math = PagedAttentionCudaOptions::PrefillMath;
-  const bool mma = math == Math::mma || (math == Math::best && FP8SERVE_CUDA_FAST_PATHS);
+  const bool mma = math != Math::simt;
   if (mma) {
     launch_prefill_math<true>(args, sms, stream);
   } else {

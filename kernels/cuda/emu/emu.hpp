@@ -1,13 +1,19 @@
 #pragma once
 // fp8serve's CUDA emulator: the project's CUDA kernels (kernels/cuda/*.cu, unchanged) compiled by
-// the host compiler and run on the CPU, so that CI executes their indexing and synchronisation
-// logic without a GPU. Kernel files do not include this header: they include
+// the host compiler and run on the CPU, so that CI executes the code a GPU executes - tensor-core
+// MMA, cp.async, the hardware conversions, cuBLASLt, asynchronous streams - strictly enough that a
+// green CI means the GPU build is right. Kernel files do not include this header: they include
 // kernels/cuda/launch.hpp, which includes it when FP8SERVE_CUDA_EMU is 1.
 //
 // What it runs
 // - NVIDIA's own headers (<cuda_runtime.h>, <cuda_fp16.h>, <cuda_bf16.h>, <cuda_fp8.h>) in host
 //   mode: dim3, __half, __nv_bfloat16, __nv_fp8_e4m3 and their conversions are NVIDIA's host code.
-// - Every CUDA thread is a fiber (ucontext) with its own 256 KiB stack above a guard page. A
+// - The inline PTX of kernels/cuda/ptx.cuh, one named function per instruction, implemented
+//   exactly (ptx.hpp): mma.sync as a warp collective from the PTX ISA's fragment tables, in a
+//   chosen accumulation order (set_mma_order); cp.async deferred per thread with poisoned
+//   destinations, visible to other threads only after a barrier (async_copy.cpp); the cvt
+//   conversions as NVIDIA's host code, canonical NaNs included.
+// - Every CUDA thread is a fiber with its own 256 KiB stack above a guard page (fiber.hpp). A
 //   block runs on one OS thread, one fiber at a time: each runs until it waits at a
 //   synchronisation point or exits. The blocks of a grid are shared among a few worker threads
 //   (set_worker_threads), so atomics on global memory are real atomics between blocks.
@@ -15,14 +21,22 @@
 //   _xor (with CUDA's width segments, per the PTX shfl.sync definition), __ballot_sync, __any_sync,
 //   __all_sync and __syncwarp wait for the lanes named in their mask only; __syncthreads and
 //   __syncthreads_count/_and/_or wait for every thread of the block that has not exited.
-// - Deterministic: within a block the order in which threads run is fixed (increasing and
-//   decreasing thread index in turn, so a missing barrier shows up on either side of a writer).
-//   Only the order of atomics between blocks run by different workers varies
+// - The threads of a block run in a new seeded permutation every round between synchronisation
+//   points, so code that reads another thread's write without a barrier, or assumes a warp runs
+//   in lockstep, sees unwritten memory in some round. The seed (set_thread_order_seed,
+//   FP8SERVE_EMU_SEED) is printed at the first launch and in every diagnostic: a failing order
+//   repeats. The order of atomics between blocks run by different workers varies too
 //   (set_worker_threads(1) fixes it).
+// - Streams are asynchronous queues (streams.cpp): launches, copies and memsets run when the host
+//   synchronises with them, in CUDA's order (the legacy stream's implicit synchronisation, events,
+//   the documented synchronisation rules of each kind of copy: runtime.cpp). Stream capture and
+//   graph launch run (graph.cpp): what is issued on a captured stream is recorded and replayed in
+//   order, and a call that could synchronise during a capture fails as in
+//   cudaStreamCaptureModeGlobal.
 // - Static shared memory (FP8SERVE_SHARED) and dynamic shared memory (FP8SERVE_DYNAMIC_SHARED)
 //   are allocated per block, exactly the size declared or launched with. Device functions without
 //   a host version in NVIDIA's headers (math intrinsics, bit operations, atomics, __ldg, ...) are
-//   in device_functions.hpp; the runtime-API subset (synchronous) is in runtime.cpp.
+//   in device_functions.hpp; the runtime-API subset is in runtime.cpp.
 //
 // Stricter than a GPU: each of these aborts with the kernel, the block and the thread named
 // - a warp op whose mask names an exited lane, or a lane the block does not have (a partial last
@@ -30,6 +44,10 @@
 //   width that is not a power of 2 in [1, 32]; lanes of one mask left waiting at different warp
 //   ops or with different masks (CUDA: undefined). CUDA tolerates exited lanes in the mask of a
 //   vote or __syncwarp; the emulator does not: pass the mask of the lanes really there;
+// - an mma.sync that not every lane of the warp reaches from the same line;
+// - a cp.async to or from an unaligned or out-of-bounds address, into bytes another copy still
+//   holds, or whose destination another thread writes before a barrier; a thread that exits with
+//   copies in flight;
 // - threads of a block at __syncthreads reached from different lines, or of different kinds;
 // - a deadlock (e.g. half a warp at __syncthreads, half in a shuffle): every thread's state is
 //   printed first;
@@ -40,31 +58,29 @@
 //   GPU), or more than sharedMemPerBlockOptin in all.
 // And it makes bugs show deterministically: shared memory (static and dynamic) and cudaMalloc /
 // cudaMallocHost memory read as 0xFF bytes (NaN in fp32, bf16 and E4M3) until written, in every
-// block; cudaMalloc allocates exactly the bytes asked for, so an ASan build reports a kernel's
-// out-of-bounds access at its file and line; cudaMemcpy checks that its device ranges lie inside
-// one allocation and that their direction matches the kind.
+// block, and so does the destination of a copy in flight; cudaMalloc allocates exactly the bytes
+// asked for, so an ASan build reports a kernel's out-of-bounds access at its file and line;
+// cudaMemcpy checks that its device ranges lie inside one allocation and that their direction
+// matches the kind.
 //
 // What it cannot run: a compile or link error, or cudaErrorNotSupported, never a wrong answer
-// - tensor-core MMA (mma.sync, wmma, wgmma), cp.async, TMA, inline PTX: keep such code behind
-//   FP8SERVE_CUDA_FAST_PATHS (kernels/cuda/launch.hpp) beside a portable path that it runs;
+// - wmma, wgmma, TMA, PTX not in ptx.cuh (add it there, with its emulation);
 // - cooperative groups, __reduce_*_sync, __match_*_sync, __nanosleep, clock(), textures and
 //   surfaces, cudaMemcpyToSymbol, device-side launches, cudaLaunchKernel, graphs built node by
-//   node (cudaErrorNotSupported), plain `__shared__` (use FP8SERVE_SHARED), a launch that leaves
-//   out a kernel parameter with a default. Stream capture and graph launch do run (graph.cpp):
-//   launches, async copies and memsets are recorded and replayed in order, and a call that could
-//   synchronise during a capture fails as in cudaStreamCaptureModeGlobal.
+//   node and event nodes in captures (cudaErrorNotSupported), plain `__shared__` (use
+//   FP8SERVE_SHARED), a launch that leaves out a kernel parameter with a default.
 // __device__ and __constant__ variables are ordinary globals (initialised in their declaration);
 // __launch_bounds__ is accepted and ignored (nvcc enforces it).
 //
 // What it cannot find
-// - races inside a block, and warp-synchronous code without __syncwarp: threads run one at a time
-//   in a fixed order, so a race gives one fixed answer (run compute-sanitizer's racecheck on a
-//   GPU); stream overlap (everything is synchronous);
+// - a race between two writes, or a read and a write, that land in one order in the seeded
+//   interleaving and another on a GPU without reading unwritten memory (run compute-sanitizer's
+//   racecheck on a GPU); concurrent kernels on different streams run one after the other;
 // - __activemask is the warp's lanes that have not exited, not the lanes converged at the call;
 // - floating-point detail: fast intrinsics (__expf, __fdividef, rsqrtf) are computed exactly,
 //   and the host compiler does not contract a*b+c into an FMA as nvcc does: compare with
 //   tolerances that hold on the GPU too;
-// - speed: it tests logic, never performance (about a million thread resumes a second).
+// - speed: it tests logic, never performance (bench_cuda_emu measures what a thread resume costs).
 //
 // Limits: a block runs at most 1024 threads; a fiber's stack is 256 KiB (an overflow faults on the
 // guard page); a thread spinning on a value another thread of its block will write hangs (no
@@ -112,6 +128,23 @@ void set_device_memory_bytes(size_t bytes);
 // Fiber resumes so far in this process (worker -> fiber -> worker; for measuring the emulator).
 uint64_t fiber_switches();
 
+// The order in which mma.sync sums a dot product of 16 exact bf16 products into the fp32
+// accumulator: a tensor core's is implementation defined, so tolerances must hold for each.
+//   sequential: ((c + p0) + p1) + ... + p15        reversed: ((p15 + p14) + ... + p0) + c
+//   pairwise:   c + a balanced tree of p0..p15      wide: c + sum, rounded to fp32 once
+// Default: FP8SERVE_EMU_MMA_ORDER (one of those names) if set, else sequential.
+enum class MmaOrder : uint8_t { sequential, pairwise, reversed, wide };
+void set_mma_order(MmaOrder order);
+MmaOrder mma_order();
+const char* mma_order_name(MmaOrder order);
+
+// The seed of the order in which a block's threads run between synchronisation points (a
+// permutation per round, derived from the seed, the launch's sequence number and the block).
+// Default: FP8SERVE_EMU_SEED if set, else random; printed once, at the first launch, and in
+// every diagnostic, so that a failing order can be run again.
+void set_thread_order_seed(uint64_t seed);
+uint64_t thread_order_seed();
+
 namespace detail {
 
 // The running fiber's indices. A block runs on one OS thread, so thread_local state is per block,
@@ -121,7 +154,10 @@ inline thread_local uint3 block_idx{0, 0, 0};
 inline thread_local dim3 block_dim{1, 1, 1};
 inline thread_local dim3 grid_dim{1, 1, 1};
 
-enum class WarpOp : uint8_t { shfl_idx, shfl_up, shfl_down, shfl_xor, ballot, any, all, syncwarp, activemask };
+enum class WarpOp : uint8_t {
+  shfl_idx, shfl_up, shfl_down, shfl_xor, ballot, any, all, syncwarp, activemask,
+  collective,  // a warp-collective instruction (mma.sync): every lane of the warp, one call site
+};
 enum class BarrierOp : uint8_t { sync, count, all, any };  // __syncthreads, _count, _and, _or
 
 // A call site, for diagnostics and for checking that a block meets at one __syncthreads.
@@ -145,13 +181,15 @@ struct KernelCall {
   void (*invoke)(const void* args);
   const void* args;
 };
-void launch(const KernelCall& call, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream);
-// Stream capture (graph.cpp): whether `stream` is being captured; a captured launch is recorded
-// (keeping its arguments alive in `args`) and runs at every cudaGraphLaunch instead of now.
+// Checks the configuration as a GPU would (an error goes to cudaGetLastError) and queues the grid
+// on `stream`, or records it when the stream is being captured (graph.cpp); `args` keeps the
+// bound arguments alive until then.
+void launch(const KernelCall& call, std::shared_ptr<const void> args, dim3 grid, dim3 block, size_t shared_bytes,
+            cudaStream_t stream);
+// Stream capture (graph.cpp): whether `stream` is being captured; a recorded node runs at every
+// cudaGraphLaunch of the graph, in order.
 bool is_capturing(cudaStream_t stream);
-void record_node(cudaStream_t stream, std::function<void(cudaStream_t)> node);
-void record_launch(const KernelCall& call, std::shared_ptr<const void> args, dim3 grid, dim3 block,
-                   size_t shared_bytes, cudaStream_t stream);
+void record_node(cudaStream_t stream, std::function<void()> node);
 // Aborts unless `pointer` is null or inside a cudaMalloc / cudaMallocHost allocation.
 void check_pointer_argument(const char* kernel, unsigned index, const void* pointer);
 
@@ -191,27 +229,22 @@ struct BoundKernel {
 }  // namespace detail
 
 // FP8SERVE_LAUNCH's emulated form: converts the arguments to the kernel's parameter types (as a
-// launch does), checks pointer arguments, and runs the grid; returns once every block has run.
-// Launch errors are reported as on a GPU, through cudaGetLastError().
+// launch does), checks pointer arguments, and queues the grid on the stream (streams.cpp: it runs
+// when the host synchronises with the stream). Launch errors are reported as on a GPU, through
+// cudaGetLastError().
 template <class... Params, class... Args>
 void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
             cudaStream_t stream, Args&&... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "a kernel launch passes every parameter (no defaults)");
   using Bound = detail::BoundKernel<void (*)(Params...), std::tuple<Params...>>;
-  const Bound bound{kernel, std::tuple<Params...>(std::forward<Args>(args)...)};
+  auto bound = std::make_shared<const Bound>(Bound{kernel, std::tuple<Params...>(std::forward<Args>(args)...)});
   std::apply([&](const Params&... values) {
     unsigned index = 0;
     (detail::check_argument(name, index++, values), ...);
-  }, bound.args);
-  if (detail::is_capturing(stream)) {
-    auto kept = std::make_shared<const Bound>(bound);
-    const void* args = kept.get();
-    detail::record_launch({name, reinterpret_cast<const void*>(kernel), &Bound::invoke, args}, std::move(kept), grid,
-                          block, shared_bytes, stream);
-    return;
-  }
-  detail::launch({name, reinterpret_cast<const void*>(kernel), &Bound::invoke, &bound}, grid, block, shared_bytes,
-                 stream);
+  }, bound->args);
+  const void* args_address = bound.get();
+  detail::launch({name, reinterpret_cast<const void*>(kernel), &Bound::invoke, args_address}, std::move(bound), grid,
+                 block, shared_bytes, stream);
 }
 
 // FP8SERVE_SHARED's emulated form: the block's one copy of a static shared variable of type T,

@@ -1,12 +1,14 @@
 // CUDA graphs and stream capture in the emulator. While a stream is captured, what is issued on
-// it (kernel launches, cudaMemcpyAsync, cudaMemsetAsync) is recorded as a node instead of run;
-// cudaGraphLaunch runs the nodes in order with the arguments they had at capture, reading device
-// memory as it is at the launch - which is what a real graph does, so a caller that forgets to
-// rewrite its metadata in place before a replay gets the stale step here too. As in
-// cudaStreamCaptureModeGlobal, a call that could synchronise (an allocation, a free, a
-// synchronous copy or memset, a stream / device / event synchronize) while any capture is open
-// fails with cudaErrorStreamCaptureUnsupported and invalidates the capture, whose
-// cudaStreamEndCapture then returns cudaErrorStreamCaptureInvalidated.
+// it (kernel launches, cudaMemcpyAsync, cudaMemsetAsync, cuBLASLt calls) is recorded as a node
+// instead of queued; cudaGraphLaunch queues the nodes as one operation on its stream
+// (streams.cpp), which runs them in order with the arguments they had at capture, reading memory
+// as it is when the stream gets there - which is what a real graph does, so a caller that forgets
+// to rewrite its metadata in place before a replay, or rewrites it before the last replay ran,
+// gets the stale step here too. As in cudaStreamCaptureModeGlobal, a call that could synchronise
+// (an allocation, a free, a synchronous copy or memset, a copy of pageable memory, a stream /
+// device / event synchronize) while any capture is open fails with
+// cudaErrorStreamCaptureUnsupported and invalidates the capture, whose cudaStreamEndCapture then
+// returns cudaErrorStreamCaptureInvalidated (and leaves it as the thread's last error).
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,7 +21,7 @@
 namespace fp8serve::emu::detail {
 namespace {
 
-using Node = std::function<void(cudaStream_t)>;
+using Node = std::function<void()>;
 
 struct Capture {
   std::vector<Node> nodes;
@@ -49,7 +51,7 @@ bool is_capturing(cudaStream_t stream) {
   return g.captures.count(stream) != 0;
 }
 
-void record_node(cudaStream_t stream, std::function<void(cudaStream_t)> node) {
+void record_node(cudaStream_t stream, std::function<void()> node) {
   Graphs& g = graphs();
   std::lock_guard lock(g.mutex);
   const auto it = g.captures.find(stream);
@@ -57,22 +59,20 @@ void record_node(cudaStream_t stream, std::function<void(cudaStream_t)> node) {
   it->second.nodes.push_back(std::move(node));
 }
 
-void record_launch(const KernelCall& call, std::shared_ptr<const void> args, dim3 grid, dim3 block,
-                   size_t shared_bytes, cudaStream_t stream) {
-  // Configuration errors surface at capture, as on a GPU.
-  if (record_error(check_launch(call.function, grid, block, shared_bytes, stream)) != cudaSuccess) return;
-  KernelCall kept = call;
-  kept.args = args.get();
-  record_node(stream, [kept, args = std::move(args), grid, block, shared_bytes](cudaStream_t s) {
-    launch(kept, grid, block, shared_bytes, s);
-  });
-}
-
 cudaError_t refuse_during_capture() {
   Graphs& g = graphs();
   std::lock_guard lock(g.mutex);
   if (g.captures.empty()) return cudaSuccess;
   for (auto& [stream, capture] : g.captures) capture.invalidated = true;
+  return cudaErrorStreamCaptureUnsupported;
+}
+
+cudaError_t refuse_on_capturing(cudaStream_t stream) {
+  Graphs& g = graphs();
+  std::lock_guard lock(g.mutex);
+  const auto it = g.captures.find(stream);
+  if (it == g.captures.end()) return cudaSuccess;
+  it->second.invalidated = true;
   return cudaErrorStreamCaptureUnsupported;
 }
 
@@ -122,8 +122,10 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (exec == nullptr) return record_error(cudaErrorInvalidValue);
   if (const cudaError_t err = fp8serve::emu::detail::check_stream(stream); err != cudaSuccess) return record_error(err);
   if (fp8serve::emu::detail::is_capturing(stream)) return record_error(cudaErrorNotSupported);  // no nested graphs here
-  for (const auto& node : reinterpret_cast<const EmulatedGraph*>(exec)->nodes) node(stream);
-  return cudaSuccess;
+  // One operation on the stream: the nodes in order (a captured stream is a chain).
+  return record_error(fp8serve::emu::detail::enqueue(stream, [nodes = reinterpret_cast<const EmulatedGraph*>(exec)->nodes] {
+    for (const auto& node : nodes) node();
+  }));
 }
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {

@@ -1,9 +1,24 @@
 // The CUDA runtime-API subset of the emulator, defined under NVIDIA's own extern "C" declarations
-// from <cuda_runtime_api.h> (so the compiler checks every signature against them). Synchronous:
-// a copy, a memset or a launch is done when the call returns, whatever the stream. Device memory
-// is host memory allocated to exactly the size asked for, 0xFF-filled; every API error also sets
-// the calling thread's last error, as CUDA does. An emulated binary never links libcudart (the
-// build refuses to, and a process holding both aborts at start).
+// from <cuda_runtime_api.h> (so the compiler checks every signature against them): memory,
+// copies and memsets, the device's properties, errors. Device memory is host memory allocated to
+// exactly the size asked for, 0xFF-filled; every API error also sets the calling thread's last
+// error, as CUDA does. Work on the device is queued on streams (streams.cpp) and copies follow
+// CUDA's documented synchronisation rules ("API synchronization behavior"):
+// - cudaMemcpy from pageable host memory to the device first completes the legacy stream's work,
+//   takes its own copy of the source (the driver's staging) and returns before the bytes land:
+//   the destination reads 0xFF until the legacy stream reaches the copy. The same for
+//   cudaMemcpyAsync from pageable memory, on its stream. A kernel on a non-blocking stream that
+//   reads such a destination without synchronising sees 0xFF, every run.
+// - cudaMemcpy to the host, and cudaMemcpyAsync to pageable host memory, return once the bytes
+//   are there (completing the stream's work up to the copy); from pinned memory to the device
+//   cudaMemcpy is synchronous.
+// - cudaMemcpyAsync between the device and pinned memory, device to device, and cudaMemset(Async)
+//   on device memory are queued: the source is read when the stream reaches the copy.
+// - cudaFree and cudaFreeHost complete all queued work first (they synchronise the device).
+// - A copy from or to pageable memory on a stream being captured is refused (a graph cannot hold
+//   it) and invalidates the capture.
+// An emulated binary never links libcudart (the build refuses to, and a process holding both
+// aborts at start).
 #include "kernels/cuda/emu/runtime.hpp"
 
 #include "kernels/cuda/emu/emu.hpp"
@@ -11,14 +26,14 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <set>
+#include <memory>
+#include <vector>
 
 namespace fp8serve::emu::detail {
 namespace {
@@ -30,20 +45,12 @@ struct Allocation {
   Memory kind;
 };
 
-struct Event {
-  bool timing;
-  bool recorded = false;
-  std::chrono::steady_clock::time_point when{};
-};
-
 // Everything the runtime keeps, behind one mutex: host threads may call it concurrently.
 struct State {
   std::mutex mutex;
   std::map<uintptr_t, Allocation> allocations;  // by start address
   size_t device_bytes = 0;
   size_t device_capacity = size_t{8} << 30;
-  std::set<const void*> streams;
-  std::map<const void*, Event> events;
   std::map<const void*, size_t> max_dynamic_shared;  // by kernel, from cudaFuncSetAttribute
 
   // The allocation holding `p` (one past its end too when `end_inclusive`), or none.
@@ -87,10 +94,6 @@ cudaError_t check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
     case cudaMemcpyDefault: return cudaSuccess;
   }
   return cudaErrorInvalidMemcpyDirection;
-}
-
-bool valid_stream(const State& s, cudaStream_t stream) {
-  return stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread || s.streams.count(stream) != 0;
 }
 
 cudaError_t allocate(void** out, size_t bytes, Memory kind) {
@@ -143,21 +146,15 @@ void die(const char* format, ...) {
   std::abort();
 }
 
-cudaError_t check_stream(cudaStream_t stream) {
-  State& s = state();
-  std::lock_guard lock(s.mutex);
-  return valid_stream(s, stream) ? cudaSuccess : cudaErrorInvalidResourceHandle;
-}
-
 cudaError_t record_error(cudaError_t error) {
   if (error != cudaSuccess) t_last_error = error;
   return error;
 }
 
 cudaError_t check_launch(const void* function, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream) {
+  if (check_stream(stream) != cudaSuccess) return cudaErrorInvalidResourceHandle;
   State& s = state();
   std::lock_guard lock(s.mutex);
-  if (!valid_stream(s, stream)) return cudaErrorInvalidResourceHandle;
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   if (threads == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0 || threads > kMaxThreadsPerBlock || block.x > 1024 ||
       block.y > 1024 || block.z > 64 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535)
@@ -165,6 +162,12 @@ cudaError_t check_launch(const void* function, dim3 grid, dim3 block, size_t sha
   const auto it = s.max_dynamic_shared.find(function);
   if (shared_bytes > (it == s.max_dynamic_shared.end() ? kSharedPerBlock : it->second)) return cudaErrorInvalidValue;
   return cudaSuccess;
+}
+
+bool is_device_range(const void* pointer, size_t bytes) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  return place(s, pointer, bytes) == Place::device;
 }
 
 bool is_device_accessible(const void* pointer) {
@@ -194,6 +197,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
 }
 cudaError_t cudaFree(void* ptr) {
   if (const cudaError_t err = fp8serve::emu::detail::refuse_during_capture(); err != cudaSuccess) return record_error(err);
+  fp8serve::emu::detail::complete_all();  // cudaFree synchronises the device
   return record_error(fp8serve::emu::detail::release(ptr, fp8serve::emu::detail::Memory::device));
 }
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
@@ -203,61 +207,100 @@ cudaError_t cudaMallocHost(void** ptr, size_t size) {
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) { return cudaMallocHost(ptr, size); }
 cudaError_t cudaFreeHost(void* ptr) {
   if (const cudaError_t err = fp8serve::emu::detail::refuse_during_capture(); err != cudaSuccess) return record_error(err);
+  fp8serve::emu::detail::complete_all();
   return record_error(fp8serve::emu::detail::release(ptr, fp8serve::emu::detail::Memory::pinned_host));
 }
 
+namespace fp8serve::emu::detail {
 namespace {
-cudaError_t copy_now(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+
+enum class HostMemory { none, pageable, pinned };
+
+// The host side of a copy: none (device to device), pageable, or pinned (cudaMallocHost).
+HostMemory host_side(const void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  auto kind_of = [&](const void* p) {
+    if (place(s, p, bytes) == Place::device) return HostMemory::none;
+    const auto* hit = s.find(p, false);
+    return hit != nullptr && hit->second.kind == Memory::pinned_host ? HostMemory::pinned : HostMemory::pageable;
+  };
+  const HostMemory d = kind_of(dst), h = kind_of(src);
+  if (kind == cudaMemcpyHostToHost || (d != HostMemory::none && h != HostMemory::none)) return HostMemory::pageable;
+  return d != HostMemory::none ? d : h;
+}
+
+bool to_device(const void* dst, size_t bytes) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  return place(s, dst, bytes) == Place::device;
+}
+
+// The copy as an operation on `stream` (or, when the stream is captured, a graph node). Pageable
+// host memory: to the device, the source is staged now and the destination poisoned until the
+// copy runs; to the host, the copy is waited for. `synchronous`: cudaMemcpy's rules instead of
+// cudaMemcpyAsync's.
+cudaError_t copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream, bool synchronous) {
   if (count == 0) return cudaSuccess;
-  if (const cudaError_t err = fp8serve::emu::detail::check_copy(dst, src, count, kind); err != cudaSuccess)
-    return record_error(err);
-  std::memcpy(dst, src, count);  // overlapping ranges are undefined in CUDA too (ASan reports them)
+  if (const cudaError_t err = check_copy(dst, src, count, kind); err != cudaSuccess) return err;
+  const HostMemory host = host_side(dst, src, count, kind);
+  const bool device_dst = to_device(dst, count);
+  if (host == HostMemory::pageable && !device_dst && !to_device(src, count)) {  // host to host
+    std::memcpy(dst, src, count);
+    return cudaSuccess;
+  }
+  if (is_capturing(stream)) {
+    if (host == HostMemory::pageable) return refuse_on_capturing(stream);
+    record_node(stream, [=] { std::memcpy(dst, src, count); });
+    return cudaSuccess;
+  }
+  // cudaMemcpy (the legacy stream) and copies of pageable memory may synchronise: refused while
+  // any capture is open (cudaStreamCaptureModeGlobal).
+  if (synchronous || host == HostMemory::pageable) {
+    if (const cudaError_t err = refuse_during_capture(); err != cudaSuccess) return err;
+  }
+  if (host == HostMemory::pageable && device_dst) {
+    complete_stream(stream);  // "a stream sync is performed before the copy is initiated"
+    auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
+                                                               static_cast<const unsigned char*>(src) + count);
+    std::memset(dst, 0xff, count);  // in flight: what reads it before the stream gets there sees 0xFF
+    return enqueue(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+  }
+  if (const cudaError_t err = enqueue(stream, [=] { std::memcpy(dst, src, count); }); err != cudaSuccess) return err;
+  const bool waits = synchronous ? host != HostMemory::none : host == HostMemory::pageable;
+  if (waits) complete_stream(stream);
   return cudaSuccess;
 }
+
+cudaError_t fill(void* ptr, int value, size_t count, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  if (!to_device(ptr, count)) return cudaErrorInvalidValue;
+  if (is_capturing(stream)) {
+    record_node(stream, [=] { std::memset(ptr, value, count); });
+    return cudaSuccess;
+  }
+  return enqueue(stream, [=] { std::memset(ptr, value, count); });
+}
+
 }  // namespace
+}  // namespace fp8serve::emu::detail
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
-  if (const cudaError_t err = fp8serve::emu::detail::refuse_during_capture(); err != cudaSuccess) return record_error(err);
-  return copy_now(dst, src, count, kind);
+  return record_error(fp8serve::emu::detail::copy(dst, src, count, kind, cudaStreamLegacy, true));
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
   if (const cudaError_t err = fp8serve::emu::detail::check_stream(stream); err != cudaSuccess) return record_error(err);
-  if (fp8serve::emu::detail::is_capturing(stream)) {
-    // A memcpy node: the check now, the copy at every replay (from what src holds then).
-    if (count == 0) return cudaSuccess;
-    if (const cudaError_t err = fp8serve::emu::detail::check_copy(dst, src, count, kind); err != cudaSuccess)
-      return record_error(err);
-    fp8serve::emu::detail::record_node(stream, [=](cudaStream_t) { copy_now(dst, src, count, kind); });
-    return cudaSuccess;
-  }
-  return copy_now(dst, src, count, kind);
+  return record_error(fp8serve::emu::detail::copy(dst, src, count, kind, stream, false));
 }
 
-namespace {
-cudaError_t memset_now(void* ptr, int value, size_t count) {
-  if (count == 0) return cudaSuccess;
-  {
-    auto& s = state();
-    std::lock_guard lock(s.mutex);
-    if (fp8serve::emu::detail::place(s, ptr, count) != fp8serve::emu::detail::Place::device)
-      return record_error(cudaErrorInvalidValue);
-  }
-  std::memset(ptr, value, count);
-  return cudaSuccess;
-}
-}  // namespace
-
+// Memsets of device memory are asynchronous with respect to the host, on the legacy stream.
 cudaError_t cudaMemset(void* ptr, int value, size_t count) {
   if (const cudaError_t err = fp8serve::emu::detail::refuse_during_capture(); err != cudaSuccess) return record_error(err);
-  return memset_now(ptr, value, count);
+  return record_error(fp8serve::emu::detail::fill(ptr, value, count, cudaStreamLegacy));
 }
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
   if (const cudaError_t err = fp8serve::emu::detail::check_stream(stream); err != cudaSuccess) return record_error(err);
-  if (fp8serve::emu::detail::is_capturing(stream)) {
-    fp8serve::emu::detail::record_node(stream, [=](cudaStream_t) { memset_now(ptr, value, count); });
-    return cudaSuccess;
-  }
-  return memset_now(ptr, value, count);
+  return record_error(fp8serve::emu::detail::fill(ptr, value, count, stream));
 }
 
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
@@ -266,83 +309,6 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   std::lock_guard lock(s.mutex);
   *total = s.device_capacity;
   *free = s.device_capacity - std::min(s.device_capacity, s.device_bytes);
-  return cudaSuccess;
-}
-
-// Streams: every operation is done when its call returns, so a stream only has to be valid.
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
-  if (stream == nullptr) return record_error(cudaErrorInvalidValue);
-  auto& s = state();
-  std::lock_guard lock(s.mutex);
-  *stream = reinterpret_cast<cudaStream_t>(new char);  // a unique handle
-  s.streams.insert(*stream);
-  return cudaSuccess;
-}
-cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
-cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  auto& s = state();
-  std::lock_guard lock(s.mutex);
-  if (s.streams.erase(stream) == 0) return record_error(cudaErrorInvalidResourceHandle);
-  delete reinterpret_cast<char*>(stream);
-  return cudaSuccess;
-}
-cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  if (const cudaError_t err = fp8serve::emu::detail::refuse_during_capture(); err != cudaSuccess) return record_error(err);
-  return record_error(fp8serve::emu::detail::check_stream(stream));
-}
-cudaError_t cudaStreamQuery(cudaStream_t stream) { return record_error(fp8serve::emu::detail::check_stream(stream)); }
-cudaError_t cudaDeviceSynchronize(void) { return record_error(fp8serve::emu::detail::refuse_during_capture()); }
-
-// Events: a record is the time of the call.
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
-  if (event == nullptr) return record_error(cudaErrorInvalidValue);
-  auto& s = state();
-  std::lock_guard lock(s.mutex);
-  *event = reinterpret_cast<cudaEvent_t>(new char);
-  s.events.emplace(*event, fp8serve::emu::detail::Event{(flags & cudaEventDisableTiming) == 0});
-  return cudaSuccess;
-}
-cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
-cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  auto& s = state();
-  std::lock_guard lock(s.mutex);
-  if (s.events.erase(event) == 0) return record_error(cudaErrorInvalidResourceHandle);
-  delete reinterpret_cast<char*>(event);
-  return cudaSuccess;
-}
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  auto& s = state();
-  std::lock_guard lock(s.mutex);
-  const auto it = s.events.find(event);
-  if (it == s.events.end() || !fp8serve::emu::detail::valid_stream(s, stream))
-    return record_error(cudaErrorInvalidResourceHandle);
-  it->second.recorded = true;
-  it->second.when = std::chrono::steady_clock::now();
-  return cudaSuccess;
-}
-cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  if (const cudaError_t err = fp8serve::emu::detail::refuse_during_capture(); err != cudaSuccess) return record_error(err);
-  auto& s = state();
-  std::lock_guard lock(s.mutex);
-  return s.events.count(event) != 0 ? cudaSuccess : record_error(cudaErrorInvalidResourceHandle);
-}
-cudaError_t cudaEventQuery(cudaEvent_t event) { return cudaEventSynchronize(event); }
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
-  auto& s = state();
-  std::lock_guard lock(s.mutex);
-  return s.events.count(event) != 0 && fp8serve::emu::detail::valid_stream(s, stream)
-             ? cudaSuccess
-             : record_error(cudaErrorInvalidResourceHandle);
-}
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  if (ms == nullptr) return record_error(cudaErrorInvalidValue);
-  auto& s = state();
-  std::lock_guard lock(s.mutex);
-  const auto a = s.events.find(start), b = s.events.find(end);
-  if (a == s.events.end() || b == s.events.end() || !a->second.timing || !b->second.timing)
-    return record_error(cudaErrorInvalidResourceHandle);
-  if (!a->second.recorded || !b->second.recorded) return record_error(cudaErrorInvalidResourceHandle);
-  *ms = std::chrono::duration<float, std::milli>(b->second.when - a->second.when).count();
   return cudaSuccess;
 }
 

@@ -3,7 +3,11 @@
 // runtime-API subset (runtime.cpp). Not for kernels or tests.
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/emu/emu.hpp"
+
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 
 namespace fp8serve::emu::detail {
 
@@ -24,14 +28,31 @@ cudaError_t check_launch(const void* function, dim3 grid, dim3 block, size_t sha
 // Whether `pointer` is null or inside (or one past the end of) a cudaMalloc or cudaMallocHost
 // allocation.
 bool is_device_accessible(const void* pointer);
+// Whether [pointer, pointer + bytes) lies inside one cudaMalloc allocation.
+bool is_device_range(const void* pointer, size_t bytes);
 
 // cudaSuccess for a valid stream (null, legacy, per-thread, or created), else
 // cudaErrorInvalidResourceHandle.
 cudaError_t check_stream(cudaStream_t stream);
 
+// Streams (streams.cpp). Queues `work` on `stream`, to run when the host synchronises with it,
+// after what CUDA orders it after; cudaErrorInvalidResourceHandle for a bad stream. *id (if
+// given) names the operation. Not for a stream being captured (record_node is).
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> work, uint64_t* id = nullptr);
+// Runs everything queued on `stream` so far (and what it depends on) / on every stream.
+void complete_stream(cudaStream_t stream);
+void complete_all();
+
 // CUDA graphs (graph.cpp). cudaErrorStreamCaptureUnsupported, invalidating every open capture,
 // when a capture is open (the caller is a call that could synchronise); else cudaSuccess.
 cudaError_t refuse_during_capture();
+// The same for a call on `stream` that a capture cannot record (a copy from pageable memory):
+// cudaErrorStreamCaptureUnsupported, invalidating the capture, when `stream` is being captured.
+cudaError_t refuse_on_capturing(cudaStream_t stream);
+
+// Runs a grid now, on the calling thread (grid.cpp): what a queued launch does when it runs.
+void run_grid(const KernelCall& call, dim3 grid, dim3 block, size_t shared_bytes);
+
 
 [[noreturn]] void die(const char* format, ...) __attribute__((format(printf, 1, 2)));
 

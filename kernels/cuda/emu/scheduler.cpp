@@ -1,5 +1,6 @@
 #include "kernels/cuda/emu/scheduler.hpp"
 
+#include "kernels/cuda/emu/ptx.hpp"
 #include "kernels/cuda/emu/runtime.hpp"
 
 #include <algorithm>
@@ -28,7 +29,7 @@ std::mutex& report_mutex() {
 const char* op_name(Wait wait, uint8_t op) {
   static const char* const warp_ops[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
                                          "__ballot_sync", "__any_sync", "__all_sync", "__syncwarp",
-                                         "__activemask"};
+                                         "__activemask", "a warp collective"};
   static const char* const barriers[] = {"__syncthreads", "__syncthreads_count", "__syncthreads_and",
                                          "__syncthreads_or"};
   return wait == Wait::warp ? warp_ops[op] : barriers[op];
@@ -37,6 +38,26 @@ const char* op_name(Wait wait, uint8_t op) {
 bool is_shuffle(WarpOp op) { return op <= WarpOp::shfl_xor; }
 
 bool same_site(Site a, Site b) { return a.line == b.line && std::strcmp(a.file, b.file) == 0; }
+
+const char* thread_op_name(const CudaThread& t) {
+  if (t.wait == Wait::warp && static_cast<WarpOp>(t.op) == WarpOp::collective) return t.collective_name;
+  return op_name(t.wait, t.op);
+}
+
+// Whether two lanes waiting at warp ops wait at the same one: the same op and mask, and for a
+// collective the same instruction (.aligned: one call site).
+bool same_warp_op(const CudaThread& a, const CudaThread& b) {
+  if (a.op != b.op || a.mask != b.mask) return false;
+  if (static_cast<WarpOp>(a.op) != WarpOp::collective) return true;
+  return a.collective == b.collective && same_site(a.site, b.site);
+}
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
 
 // The lane a shuffle reads, by the PTX ISA's definition of shfl.sync with the operand c that
 // CUDA's __shfl*_sync pass: segment mask 32 - width in c[12:8], clamp 0 (up) or 31 (the others).
@@ -91,24 +112,28 @@ void BlockRunner::run(uint64_t block_linear) {
   dynamic_shared_ = allocate_poisoned(launch_.shared_bytes, kSharedAlign);
   for (CudaThread& t : threads_) {
     t.wait = Wait::runnable;
+    t.landed.clear();  // an exited thread's copies that no barrier published
     t.fiber.reset(&BlockRunner::thread_body);
   }
   num_exited_ = 0;
+  copies_held_.clear();
   t_runner = this;
   // Run every runnable thread until it waits or exits; then complete what can complete: warp
   // groups first (a barrier needs every live thread, so none can be in a warp op), then the
-  // barrier. When nothing can, the block is deadlocked. CUDA leaves the order of threads open:
-  // rounds alternate between increasing and decreasing thread order (odd blocks start
-  // decreasing), so a read that a missing barrier leaves unordered sees unwritten memory
-  // whichever side of the writer the reader is.
-  bool decreasing = block_linear % 2 == 1;
-  for (;; decreasing = !decreasing) {
-    for (size_t i = 0; i < threads_.size(); ++i) {
-      CudaThread& t = threads_[decreasing ? threads_.size() - 1 - i : i];
+  // barrier. When nothing can, the block is deadlocked. CUDA leaves the order of threads open,
+  // within a warp too: each round runs them in a new seeded permutation, so code that reads what
+  // another thread writes without a barrier between (or assumes a warp runs in lockstep without
+  // __syncwarp) sees unwritten memory in some round, and the seed reproduces it.
+  for (uint64_t round = 0;; ++round) {
+    next_round_order(block_linear, round);
+    for (unsigned i : order_) {
+      CudaThread& t = threads_[i];
       if (t.wait != Wait::runnable) continue;
       t_thread = &t;
       thread_idx = t.index;
+      if (!t.landed.empty()) restore_landed(t);
       t.fiber.resume();
+      if (!t.landed.empty()) hide_landed(t);
     }
     t_thread = nullptr;
     if (release_warp_groups()) continue;
@@ -129,8 +154,19 @@ void BlockRunner::thread_body() {
   } catch (...) {
     runner.fail(*t_thread, {"?", 0}, "kernel", "threw an exception");
   }
+  runner.check_no_copies_in_flight(*t_thread);
   t_thread->wait = Wait::exited;
   ++runner.num_exited_;
+}
+
+// A permutation of the threads for this round, from the run's seed, the launch and the block.
+void BlockRunner::next_round_order(uint64_t block_linear, uint64_t round) {
+  const auto n = static_cast<unsigned>(threads_.size());
+  if (order_.size() != n) order_.resize(n);
+  for (unsigned i = 0; i < n; ++i) order_[i] = i;
+  uint64_t state = thread_order_seed() ^ (launch_.sequence * 0x9e3779b97f4a7c15ull) ^
+                   (block_linear * 0xc2b2ae3d27d4eb4full) ^ (round * 0x165667b19e3779f9ull);
+  for (unsigned i = n; i > 1; --i) std::swap(order_[i - 1], order_[splitmix64(state) % i]);
 }
 
 uint64_t BlockRunner::warp_op(CudaThread& self, WarpOp op, unsigned mask, uint64_t value, int lane_arg, int width,
@@ -155,6 +191,25 @@ uint64_t BlockRunner::warp_op(CudaThread& self, WarpOp op, unsigned mask, uint64
   self.wait = Wait::warp;
   self.fiber.suspend();
   return self.result;
+}
+
+void BlockRunner::warp_collective(CudaThread& self, CollectiveFn fn, const void* payload, const char* name,
+                                  Site site) {
+  const unsigned first = self.linear - self.linear % kWarpSize;
+  if (first + kWarpSize > threads_.size()) {
+    char text[128];
+    std::snprintf(text, sizeof text, "needs all 32 lanes of the warp, and this block's last warp has %zu",
+                  threads_.size() - first);
+    fail(self, site, name, text);
+  }
+  self.op = static_cast<uint8_t>(WarpOp::collective);
+  self.mask = 0xffffffffu;
+  self.collective = fn;
+  self.payload = payload;
+  self.collective_name = name;
+  self.site = site;
+  self.wait = Wait::warp;
+  self.fiber.suspend();
 }
 
 int BlockRunner::barrier(CudaThread& self, BarrierOp op, int predicate, Site site) {
@@ -197,14 +252,14 @@ bool BlockRunner::release_warp_groups() {
         if (k >= lanes) {
           std::snprintf(text, sizeof text, "mask 0x%08x names lane %u, which this block does not have (%u threads)",
                         t.mask, k, n);
-          fail(t, t.site, op_name(Wait::warp, t.op), text);
+          fail(t, t.site, thread_op_name(t), text);
         }
         const CudaThread& u = lane(first, k);
         if (u.wait == Wait::exited) {
           std::snprintf(text, sizeof text, "mask 0x%08x names lane %u, which has exited", t.mask, k);
-          fail(t, t.site, op_name(Wait::warp, t.op), text);
+          fail(t, t.site, thread_op_name(t), text);
         }
-        ready = ready && u.wait == Wait::warp && u.op == t.op && u.mask == t.mask;
+        ready = ready && u.wait == Wait::warp && same_warp_op(u, t);
       }
       if (!ready) continue;
       complete_warp_group(first, t.mask);
@@ -227,19 +282,30 @@ void BlockRunner::check_warp_groups_agree() const {
       const CudaThread& u = threads_[first + k];
       if (((t.mask >> k) & 1u) == 0) continue;
       all_at_warp_ops = all_at_warp_ops && u.wait == Wait::warp;
-      if (differing == nullptr && (u.op != t.op || u.mask != t.mask)) differing = &u;
+      if (differing == nullptr && !same_warp_op(u, t)) differing = &u;
     }
     if (!all_at_warp_ops || differing == nullptr) continue;
     char text[512];
     std::snprintf(text, sizeof text, "mask 0x%08x names lane %u, which waits at %s with mask 0x%08x (%s:%u)", t.mask,
-                  differing->linear % kWarpSize, op_name(Wait::warp, differing->op), differing->mask,
+                  differing->linear % kWarpSize, thread_op_name(*differing), differing->mask,
                   differing->site.file, differing->site.line);
-    fail(t, t.site, op_name(Wait::warp, t.op), text);
+    fail(t, t.site, thread_op_name(t), text);
   }
 }
 
 void BlockRunner::complete_warp_group(unsigned first, unsigned mask) {
   const auto op = static_cast<WarpOp>(lane(first, std::countr_zero(mask)).op);
+  if (op == WarpOp::collective) {
+    const void* lanes[kWarpSize];
+    for (unsigned k = 0; k < kWarpSize; ++k) lanes[k] = lane(first, k).payload;
+    lane(first, 0).collective(lanes);
+    for (unsigned k = 0; k < kWarpSize; ++k) lane(first, k).wait = Wait::runnable;
+    return;
+  }
+  if (op == WarpOp::syncwarp) {  // bar.warp.sync orders memory among its lanes: cp.async bytes too
+    for (unsigned k = 0; k < kWarpSize; ++k)
+      if (((mask >> k) & 1u) != 0) publish_landed(lane(first, k));
+  }
   unsigned ballot = 0;
   for (unsigned k = 0; k < kWarpSize; ++k)
     if (((mask >> k) & 1u) != 0 && lane(first, k).value != 0) ballot |= 1u << k;
@@ -251,7 +317,7 @@ void BlockRunner::complete_warp_group(unsigned first, unsigned mask) {
       if (((mask >> source) & 1u) == 0) {
         char text[96];
         std::snprintf(text, sizeof text, "lane %u reads lane %u, which is not in the mask 0x%08x", k, source, mask);
-        fail(u, u.site, op_name(Wait::warp, u.op), text);
+        fail(u, u.site, thread_op_name(u), text);
       }
       u.result = lane(first, source).value;
     } else if (op == WarpOp::ballot) {
@@ -292,6 +358,7 @@ bool BlockRunner::release_barrier() {
                           : op == BarrierOp::any ? (count > 0)
                                                  : 0;
   for (CudaThread& t : threads_) {
+    publish_landed(t);  // exited threads' too
     if (t.wait == Wait::exited) continue;
     t.result = result;
     t.wait = Wait::runnable;
@@ -304,7 +371,7 @@ std::string BlockRunner::where(const CudaThread& t) const {
   if (t.wait == Wait::runnable) return "runnable";
   char text[512];
   if (t.wait == Wait::warp)
-    std::snprintf(text, sizeof text, "%s mask 0x%08x (%s:%u)", op_name(t.wait, t.op), t.mask, t.site.file, t.site.line);
+    std::snprintf(text, sizeof text, "%s mask 0x%08x (%s:%u)", thread_op_name(t), t.mask, t.site.file, t.site.line);
   else
     std::snprintf(text, sizeof text, "%s (%s:%u)", op_name(t.wait, t.op), t.site.file, t.site.line);
   return text;
@@ -313,8 +380,11 @@ std::string BlockRunner::where(const CudaThread& t) const {
 void BlockRunner::report_deadlock() const {
   check_warp_groups_agree();
   std::lock_guard lock(report_mutex());
-  std::fprintf(stderr, "fp8serve CUDA emulator: deadlock in kernel %s, block (%u,%u,%u): no thread can continue\n",
-               launch_.call.name, block_index_.x, block_index_.y, block_index_.z);
+  std::fprintf(stderr,
+               "fp8serve CUDA emulator: deadlock in kernel %s, block (%u,%u,%u): no thread can continue (thread "
+               "order seed %llu)\n",
+               launch_.call.name, block_index_.x, block_index_.y, block_index_.z,
+               static_cast<unsigned long long>(thread_order_seed()));
   for (size_t i = 0; i < threads_.size();) {
     const std::string state = where(threads_[i]);
     size_t end = i + 1;
@@ -330,9 +400,10 @@ void BlockRunner::fail(const CudaThread& t, Site site, const char* op, const std
   std::lock_guard lock(report_mutex());
   std::fprintf(stderr,
                "fp8serve CUDA emulator: kernel %s, block (%u,%u,%u), thread (%u,%u,%u) (warp %u, lane %u): %s (%s:%u): "
-               "%s\n",
+               "%s (thread order seed %llu)\n",
                launch_.call.name, block_index_.x, block_index_.y, block_index_.z, t.index.x, t.index.y, t.index.z,
-               t.linear / kWarpSize, t.linear % kWarpSize, op, site.file, site.line, message.c_str());
+               t.linear / kWarpSize, t.linear % kWarpSize, op, site.file, site.line, message.c_str(),
+               static_cast<unsigned long long>(thread_order_seed()));
   std::abort();
 }
 
@@ -352,7 +423,7 @@ void* BlockRunner::static_shared(const CudaThread& self, const void* key, size_t
     fail(self, site, "FP8SERVE_SHARED", text);
   }
   align = std::max(align, kSharedAlign);
-  static_shared_.push_back({key, allocate_poisoned(bytes, align), align});
+  static_shared_.push_back({key, allocate_poisoned(bytes, align), bytes, align});
   return static_shared_.back().data;
 }
 
@@ -382,6 +453,18 @@ int barrier(BarrierOp op, int predicate, Site site) {
   CudaThread& self = current_thread(op_name(Wait::barrier, static_cast<uint8_t>(op)));
   return t_runner->barrier(self, op, predicate, site);
 }
+
+void warp_collective(CollectiveFn fn, const void* payload, const char* name, Site site) {
+  t_runner->warp_collective(current_thread(name), fn, payload, name, site);
+}
+
+void cp_async_issue(void* smem, const void* gmem, int src_bytes, Site site) {
+  t_runner->cp_async_issue(current_thread("cp.async"), smem, gmem, src_bytes, site);
+}
+
+void cp_async_commit(Site) { t_runner->cp_async_commit(current_thread("cp.async.commit_group")); }
+
+void cp_async_wait(int n, Site site) { t_runner->cp_async_wait(current_thread("cp.async.wait_group"), n, site); }
 
 void* static_shared(const void* key, size_t bytes, size_t align, Site site) {
   return t_runner->static_shared(current_thread("FP8SERVE_SHARED"), key, bytes, align, site);

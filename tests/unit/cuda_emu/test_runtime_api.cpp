@@ -234,6 +234,8 @@ TEST_CASE("stream capture records launches and async copies; a graph launch repl
 
   std::vector<int> host(64);
   auto read = [&] {
+    // The graph runs on a non-blocking stream, which cudaMemcpy (the legacy stream) does not wait for.
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
     REQUIRE(cudaMemcpy(host.data(), d, 64 * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
     int v = 0;
     REQUIRE(cudaMemcpy(&v, value, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
@@ -248,7 +250,7 @@ TEST_CASE("stream capture records launches and async copies; a graph launch repl
   CHECK(read() == 5);
   for (int i = 0; i < 64; ++i) CHECK(host[i] == (i < 32 ? 7 : 0));
   *pinned = 9;  // rewritten in place: the next replay copies the new value
-  REQUIRE(cudaMemset(d, 0, 64 * sizeof(int)) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(d, 0, 64 * sizeof(int), stream) == cudaSuccess);  // ordered before the replay
   REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
   CHECK(read() == 9);
   CHECK(host[0] == 7);
@@ -256,6 +258,14 @@ TEST_CASE("stream capture records launches and async copies; a graph launch repl
   CHECK(cudaGraphDestroy(graph) == cudaSuccess);
 
   // A call that could synchronise during a capture fails and invalidates the capture.
+  // A copy from pageable memory cannot be captured: refused, and the capture is lost.
+  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  std::vector<int> pageable(64, 3);
+  CHECK(cudaMemcpyAsync(d, pageable.data(), 64 * sizeof(int), cudaMemcpyHostToDevice, stream) ==
+        cudaErrorStreamCaptureUnsupported);
+  CHECK(cudaStreamEndCapture(stream, &graph) == cudaErrorStreamCaptureInvalidated);
+  CHECK(graph == nullptr);
+  (void)cudaGetLastError();
   REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
   int* fresh = nullptr;
   CHECK(cudaMalloc(reinterpret_cast<void**>(&fresh), 16) == cudaErrorStreamCaptureUnsupported);
@@ -286,4 +296,89 @@ TEST_CASE("error names and strings") {
     CHECK(std::string(e.what()).find("cudaSetDevice(5) failed: cudaErrorInvalidDevice") != std::string::npos);
   }
   (void)cudaGetLastError();
+}
+
+TEST_CASE("work on a stream runs when the host synchronises with it, in CUDA's stream order") {
+  cudaStream_t nonblocking = nullptr, blocking = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&nonblocking, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreate(&blocking) == cudaSuccess);
+  int* d = device_alloc<int>(32);
+  REQUIRE(cudaMemset(d, 0, 32 * sizeof(int)) == cudaSuccess);
+  std::vector<int> host(32);
+  auto first = [&] {
+    REQUIRE(cudaMemcpy(host.data(), d, 32 * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+    return host[0];
+  };
+  // A non-blocking stream: the legacy stream's copy does not wait for its kernel.
+  FP8SERVE_LAUNCH(fill_kernel, 1, 32, 0, nonblocking, d, 4);
+  CHECK(first() == 0);
+  CHECK(cudaStreamQuery(nonblocking) == cudaErrorNotReady);  // a query makes progress,
+  CHECK(cudaStreamQuery(nonblocking) == cudaSuccess);        // and then the work is done
+  CHECK(cudaGetLastError() == cudaSuccess);                  // not-ready is not an error state
+  CHECK(first() == 4);
+  // A blocking stream: the legacy stream waits for its work, and it for the legacy stream's.
+  FP8SERVE_LAUNCH(fill_kernel, 1, 32, 0, blocking, d, 5);
+  CHECK(first() == 5);
+  // Events order streams: the non-blocking stream's kernel after the blocking stream's.
+  cudaEvent_t done = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess);
+  FP8SERVE_LAUNCH(fill_kernel, 1, 32, 0, blocking, d, 6);
+  REQUIRE(cudaEventRecord(done, blocking) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(nonblocking, done, 0) == cudaSuccess);
+  FP8SERVE_LAUNCH(fill_kernel, 1, 32, 0, nonblocking, d, 7);
+  REQUIRE(cudaStreamSynchronize(nonblocking) == cudaSuccess);
+  CHECK(first() == 7);
+  // Without the wait, synchronising the non-blocking stream alone runs its kernel first.
+  FP8SERVE_LAUNCH(fill_kernel, 1, 32, 0, blocking, d, 8);
+  FP8SERVE_LAUNCH(fill_kernel, 1, 32, 0, nonblocking, d, 9);
+  REQUIRE(cudaStreamSynchronize(nonblocking) == cudaSuccess);
+  CHECK(first() == 8);  // the legacy copy waited for the blocking stream, which ran last
+  CHECK(cudaEventDestroy(done) == cudaSuccess);
+  CHECK(cudaStreamDestroy(nonblocking) == cudaSuccess);
+  CHECK(cudaStreamDestroy(blocking) == cudaSuccess);
+  CHECK(cudaFree(d) == cudaSuccess);
+}
+
+namespace {
+__global__ void copy_kernel(const int* in, int* out) { out[threadIdx.x] = in[threadIdx.x]; }
+}  // namespace
+
+TEST_CASE("copies follow CUDA's synchronisation rules for pageable and pinned memory") {
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  int* in = device_alloc<int>(32);
+  int* out = device_alloc<int>(32);
+  std::vector<int> values(32, 11), host(32);
+  // cudaMemcpy from pageable memory returns before its bytes land, on the legacy stream: a kernel
+  // on a non-blocking stream that reads them without waiting sees 0xFF (what a GPU does at random).
+  REQUIRE(cudaMemcpy(in, values.data(), 32 * sizeof(int), cudaMemcpyHostToDevice) == cudaSuccess);
+  FP8SERVE_LAUNCH(copy_kernel, 1, 32, 0, stream, static_cast<const int*>(in), out);
+  REQUIRE(cudaMemcpyAsync(host.data(), out, 32 * sizeof(int), cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+  CHECK(host[0] == -1);
+  // The same copy on the kernel's stream is ordered before it.
+  values.assign(32, 12);
+  REQUIRE(cudaMemcpyAsync(in, values.data(), 32 * sizeof(int), cudaMemcpyHostToDevice, stream) == cudaSuccess);
+  values.assign(32, 13);  // the driver staged the pageable source at the call
+  FP8SERVE_LAUNCH(copy_kernel, 1, 32, 0, stream, static_cast<const int*>(in), out);
+  REQUIRE(cudaMemcpyAsync(host.data(), out, 32 * sizeof(int), cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+  CHECK(host[0] == 12);
+  // From pinned memory the copy is asynchronous: the source is read when the stream gets there.
+  int* pinned = nullptr;
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&pinned), 32 * sizeof(int)) == cudaSuccess);
+  for (int i = 0; i < 32; ++i) pinned[i] = 14;
+  REQUIRE(cudaMemcpyAsync(in, pinned, 32 * sizeof(int), cudaMemcpyHostToDevice, stream) == cudaSuccess);
+  for (int i = 0; i < 32; ++i) pinned[i] = 15;  // a race on a GPU; here the copy always reads it
+  FP8SERVE_LAUNCH(copy_kernel, 1, 32, 0, stream, static_cast<const int*>(in), out);
+  REQUIRE(cudaMemcpyAsync(host.data(), out, 32 * sizeof(int), cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+  CHECK(host[0] == 15);
+  // A download into pinned memory lands when the host synchronises, not before.
+  pinned[0] = 0;
+  REQUIRE(cudaMemcpyAsync(pinned, out, 32 * sizeof(int), cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+  CHECK(pinned[0] == 0);
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  CHECK(pinned[0] == 15);
+  CHECK(cudaFreeHost(pinned) == cudaSuccess);
+  CHECK(cudaStreamDestroy(stream) == cudaSuccess);
+  CHECK(cudaFree(in) == cudaSuccess);
+  CHECK(cudaFree(out) == cudaSuccess);
 }

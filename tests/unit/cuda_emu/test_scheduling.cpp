@@ -1,6 +1,6 @@
 // What the emulator guarantees beyond CUDA's semantics (test_cuda_semantics_gpu checks those):
 // shared memory poisoned in every block, blocks isolated while workers run them concurrently,
-// deterministic runs, thread and block indices in three dimensions, deep fiber stacks, warp
+// threads in a seeded order, thread and block indices in three dimensions, deep fiber stacks, warp
 // groups at different ops side by side, one fiber resume per wait. (tests/bench/bench_cuda_emu
 // measures what resumes cost.)
 #include <catch2/catch.hpp>
@@ -131,11 +131,17 @@ TEST_CASE("a missing barrier reads unwritten shared memory, whichever neighbour 
   unsigned* d = device_alloc<unsigned>(2 * 128);
   FP8SERVE_LAUNCH(missing_barrier_kernel, 2, 128, 0, nullptr, d);
   const std::vector<unsigned> got = download(d, 2 * 128);
-  int unwritten[2] = {0, 0};
-  for (int b = 0; b < 2; ++b)
-    for (int t = 0; t < 128; ++t) unwritten[b] += got[b * 128 + t] == 0xffffffffu;
-  CHECK(unwritten[0] == 1);    // increasing order: only thread 0 reads ahead of its writer
-  CHECK(unwritten[1] == 127);  // decreasing order: every other thread does
+  for (int b = 0; b < 2; ++b) {
+    // Threads run in a seeded random order: about half read their neighbour before it writes.
+    int unwritten = 0;
+    for (int t = 0; t < 128; ++t) {
+      const unsigned v = got[static_cast<size_t>(b * 128 + t)];
+      unwritten += v == 0xffffffffu;
+      if (v != 0xffffffffu) CHECK(v == static_cast<unsigned>((t + 127) % 128));
+    }
+    CHECK(unwritten > 16);
+    CHECK(unwritten < 112);
+  }
 }
 
 TEST_CASE("thread and block indices in three dimensions") {
@@ -201,6 +207,7 @@ TEST_CASE("a thread is resumed once to start and once per completed wait, no mor
   int* d = device_alloc<int>(8 * 256);
   const uint64_t before = fp8serve::emu::fiber_switches();
   FP8SERVE_LAUNCH(ping_pong_kernel, 8, 256, 0, nullptr, 200, d);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);  // the launch runs when the host waits for it
   CHECK(fp8serve::emu::fiber_switches() - before == 8u * 256u * 201u);
   std::vector<int> v(256);  // the same exchange, lane pairs swapping at once, on the host
   for (int t = 0; t < 256; ++t) v[t] = t;

@@ -9,12 +9,16 @@ namespace {
 
 using namespace fp8serve::cuda::attn;
 
-__global__ void decode_fp8_kernel(uint32_t* out) {
+__global__ void decode_fp8_kernel(uint32_t* out, bool bits) {
   const int word = static_cast<int>(threadIdx.x);  // 64 threads, codes 4 word .. 4 word + 3
   const uint32_t packed = static_cast<uint32_t>(4 * word) | static_cast<uint32_t>(4 * word + 1) << 8 |
                           static_cast<uint32_t>(4 * word + 2) << 16 | static_cast<uint32_t>(4 * word + 3) << 24;
   float x[4];
-  fp8x4_to_float(packed, x);
+  if (bits) {
+    fp8x4_to_float_bits(packed, x);
+  } else {
+    fp8x4_to_float_cvt(packed, x);
+  }
   for (int i = 0; i < 4; ++i) out[4 * word + i] = __float_as_uint(x[i]);
 }
 
@@ -23,15 +27,17 @@ __global__ void pack_bf16_kernel(const float* a, const float* b, uint32_t* out, 
   if (i < n) out[i] = pack_bf16x2(a[i], b[i]);
 }
 
-// PTX's m16n8k16 fragments (attention_device.cuh) loaded from row-major A, B, C.
-__global__ void mma_kernel(const uint16_t* a, const uint16_t* b, const float* c, float* d) {
+// PTX's m16n8k16 fragments (ptx.cuh) loaded from row-major A, B, C. fault: a lane's fragment
+// index off by one (lane 5 loads its a[1] from row g + 9), to show that such a bug fails.
+__global__ void mma_kernel(const uint16_t* a, const uint16_t* b, const float* c, float* d, int fault) {
   const int lane = static_cast<int>(threadIdx.x), g = lane / 4, t = lane % 4;
+  const int a1_row = fault == 1 && lane == 5 ? g + 9 : g + 8;
   auto a_pair = [&](int row, int col) { return uint32_t{a[row * 16 + col]} | uint32_t{a[row * 16 + col + 1]} << 16; };
   auto b_pair = [&](int k, int col) { return uint32_t{b[k * 8 + col]} | uint32_t{b[(k + 1) * 8 + col]} << 16; };
-  const uint32_t af[4] = {a_pair(g, 2 * t), a_pair(g + 8, 2 * t), a_pair(g, 2 * t + 8), a_pair(g + 8, 2 * t + 8)};
+  const uint32_t af[4] = {a_pair(g, 2 * t), a_pair(a1_row, 2 * t), a_pair(g, 2 * t + 8), a_pair(g + 8, 2 * t + 8)};
   const uint32_t bf[2] = {b_pair(2 * t, g), b_pair(2 * t + 8, g)};
   float df[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t], c[(g + 8) * 8 + 2 * t + 1]};
-  mma_bf16_16816(df, af, bf);
+  ptx::mma_m16n8k16_bf16(df, af, bf);
   d[g * 8 + 2 * t] = df[0];
   d[g * 8 + 2 * t + 1] = df[1];
   d[(g + 8) * 8 + 2 * t] = df[2];
@@ -54,9 +60,9 @@ std::vector<T> download(const DeviceBuffer& buffer, std::size_t n) {
 
 }  // namespace
 
-std::array<uint32_t, 256> decode_fp8_codes() {
+std::array<uint32_t, 256> decode_fp8_codes(bool bit_trick) {
   DeviceBuffer out(256 * sizeof(uint32_t));
-  FP8SERVE_LAUNCH(decode_fp8_kernel, dim3(1), dim3(64), 0, nullptr, static_cast<uint32_t*>(out.data()));
+  FP8SERVE_LAUNCH(decode_fp8_kernel, dim3(1), dim3(64), 0, nullptr, static_cast<uint32_t*>(out.data()), bit_trick);
   CUDA_CHECK(cudaGetLastError());
   CUDA_CHECK(cudaDeviceSynchronize());
   std::array<uint32_t, 256> bits{};
@@ -78,14 +84,14 @@ std::vector<uint32_t> pack_bf16_pairs(const std::vector<float>& a, const std::ve
 }
 
 std::vector<float> mma_16816(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
-                             const std::vector<float>& c) {
+                             const std::vector<float>& c, int fault) {
   DeviceBuffer da(256 * 2), db(128 * 2), dc(128 * 4), dd(128 * 4);
   da.copy_from_host(a.data(), 256 * 2);
   db.copy_from_host(b.data(), 128 * 2);
   dc.copy_from_host(c.data(), 128 * 4);
   FP8SERVE_LAUNCH(mma_kernel, dim3(1), dim3(32), 0, nullptr, static_cast<const uint16_t*>(da.data()),
                   static_cast<const uint16_t*>(db.data()), static_cast<const float*>(dc.data()),
-                  static_cast<float*>(dd.data()));
+                  static_cast<float*>(dd.data()), fault);
   CUDA_CHECK(cudaGetLastError());
   CUDA_CHECK(cudaDeviceSynchronize());
   return download<float>(dd, 128);

@@ -1,7 +1,7 @@
 #pragma once
-// The device building blocks of the paged attention (kernels/cuda/attention_device.cuh), each run
-// by a small kernel so that test_attention_primitives_gpu.cpp checks them on their own: on a GPU
-// the fast paths (hardware FP8 conversion, mma.sync), on the emulator the portable ones.
+// The device building blocks of the paged attention (kernels/cuda/attention_device.cuh, ptx.cuh),
+// each run by a small kernel so that test_attention_primitives_gpu.cpp checks them on their own:
+// the same code on a GPU and on the emulator (which implements the PTX).
 // Plain C++: each function launches, waits and returns what the kernel wrote.
 #include <array>
 #include <cstdint>
@@ -9,16 +9,18 @@
 
 namespace fp8serve::cuda::attn_test {
 
-// fp8x4_to_float over all 256 codes (code c is element c % 4 of word c / 4): the float bits.
-std::array<uint32_t, 256> decode_fp8_codes();
+// fp8x4_to_float_bits (bits) or fp8x4_to_float_cvt over all 256 codes (code c is element c % 4 of
+// word c / 4): the float bits.
+std::array<uint32_t, 256> decode_fp8_codes(bool bits);
 
 // pack_bf16x2 of n pairs: out[i] = pack(a[i], b[i]).
 std::vector<uint32_t> pack_bf16_pairs(const std::vector<float>& a, const std::vector<float>& b);
 
-// One mma_bf16_16816 by one warp: D = A B + C with A [16][16], B [16][8] (bf16 bits, row-major),
-// C [16][8] f32, loaded into PTX's fragments; returns D [16][8] row-major.
+// One mma.sync m16n8k16 by one warp: D = A B + C with A [16][16], B [16][8] (bf16 bits, row-major),
+// C [16][8] f32, loaded into PTX's fragments; returns D [16][8] row-major. fault 1: one lane loads
+// one fragment register from the wrong row (an injected bug).
 std::vector<float> mma_16816(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
-                             const std::vector<float>& c);
+                             const std::vector<float>& c, int fault = 0);
 
 // block_exclusive_scan of counts (one block of 128 threads); returns the n + 1 prefix sums.
 std::vector<int> block_scan(const std::vector<int>& counts);

@@ -1,9 +1,10 @@
 // [gpu] The paged attention's device building blocks against host definitions: the FP8 -> float
-// conversion over all 256 codes (bit-identical to kernels/fp8.hpp's decode), bf16 packing, one
-// bf16 mma.sync m16n8k16 against a host matrix product (on a GPU this pins down the fragment
-// layout the prefill kernel assumes; on the emulator it checks the shuffle emulation of it) and
-// the block scan the kernels plan with. On a GPU (test_gpu) the fast paths run, on the emulator
-// (test_attention_primitives_gpu_emu) the portable ones.
+// conversions (cvt and the bit trick) over all 256 codes (bit-identical to kernels/fp8.hpp's
+// decode), bf16 packing, one bf16 mma.sync m16n8k16 against a host matrix product (on a GPU this
+// pins down the fragment layout the prefill kernel assumes; on the emulator it checks the
+// emulator's mma against the same definition, in every accumulation order) and the block scan
+// the kernels plan with. The same kernels run on a GPU (test_gpu) and on the emulator
+// (test_attention_primitives_gpu_emu).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -16,15 +17,13 @@
 #include "kernels/fp8.hpp"
 #include "tests/unit/gpu/attention_primitives.hpp"
 
+#if defined(FP8SERVE_CUDA_EMU) && FP8SERVE_CUDA_EMU
+#include "kernels/cuda/launch.hpp"
+#endif
+
 using namespace fp8serve;
 
 namespace {
-
-#if defined(FP8SERVE_CUDA_EMU) && FP8SERVE_CUDA_EMU
-constexpr bool kEmulated = true;  // the portable paths run: bit-identical NaN too
-#else
-constexpr bool kEmulated = false;
-#endif
 
 bool have_device() {
   if (cuda::device_count() > 0) return true;
@@ -40,20 +39,21 @@ uint32_t bits_of(float x) {
 
 }  // namespace
 
-TEST_CASE("the attention's FP8 decode matches the host codec for all 256 codes", "[gpu]") {
+TEST_CASE("the attention's FP8 decodes match the host codec for all 256 codes", "[gpu]") {
   if (!have_device()) return;
-  const auto device = cuda::attn_test::decode_fp8_codes();
-  for (int code = 0; code < 256; ++code) {
-    INFO("code 0x" << std::hex << code);
-    const float host = fp8_e4m3_decode(static_cast<uint8_t>(code));
-    if (std::isnan(host)) {
-      // The hardware conversion's NaN is fp16's canonical NaN widened: only NaN-ness is defined.
-      float x;
-      std::memcpy(&x, &device[static_cast<std::size_t>(code)], sizeof x);
-      CHECK(std::isnan(x));
-      if (kEmulated) CHECK(device[static_cast<std::size_t>(code)] == bits_of(host));
-    } else {
-      CHECK(device[static_cast<std::size_t>(code)] == bits_of(host));  // -0, subnormals, 448 included
+  for (bool bits : {false, true}) {
+    const auto device = cuda::attn_test::decode_fp8_codes(bits);
+    for (int code = 0; code < 256; ++code) {
+      INFO((bits ? "bit trick" : "cvt") << ", code 0x" << std::hex << code);
+      const float host = fp8_e4m3_decode(static_cast<uint8_t>(code));
+      const uint32_t got = device[static_cast<std::size_t>(code)];
+      if (std::isnan(host)) {
+        // cvt: fp16's canonical NaN (0x7fff, sign dropped), widened to fp32's canonical 0x7fffffff; the bit trick keeps
+        // the sign of the code, as the host codec does.
+        CHECK(got == (bits ? bits_of(host) : 0x7fffffffu));
+      } else {
+        CHECK(got == bits_of(host));  // -0, subnormals, 448 included
+      }
     }
   }
 }
@@ -81,38 +81,94 @@ TEST_CASE("pack_bf16x2 rounds like bf16_encode", "[gpu]") {
   }
 }
 
-TEST_CASE("mma_bf16_16816 computes A B + C with PTX's fragment layout", "[gpu]") {
-  if (!have_device()) return;
-  std::mt19937 rng(5);
-  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
-  for (int trial = 0; trial < 3; ++trial) {
-    std::vector<uint16_t> a(256), b(128);
-    std::vector<float> c(128);
-    for (auto& x : a) x = bf16_encode(dist(rng));
-    for (auto& x : b) x = bf16_encode(dist(rng));
-    for (auto& x : c) x = dist(rng);
-    if (trial == 2) {  // one-hot rows and columns: a misplaced fragment element moves a whole value
-      std::fill(a.begin(), a.end(), uint16_t{0});
-      for (int r = 0; r < 16; ++r) a[static_cast<std::size_t>(r * 16 + (r * 7) % 16)] = bf16_encode(1.0f + r);
-    }
-    const std::vector<float> d = cuda::attn_test::mma_16816(a, b, c);
-    for (int m = 0; m < 16; ++m) {
-      for (int n = 0; n < 8; ++n) {
-        double want = c[static_cast<std::size_t>(m * 8 + n)];
-        double magnitude = std::abs(want);
-        for (int k = 0; k < 16; ++k) {
-          const double term = double{bf16_decode(a[static_cast<std::size_t>(m * 16 + k)])} *
-                              bf16_decode(b[static_cast<std::size_t>(k * 8 + n)]);
-          want += term;
-          magnitude += std::abs(term);
-        }
-        INFO("trial " << trial << " D[" << m << "][" << n << "]");
-        // Products of bf16 are exact in fp32; the sum of 17 terms rounds (the tensor cores may
-        // truncate): a few fp32 ulps of the terms' magnitude.
-        CHECK(std::abs(d[static_cast<std::size_t>(m * 8 + n)] - want) <= 1e-5 * magnitude + 1e-30);
+namespace {
+
+// D = A B + C in double, and the sum of the terms' magnitudes (the rounding scale).
+void reference_mma(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, const std::vector<float>& c, int m,
+                   int n, double& want, double& magnitude) {
+  want = c[static_cast<std::size_t>(m * 8 + n)];
+  magnitude = std::abs(want);
+  for (int k = 0; k < 16; ++k) {
+    const double term =
+        double{bf16_decode(a[static_cast<std::size_t>(m * 16 + k)])} * bf16_decode(b[static_cast<std::size_t>(k * 8 + n)]);
+    want += term;
+    magnitude += std::abs(term);
+  }
+}
+
+// How many of D's elements are off by more than a few fp32 ulps of the terms' magnitude:
+// products of bf16 are exact in fp32; the sum of 17 terms rounds, in an order the tensor core
+// does not document (the emulator tries each of MmaOrder's).
+int mma_misses(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, const std::vector<float>& c,
+               const std::vector<float>& d) {
+  int misses = 0;
+  for (int m = 0; m < 16; ++m)
+    for (int n = 0; n < 8; ++n) {
+      double want = 0.0, magnitude = 0.0;
+      reference_mma(a, b, c, m, n, want, magnitude);
+      if (std::abs(d[static_cast<std::size_t>(m * 8 + n)] - want) > 1e-5 * magnitude + 1e-30) {
+        if (++misses <= 3) UNSCOPED_INFO("D[" << m << "][" << n << "] = " << d[static_cast<std::size_t>(m * 8 + n)] << ", want " << want);
       }
     }
+  return misses;
+}
+
+struct MmaInputs {
+  std::vector<uint16_t> a = std::vector<uint16_t>(256), b = std::vector<uint16_t>(128);
+  std::vector<float> c = std::vector<float>(128);
+};
+
+MmaInputs random_mma_inputs(std::mt19937& rng, bool one_hot) {
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  MmaInputs in;
+  for (auto& x : in.a) x = bf16_encode(dist(rng));
+  for (auto& x : in.b) x = bf16_encode(dist(rng));
+  for (auto& x : in.c) x = dist(rng);
+  if (one_hot) {  // one-hot rows: a misplaced fragment element moves a whole value
+    std::fill(in.a.begin(), in.a.end(), uint16_t{0});
+    for (int r = 0; r < 16; ++r) in.a[static_cast<std::size_t>(r * 16 + (r * 7) % 16)] = bf16_encode(1.0f + r);
   }
+  return in;
+}
+
+std::vector<const char*> mma_orders() {
+#if defined(FP8SERVE_CUDA_EMU) && FP8SERVE_CUDA_EMU
+  return {"sequential", "pairwise", "reversed", "wide"};
+#else
+  return {"the GPU's"};
+#endif
+}
+
+void use_mma_order(int index) {
+#if defined(FP8SERVE_CUDA_EMU) && FP8SERVE_CUDA_EMU
+  fp8serve::emu::set_mma_order(static_cast<fp8serve::emu::MmaOrder>(index));
+#else
+  (void)index;
+#endif
+}
+
+}  // namespace
+
+TEST_CASE("mma.sync m16n8k16 computes A B + C with PTX's fragment layout", "[gpu]") {
+  if (!have_device()) return;
+  const std::vector<const char*> orders = mma_orders();
+  for (int order = 0; order < static_cast<int>(orders.size()); ++order) {
+    use_mma_order(order);
+    std::mt19937 rng(5);
+    for (int trial = 0; trial < 3; ++trial) {
+      const MmaInputs in = random_mma_inputs(rng, trial == 2);
+      INFO("accumulation order " << orders[static_cast<std::size_t>(order)] << ", trial " << trial);
+      CHECK(mma_misses(in.a, in.b, in.c, cuda::attn_test::mma_16816(in.a, in.b, in.c)) == 0);
+    }
+  }
+  use_mma_order(0);
+}
+
+TEST_CASE("a lane that loads one mma fragment register from the wrong row gives a wrong D", "[gpu]") {
+  if (!have_device()) return;
+  std::mt19937 rng(7);
+  const MmaInputs in = random_mma_inputs(rng, false);
+  CHECK(mma_misses(in.a, in.b, in.c, cuda::attn_test::mma_16816(in.a, in.b, in.c, /*fault=*/1)) > 0);
 }
 
 TEST_CASE("block_exclusive_scan gives the prefix sums for any length", "[gpu]") {

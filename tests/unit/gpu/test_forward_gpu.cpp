@@ -16,10 +16,13 @@
 //    largest |logit|, cosine >= 0.999985. Asserted: 2% and 0.9999, greedy tokens equal unless
 //    the reference's top two logits are within 0.05. A wrong stride, a missing bias, a stale
 //    scale or a misplaced K byte moves the logits by tens of percent. With the CUDA attention
-//    (not the host's) the attention's own rounding differs too (bf16 probabilities, another
-//    summation order): ~2^-9 on its output, which in the next layer moves a K or V element across
-//    an FP8 rounding boundary (steps of 2^-4) about once in 30 - with an FP8 pool that measured
-//    2.6% (cosine 0.99958) on tiny-qwen3 in the emulator, so there: 6% and 0.999.
+//    (not the host's) the attention's own rounding differs too: its prefill runs on tensor cores,
+//    as on a GPU, and rounds the probabilities to bf16 for P V (2^-9 relative per weight: up to
+//    ~2^-8 of max|v| on the output, test_paged_attention_prefill_gpu), which in the next layer
+//    moves K and V elements across bf16 and FP8 rounding boundaries (FP8 steps are 2^-4). Measured
+//    in the emulator, the same in each of its mma accumulation orders: bf16 pool 2.3% (cosine
+//    0.99982), FP8 pool 9.8% (cosine 0.9925), both on tiny-qwen3. Asserted there: 5% / 0.9995
+//    and 15% / 0.985.
 //  - The plain fp32 CPU backend (its projections on the fp32 dot: the bf16 dot, the CPU's
 //    default where it has AVX512-BF16, rounds x to bf16 as the GPU does). Here bf16 activations themselves (2^-9 relative per rounding,
 //    ~12 roundings per layer) move the logits: measured up to 5.8% (bf16 pool) and 22% (FP8 pool:
@@ -127,7 +130,8 @@ struct Tolerance {
   double near_tie;            // CPU top-2 gap below which greedy tokens may differ
 };
 constexpr Tolerance kTight{0.02, 0.9999, 0.05};    // against the bf16-rounding CPU backend
-constexpr Tolerance kTightFp8CudaAttention{0.06, 0.999, 0.05};  // the same, CUDA attention, FP8 pool
+constexpr Tolerance kTightCudaAttention{0.05, 0.9995, 0.05};     // the same, CUDA attention (bf16 P)
+constexpr Tolerance kTightFp8CudaAttention{0.15, 0.985, 0.05};   // the same, CUDA attention, FP8 pool
 constexpr Tolerance kLoose{0.1, 0.995, 0.1};       // against the fp32 CPU, bf16 pool
 constexpr Tolerance kLooseFp8{0.35, 0.96, 0.3};    // against the fp32 CPU, FP8 pool
 
@@ -194,8 +198,9 @@ void check_model(const std::string& name, bool host_attention) {
     // CPU is no reference there (the two CPU backends' greedy tokens part at real margins on
     // these random models: 3-bit weights amplify a bf16 rounding of x, as the FP8 pool does).
     const bool fp8_weights = model.config.quantization.fp8;
-    compare_runs(label + " vs bf16 CPU", got, bf16_reference, vocab,
-                 (fp8 && !host_attention) || fp8_weights ? kTightFp8CudaAttention : kTight);
+    const Tolerance tight = host_attention ? (fp8_weights ? kTightFp8CudaAttention : kTight)
+                            : (fp8 || fp8_weights ? kTightFp8CudaAttention : kTightCudaAttention);
+    compare_runs(label + " vs bf16 CPU", got, bf16_reference, vocab, tight);
     if (fp8_weights) continue;
     compare_runs(label + " vs fp32 CPU", got, fp32_reference, vocab, fp8 ? kLooseFp8 : kLoose);
     compare_runs(name + (fp8 ? " fp8 KV" : " bf16 KV") + ": bf16 CPU vs fp32 CPU", bf16_reference, fp32_reference, vocab,

@@ -19,9 +19,9 @@ using namespace fp8serve::test;
 
 namespace {
 
-constexpr double kTolerance = 1e-4;
-
-void check_case(const CudaAttentionCase& c) { check_cuda_attention_case(c, kTolerance); }
+// Decode tokens keep fp32 probabilities: 1e-4 (attention_tolerance), looser only for the cases
+// that mix in prefill chunks, which run on tensor cores.
+void check_case(const CudaAttentionCase& c) { check_cuda_attention_case(c, attention_tolerance(c)); }
 
 std::vector<SeqSpec> decode_seqs(std::initializer_list<int32_t> contexts) {
   std::vector<SeqSpec> seqs;
@@ -81,7 +81,7 @@ TEST_CASE("CUDA attention plans batches of hundreds of sequences", "[gpu][attent
   if (!have_cuda_device()) return;
   // More sequences than the kernels' 128 threads: each thread scans several in the plan, and
   // the items of one CTA belong to many sequences. Some prefill chunks among the decodes.
-  CudaAttentionCase c = shaped_case(model_shapes()[0], KvDtype::fp8_e4m3, {}, 900);
+  CudaAttentionCase c = shaped_case(model_shapes()[1], KvDtype::fp8_e4m3, {}, 900);  // Llama-3-8B
   for (int32_t i = 0; i < 300; ++i) c.seqs.push_back({1 + (i * 37) % 90, i % 50 == 7 ? 5 : 1});
   check_case(c);
   c.options.partition_tokens = 32;

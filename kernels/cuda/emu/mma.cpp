@@ -1,0 +1,116 @@
+// mma.sync in the emulator: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 as a warp
+// collective (scheduler.cpp waits for the 32 lanes at one call site), D computed from the lanes'
+// fragments by the PTX ISA's tables (ptx.cuh repeats them), summed in the run's MmaOrder.
+#include <array>
+#include <bit>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "kernels/cuda/emu/ptx.hpp"
+#include "kernels/cuda/emu/runtime.hpp"
+#include "kernels/cuda/emu/scheduler.hpp"
+
+namespace fp8serve::emu {
+namespace {
+
+MmaOrder order_from_environment() {
+  const char* name = std::getenv("FP8SERVE_EMU_MMA_ORDER");
+  if (name == nullptr || *name == '\0') return MmaOrder::sequential;
+  for (MmaOrder o : {MmaOrder::sequential, MmaOrder::pairwise, MmaOrder::reversed, MmaOrder::wide})
+    if (std::strcmp(name, mma_order_name(o)) == 0) return o;
+  detail::die("FP8SERVE_EMU_MMA_ORDER=%s: use sequential, pairwise, reversed or wide", name);
+}
+
+std::atomic<int>& order_setting() {
+  static std::atomic<int> setting{static_cast<int>(order_from_environment())};
+  return setting;
+}
+
+float bf16_lo(uint32_t pair) { return std::bit_cast<float>(pair << 16); }
+float bf16_hi(uint32_t pair) { return std::bit_cast<float>(pair & 0xffff0000u); }
+
+// c + the 16 products (each exact in fp32: 8-bit significands), in `order`.
+float accumulate(float c, const std::array<float, 16>& p, MmaOrder order) {
+  switch (order) {
+    case MmaOrder::sequential: {
+      float acc = c;
+      for (float x : p) acc += x;
+      return acc;
+    }
+    case MmaOrder::reversed: {
+      float acc = p[15];
+      for (int k = 14; k >= 0; --k) acc += p[static_cast<size_t>(k)];
+      return acc + c;
+    }
+    case MmaOrder::pairwise: {
+      std::array<float, 16> level = p;
+      for (size_t n = 16; n > 1; n /= 2)
+        for (size_t i = 0; i < n / 2; ++i) level[i] = level[2 * i] + level[2 * i + 1];
+      return c + level[0];
+    }
+    case MmaOrder::wide: {
+      double acc = c;
+      for (float x : p) acc += x;  // exact: 17 terms within fp32's range fit a double's significand
+      return static_cast<float>(acc);
+    }
+  }
+  return c;
+}
+
+void complete_mma_m16n8k16_bf16(const void* const* lanes) {
+  float a[16][16], b[16][8], c[16][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    const auto& l = *static_cast<const detail::MmaLane*>(lanes[lane]);
+    const int g = lane / 4, t = lane % 4;
+    const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
+    for (int i = 0; i < 4; ++i) {
+      a[rows[i]][cols[i]] = bf16_lo(l.a[i]);
+      a[rows[i]][cols[i] + 1] = bf16_hi(l.a[i]);
+    }
+    b[2 * t][g] = bf16_lo(l.b[0]);
+    b[2 * t + 1][g] = bf16_hi(l.b[0]);
+    b[2 * t + 8][g] = bf16_lo(l.b[1]);
+    b[2 * t + 9][g] = bf16_hi(l.b[1]);
+    c[g][2 * t] = l.d[0];
+    c[g][2 * t + 1] = l.d[1];
+    c[g + 8][2 * t] = l.d[2];
+    c[g + 8][2 * t + 1] = l.d[3];
+  }
+  const MmaOrder order = mma_order();
+  for (int lane = 0; lane < 32; ++lane) {
+    const auto& l = *static_cast<const detail::MmaLane*>(lanes[lane]);
+    const int g = lane / 4, t = lane % 4;
+    for (int e = 0; e < 4; ++e) {
+      const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+      std::array<float, 16> products;
+      for (int k = 0; k < 16; ++k) products[static_cast<size_t>(k)] = a[row][k] * b[k][col];
+      l.d[e] = accumulate(c[row][col], products, order);
+    }
+  }
+}
+
+}  // namespace
+
+void set_mma_order(MmaOrder order) { order_setting().store(static_cast<int>(order)); }
+MmaOrder mma_order() { return static_cast<MmaOrder>(order_setting().load()); }
+
+const char* mma_order_name(MmaOrder order) {
+  switch (order) {
+    case MmaOrder::sequential: return "sequential";
+    case MmaOrder::pairwise: return "pairwise";
+    case MmaOrder::reversed: return "reversed";
+    case MmaOrder::wide: return "wide";
+  }
+  return "?";
+}
+
+namespace detail {
+
+void mma_m16n8k16_bf16(const MmaLane& lane, Site site) {
+  warp_collective(&complete_mma_m16n8k16_bf16, &lane, "mma.sync.m16n8k16.bf16", site);
+}
+
+}  // namespace detail
+}  // namespace fp8serve::emu
