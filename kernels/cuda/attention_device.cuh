@@ -136,34 +136,43 @@ struct KeySegment {
   float k_scale = 1.0f, v_scale = 1.0f;
 };
 
-// The two segments of an item's keys [lo, hi) of sequence s (kernels/paged_kv.hpp's contract);
-// an empty one has lo >= hi.
-ATTN_DEVICE void key_segments(const PagedKvView& cache, const PagedKvView& tail, const PagedBatch& batch, int s,
-                              int kv_head, int lo, int hi, KeySegment& pool_keys, KeySegment& tail_keys) {
+// The two segments of an item's keys [lo, hi) of sequence s (kernels/paged_kv.hpp's contract):
+// which part of [lo, hi) lives in the main pool (below fp8_lens[s] when the bf16 window is on)
+// and which in the tail; an empty one has lo >= hi. Each is built only when it runs (segment()),
+// so the kernels do not hold the tail's description in registers while the pool's keys stream.
+ATTN_DEVICE int segment_split(const PagedBatch& batch, int s, int lo, int hi) {
+  return batch.has_tail() ? max(lo, min(hi, batch.fp8_lens[s])) : hi;
+}
+
+// Segment `tail` (0: the main pool's keys, 1: the tail's) of keys [lo, hi).
+ATTN_DEVICE KeySegment segment(const PagedKvView& cache, const PagedKvView& tail_view, const PagedBatch& batch, int s,
+                               int kv_head, int lo, int hi, bool tail) {
   const bool fp8 = cache.dtype == KvDtype::fp8_e4m3;
+  const int split = segment_split(batch, s, lo, hi);
+  KeySegment seg;
   const int32_t* table = batch.block_table(s);
-  const float k_scale = fp8 ? batch.k_scales[s] : 1.0f, v_scale = fp8 ? batch.v_scales[s] : 1.0f;
-  const int split = batch.has_tail() ? max(lo, min(hi, batch.fp8_lens[s])) : hi;
-  pool_keys.k = table_source(cache, cache.k, kv_head, table);
-  pool_keys.v = table_source(cache, cache.v, kv_head, table);
-  pool_keys.k_fp8 = pool_keys.v_fp8 = fp8;
-  pool_keys.lo = lo;
-  pool_keys.hi = split;
-  pool_keys.k_scale = k_scale;
-  pool_keys.v_scale = v_scale;
-  tail_keys.lo = split;
-  tail_keys.hi = batch.has_tail() ? hi : split;
-  if (tail_keys.hi <= tail_keys.lo) return;
-  tail_keys.k = ring_source(tail, tail.k, kv_head, batch, s);
-  tail_keys.k_fp8 = false;
-  if (tail.v != nullptr) {
-    tail_keys.v = ring_source(tail, tail.v, kv_head, batch, s);
-    tail_keys.v_fp8 = false;
-  } else {  // a K-only window: V stays in the main pool
-    tail_keys.v = pool_keys.v;
-    tail_keys.v_fp8 = fp8;
-    tail_keys.v_scale = v_scale;
+  seg.v = table_source(cache, cache.v, kv_head, table);
+  seg.v_fp8 = fp8;
+  seg.v_scale = fp8 ? batch.v_scales[s] : 1.0f;
+  if (!tail) {
+    seg.k = table_source(cache, cache.k, kv_head, table);
+    seg.k_fp8 = fp8;
+    seg.k_scale = fp8 ? batch.k_scales[s] : 1.0f;
+    seg.lo = lo;
+    seg.hi = split;
+    return seg;
   }
+  seg.lo = split;
+  seg.hi = batch.has_tail() ? hi : split;
+  if (seg.hi <= seg.lo) return seg;
+  seg.k = ring_source(tail_view, tail_view.k, kv_head, batch, s);
+  seg.k_fp8 = false;
+  if (tail_view.v != nullptr) {
+    seg.v = ring_source(tail_view, tail_view.v, kv_head, batch, s);
+    seg.v_fp8 = false;
+    seg.v_scale = 1.0f;
+  }  // else a K-only window: V stays in the main pool, with its scale
+  return seg;
 }
 
 // ---- work planning -----------------------------------------------------------------------------

@@ -97,7 +97,10 @@ void Stream::synchronize() const { CUDA_CHECK(cudaStreamSynchronize(static_cast<
 
 namespace {
 
-__global__ void encode_fp8_kernel(const float* in, uint8_t* out, size_t n, bool use_cuda_intrinsic) {
+constexpr int kEncodeThreads = 256;
+
+__global__ void __launch_bounds__(kEncodeThreads) encode_fp8_kernel(const float* in, uint8_t* out, size_t n,
+                                                                    bool use_cuda_intrinsic) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   out[i] = use_cuda_intrinsic ? static_cast<uint8_t>(__nv_cvt_float_to_fp8(in[i], __NV_SATFINITE, __NV_E4M3))
@@ -115,7 +118,7 @@ void encode_fp8_e4m3_on_device(const float* host_in, uint8_t* host_out, size_t n
   // Every copy on the kernel's stream: a plain cudaMemcpy runs on the legacy stream, which a
   // non-blocking stream does not wait for (its bytes may not have landed when the kernel reads).
   CUDA_CHECK(cudaMemcpyAsync(in.data(), host_in, n * sizeof(float), cudaMemcpyHostToDevice, s));
-  const unsigned threads = 256;
+  const unsigned threads = kEncodeThreads;
   const unsigned blocks = static_cast<unsigned>((n + threads - 1) / threads);
   FP8SERVE_LAUNCH(encode_fp8_kernel, blocks, threads, 0, s, static_cast<const float*>(in.data()),
                   static_cast<uint8_t*>(out.data()), n, use_cuda_intrinsic);

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -28,10 +30,17 @@ constexpr int32_t kMaxGroup = 64;    // query heads per KV head: one prefill til
 
 [[noreturn]] void fail(const std::string& what) { throw std::invalid_argument("paged_attention_cuda: " + what); }
 
+// The current device's SM count, asked once per device.
 int32_t sm_count() {
-  int device = 0, count = 0;
+  int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<int, int32_t> counts;
+  std::lock_guard lock(mutex);
+  if (const auto it = counts.find(device); it != counts.end()) return it->second;
+  int count = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  counts.emplace(device, count);
   return count;
 }
 

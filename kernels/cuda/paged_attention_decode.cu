@@ -327,11 +327,12 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(AttentionArgs ar
       plan, scratch);
   if (blockIdx.x == 0)
     for (int i = tid; i <= n; i += kThreads) work.plan[i] = plan[i];
-  const int num_items = plan[n];
 
   Cta cta{args, smem, tid % kWarp, tid / kWarp};
   const int64_t slot_floats = int64_t{kRows} * (kD + 2);
-  for (int item = static_cast<int>(blockIdx.x); item < num_items; item += static_cast<int>(gridDim.x)) {
+  // plan[n] (the item count) is read from shared memory each time rather than kept in a register
+  // across the item's work, which pushed it to local memory (a spill) in some instantiations.
+  for (int item = static_cast<int>(blockIdx.x); item < plan[n]; item += static_cast<int>(gridDim.x)) {
     const int s = find_owner(plan, n, item);
     const int local = item - plan[s];
     const int num_parts = (plan[s + 1] - plan[s]) / head_items;
@@ -363,16 +364,16 @@ ATTN_UNROLL
       for (int e = 0; e < kDl; ++e) st.acc[r][e] = 0.0f;
     }
     // Positions below fp8_lens[s] in the main pool, the rest in the bf16 tail: one softmax.
-    KeySegment pool_keys, tail_keys;
-    key_segments(args.cache, args.tail, batch, s, kv_head, k0, k1, pool_keys, tail_keys);
-    if (pool_keys.hi > pool_keys.lo) {
+    if (const KeySegment pool_keys = segment(args.cache, args.tail, batch, s, kv_head, k0, k1, false);
+        pool_keys.hi > pool_keys.lo) {
       if (pool_keys.k_fp8) {
         cta.template run_segment<true, true>(pool_keys, st);
       } else {
         cta.template run_segment<false, false>(pool_keys, st);
       }
     }
-    if (tail_keys.hi > tail_keys.lo) {
+    if (const KeySegment tail_keys = segment(args.cache, args.tail, batch, s, kv_head, k0, k1, true);
+        tail_keys.hi > tail_keys.lo) {
       if (tail_keys.v_fp8) {
         cta.template run_segment<false, true>(tail_keys, st);  // a K-only window
       } else {
@@ -469,7 +470,7 @@ __global__ void __launch_bounds__(kThreads) paged_merge_kernel(AttentionArgs arg
 template <int kD, int kRows>
 int32_t prepare_decode(int32_t num_seqs, int32_t sms) {
   const std::size_t shared = static_cast<std::size_t>(decode_smem(kRows, kD, num_seqs).total);
-  return persistent_grid(paged_decode_kernel<kD, kRows>, kThreads, shared, sms, kEmulatorDecodeGrid);
+  return persistent_grid(paged_decode_kernel<kD, kRows>, kThreads, shared, sms);
 }
 
 template <int kD, int kRows>

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <compare>
 #include <map>
 #include <mutex>
 
@@ -45,37 +46,43 @@ struct DecodeWork {
 
 // Adaptive decode partitions aim at this many items per CTA of the grid.
 constexpr int32_t kTargetWaves = 2;
-// The emulator runs a grid's blocks one after another: a few CTAs, each looping over several
-// items (which exercises that loop too).
-constexpr int32_t kEmulatorDecodeGrid = 3;
-constexpr int32_t kEmulatorPrefillGrid = 2;
 
-// A persistent grid: as many CTAs of `kernel` as the device holds at once (its occupancy with
-// this shared memory, which the kernel is allowed first), emulator_grid in the emulator.
-// The kernel's dynamic shared memory limit is only ever raised: a CUDA graph captured with a
-// larger launch must stay launchable after a smaller one has run.
+// A persistent grid: as many CTAs of `kernel` as the device holds at once - its occupancy with
+// this block size and dynamic shared memory, times the SMs - on the GPU and in the emulator alike
+// (which computes an H200's occupancy from ptxas's register counts), so grids, split decisions
+// and partition plans are the GPU's. The kernel is allowed its shared memory first. Both are
+// asked once per (device, kernel, shared bytes) - the attribute and the occupancy are per device
+// - and cached: a step makes no runtime call for them. The dynamic shared memory limit is only
+// ever raised: a CUDA graph captured with a larger launch must stay launchable after a smaller
+// one has run.
 template <class Kernel>
-int32_t persistent_grid(Kernel* kernel, int threads, std::size_t shared, int32_t sms, int32_t emulator_grid) {
+int32_t persistent_grid(Kernel* kernel, int threads, std::size_t shared, int32_t sms) {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  struct Key {
+    int device;
+    const void* kernel;
+    std::size_t shared;
+    auto operator<=>(const Key&) const = default;
+  };
+  static std::mutex mutex;
+  static std::map<Key, int32_t> grids;
+  static std::map<std::pair<int, const void*>, std::size_t> allowed;  // the raised limit, per device
+  std::lock_guard lock(mutex);
+  const Key key{device, reinterpret_cast<const void*>(kernel), shared};
+  if (const auto it = grids.find(key); it != grids.end()) return it->second;
   if (shared > 48 * 1024) {
-    static std::mutex mutex;
-    static std::map<const void*, std::size_t> allowed;
-    std::lock_guard lock(mutex);
-    std::size_t& limit = allowed[reinterpret_cast<const void*>(kernel)];
+    std::size_t& limit = allowed[{device, key.kernel}];
     if (shared > limit) {
       CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
       limit = shared;
     }
   }
-#if FP8SERVE_CUDA_EMU
-  (void)threads;
-  (void)sms;
-  return emulator_grid;
-#else
-  (void)emulator_grid;
   int per_sm = 0;
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared));
-  return sms * (per_sm > 0 ? per_sm : 1);
-#endif
+  const int32_t grid = sms * (per_sm > 0 ? per_sm : 1);
+  grids.emplace(key, grid);
+  return grid;
 }
 
 // Query heads one decode item serves (1, 2, 4 or 8): the whole GQA group when it has at most 8.

@@ -227,15 +227,15 @@ template <int kD, int kBk>
 struct SimtMath {
   float o[kRowsPerWarp][kD / kWarp];
   float m, l;  // of row `lane` (lanes 0..15)
-  int row_pos[kRowsPerWarp];
+  ItemRows rows;  // the rows' positions are computed when needed: at head_dim 256, 16 more
+                  // registers of positions made ptxas spill
 
-  ATTN_DEVICE void begin(const ItemRows& rows) {
+  ATTN_DEVICE void begin(const ItemRows& item_rows) {
 ATTN_UNROLL
-    for (int r = 0; r < kRowsPerWarp; ++r) {
+    for (int r = 0; r < kRowsPerWarp; ++r)
 ATTN_UNROLL
       for (int i = 0; i < kD / kWarp; ++i) o[r][i] = 0.0f;
-      row_pos[r] = row_position(rows, static_cast<int>(threadIdx.x) / kWarp * kRowsPerWarp + r);
-    }
+    rows = item_rows;
     m = -INFINITY;
     l = 0.0f;
   }
@@ -257,8 +257,9 @@ ATTN_UNROLL
       }
 ATTN_UNROLL
       for (int r = 0; r < kRowsPerWarp; ++r)
-        s_w[r * kSStride + key] =
-            key_visible(t, key, row_pos[r]) ? acc[r] * t.score_scale : -INFINITY;
+        s_w[r * kSStride + key] = key_visible(t, key, row_position(rows, warp * kRowsPerWarp + r))
+                                      ? acc[r] * t.score_scale
+                                      : -INFINITY;
     }
     __syncwarp();
     if (lane < kRowsPerWarp) {
@@ -465,10 +466,11 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(AttentionArgs a
         return new_tokens >= 2 ? (new_tokens + tile_tokens - 1) / tile_tokens * kv_heads : 0;
       },
       plan, scratch);
-  const int num_items = plan[n];
 
   Cta cta{args, smem, layout, tid};
-  for (int item = static_cast<int>(blockIdx.x); item < num_items; item += static_cast<int>(gridDim.x)) {
+  // plan[n] (the item count) is read from shared memory each time rather than kept in a register
+  // across the item's work, which pushed it to local memory (a spill) in some instantiations.
+  for (int item = static_cast<int>(blockIdx.x); item < plan[n]; item += static_cast<int>(gridDim.x)) {
     const int s = find_owner(plan, n, item);
     const int local = item - plan[s];
     const int new_tokens = num_new(batch, s);
@@ -495,10 +497,10 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(AttentionArgs a
 
     typename Cta::Math math;
     math.begin(rows);
-    KeySegment pool_keys, tail_keys;
-    key_segments(args.cache, args.tail, batch, s, kv_head, 0, key_end, pool_keys, tail_keys);
-    if (pool_keys.hi > pool_keys.lo) cta.run_segment(pool_keys, math);
-    if (tail_keys.hi > tail_keys.lo) cta.run_segment(tail_keys, math);
+    for (int part = 0; part < 2; ++part) {  // the main pool's keys, then the bf16 tail's: one softmax
+      const KeySegment keys = segment(args.cache, args.tail, batch, s, kv_head, 0, key_end, part == 1);
+      if (keys.hi > keys.lo) cta.run_segment(keys, math);
+    }
     math.finish(rows, head_dim, reinterpret_cast<float*>(smem + layout.stats), [&](int row) {
       return args.out + (first_token + row / group) * args.out_token_stride +
              int64_t{kv_head * group + row % group} * head_dim;
@@ -511,7 +513,7 @@ template <int kD, bool kMma>
 void launch_prefill_for(const AttentionArgs& args, int32_t sms, cudaStream_t stream) {
   const std::size_t shared =
       static_cast<std::size_t>(prefill_smem(kD, key_tile<kD>(), !kMma, args.batch.num_seqs).total);
-  const int32_t grid = persistent_grid(paged_prefill_kernel<kD, kMma>, kThreads, shared, sms, kEmulatorPrefillGrid);
+  const int32_t grid = persistent_grid(paged_prefill_kernel<kD, kMma>, kThreads, shared, sms);
   FP8SERVE_LAUNCH((paged_prefill_kernel<kD, kMma>), dim3(static_cast<unsigned>(grid)), dim3(kThreads), shared, stream,
                   args);
   CUDA_CHECK(cudaGetLastError());

@@ -312,7 +312,7 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   return cudaSuccess;
 }
 
-// The device: one, H100-like.
+// The device: one H200 (its name says it is the emulator).
 cudaError_t cudaGetDeviceCount(int* count) {
   if (count == nullptr) return record_error(cudaErrorInvalidValue);
   *count = 1;
@@ -336,7 +336,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (prop == nullptr) return record_error(cudaErrorInvalidValue);
   if (device != 0) return record_error(cudaErrorInvalidDevice);
   *prop = cudaDeviceProp{};
-  std::snprintf(prop->name, sizeof prop->name, "fp8serve CUDA emulator");
+  std::snprintf(prop->name, sizeof prop->name, "fp8serve CUDA emulator (H200)");
   size_t free = 0;
   cudaMemGetInfo(&free, &prop->totalGlobalMem);
   prop->major = 9;
@@ -354,13 +354,13 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->sharedMemPerBlockOptin = d::kSharedPerBlockOptin;
   prop->sharedMemPerMultiprocessor = d::kSharedPerMultiprocessor;
   prop->reservedSharedMemPerBlock = 1024;
-  prop->regsPerBlock = 65536;
-  prop->regsPerMultiprocessor = 65536;
+  prop->regsPerBlock = d::kRegistersPerMultiprocessor;
+  prop->regsPerMultiprocessor = d::kRegistersPerMultiprocessor;
   prop->maxThreadsPerMultiProcessor = 2048;
   prop->maxBlocksPerMultiProcessor = 32;
   prop->totalConstMem = 65536;
   prop->l2CacheSize = 50 << 20;
-  prop->memoryBusWidth = 5120;
+  prop->memoryBusWidth = 6144;
   prop->concurrentKernels = 1;
   prop->asyncEngineCount = 2;
   prop->unifiedAddressing = 1;
@@ -384,6 +384,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
     case cudaDevAttrL2CacheSize: *value = 50 << 20; break;
+    case cudaDevAttrMaxRegistersPerMultiprocessor: *value = d::kRegistersPerMultiprocessor; break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = static_cast<int>(d::kSharedPerMultiprocessor); break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *value = 2048; break;
     default: return record_error(cudaErrorInvalidValue);
   }
   return cudaSuccess;

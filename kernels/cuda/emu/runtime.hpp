@@ -11,12 +11,16 @@
 
 namespace fp8serve::emu::detail {
 
-// An H100-like device (cudaGetDeviceProperties reports these; launches are checked against them).
+// An H200 (cudaGetDeviceProperties reports these; launches and occupancy are checked against them).
 constexpr int kMultiProcessors = 132;
 constexpr int kMaxThreadsPerBlock = 1024;
 constexpr size_t kSharedPerBlock = 48 * 1024;         // static, and dynamic without the attribute
 constexpr size_t kSharedPerBlockOptin = 227 * 1024;   // dynamic + static, with the attribute
 constexpr size_t kSharedPerMultiprocessor = 228 * 1024;
+constexpr int kRegistersPerMultiprocessor = 64 * 1024;
+
+// The CTAs of `function` one SM holds at this block size and dynamic shared memory (occupancy.cpp).
+int max_active_ctas(const void* function, int block_size, size_t dynamic_shared);
 
 // Sets the calling host thread's last error (what cudaGetLastError returns) unless `error` is
 // cudaSuccess; returns `error`.

@@ -158,6 +158,15 @@ TEST_CASE("launching from inside a kernel, and warp ops outside one, abort") {
   check_message(run_in_child([] { __syncthreads(); }), {"__syncthreads called outside a kernel"});
 }
 
+TEST_CASE("occupancy of a kernel that ptxas's table does not know aborts, naming it") {
+  const ChildResult r = run_in_child([] {
+    int ctas = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, trap_kernel, 32, 0);
+  });
+  check_message(r, {"occupancy: kernel '(anonymous namespace)::trap_kernel'", "has no entry in",
+                    "kernel_resources.py update"});
+}
+
 TEST_CASE("the child helper tells an abort from a clean exit") {
   const ChildResult clean = run_kernel_in_child([] { FP8SERVE_LAUNCH(trap_kernel, 1, 1, 0, nullptr, device_ints(1)); });
   CHECK_FALSE(clean.aborted);

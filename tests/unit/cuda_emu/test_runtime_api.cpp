@@ -178,7 +178,7 @@ TEST_CASE("cudaFuncSetAttribute raises a kernel's dynamic shared memory up to th
   CHECK(cudaFree(d) == cudaSuccess);
 }
 
-TEST_CASE("one H100-like device") {
+TEST_CASE("one device, an H200's limits") {
   int count = 0, device = -1, driver = 0;
   CHECK(cudaGetDeviceCount(&count) == cudaSuccess);
   CHECK(count == 1);
@@ -191,7 +191,7 @@ TEST_CASE("one H100-like device") {
   CHECK(driver == CUDART_VERSION);
   cudaDeviceProp prop{};
   REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
-  CHECK(std::strcmp(prop.name, "fp8serve CUDA emulator") == 0);
+  CHECK(std::strcmp(prop.name, "fp8serve CUDA emulator (H200)") == 0);
   CHECK(prop.major == 9);
   CHECK(prop.minor == 0);
   CHECK(prop.warpSize == 32);
