@@ -11,7 +11,10 @@
 // it moves data with copy_to_device / copy_to_host.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <new>
+#include <span>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -63,6 +66,12 @@ class Backend {
   // returned (a device backend copies asynchronously), so keep it alive until then.
   virtual void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream stream) = 0;
   virtual void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream stream) = 0;
+  // Host memory that the copies above move directly: pinned on CUDA, so a copy to or from it is
+  // one asynchronous DMA with no staging through the backend's own buffer; plain memory
+  // elsewhere. Zeroed, 64-byte aligned; throws std::bad_alloc; free_host(nullptr) is a no-op.
+  // For buffers a step copies every time (the logits, the step's metadata).
+  virtual void* allocate_host(std::size_t bytes);
+  virtual void free_host(void* ptr);
   // Waits until all work queued on the stream has finished (a no-op on the CPU). A device
   // backend also reports here what its kernels found wrong in device data since the last call
   // (a token id outside the vocabulary, a slot outside the pool) by throwing.
@@ -117,6 +126,61 @@ class Backend {
   virtual void silu_mul(const SiluMulParams& params, Stream stream) = 0;
   virtual void residual_add(const ResidualAddParams& params, Stream stream) = 0;
   virtual void gather_rows(const GatherRowsParams& params, Stream stream) = 0;
+};
+
+inline void* Backend::allocate_host(std::size_t bytes) {
+  void* p = ::operator new(bytes ? bytes : 1, std::align_val_t{64});
+  std::memset(p, 0, bytes);
+  return p;
+}
+inline void Backend::free_host(void* ptr) {
+  if (ptr != nullptr) ::operator delete(ptr, std::align_val_t{64});
+}
+
+// Owns one allocate_host() buffer of a Backend (RAII); grows (keeping nothing) with reserve().
+template <typename T>
+class HostArray {
+ public:
+  HostArray() = default;
+  explicit HostArray(Backend& backend) : backend_(&backend) {}
+  ~HostArray() { reset(); }
+  HostArray(HostArray&& other) noexcept { *this = std::move(other); }
+  HostArray& operator=(HostArray&& other) noexcept {
+    if (this != &other) {
+      reset();
+      backend_ = other.backend_;
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+      capacity_ = std::exchange(other.capacity_, 0);
+    }
+    return *this;
+  }
+  HostArray(const HostArray&) = delete;
+  HostArray& operator=(const HostArray&) = delete;
+
+  // Makes size() == n; contents are kept only while n fits the capacity (a new buffer is zeroed).
+  void resize(std::size_t n) {
+    if (n > capacity_) {
+      reset();
+      data_ = static_cast<T*>(backend_->allocate_host(n * sizeof(T)));
+      capacity_ = n;
+    }
+    size_ = n;
+  }
+  T* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  std::span<T> span() const { return {data_, size_}; }
+
+ private:
+  void reset() {
+    if (backend_ != nullptr && data_ != nullptr) backend_->free_host(data_);
+    data_ = nullptr;
+    size_ = capacity_ = 0;
+  }
+  Backend* backend_ = nullptr;
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t capacity_ = 0;
 };
 
 // Owns one allocation of a Backend (RAII), so a throwing constructor leaks nothing.

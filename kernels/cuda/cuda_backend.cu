@@ -119,12 +119,19 @@ std::unique_ptr<Backend::Graph> CudaBackend::end_capture(Stream stream) {
   const cudaStream_t s = stream_of(stream);
   if (capturing_ != s) throw std::logic_error("cuda backend: end_capture without begin_capture on that stream");
   capturing_ = nullptr;
+  // A failed capture or instantiation also leaves its error as the thread's last error: clear it,
+  // or the next CUDA_CHECK(cudaGetLastError()) would blame an unrelated kernel launch.
   cudaGraph_t graph = nullptr;
-  CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  if (const cudaError_t err = cudaStreamEndCapture(s, &graph); err != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    throw_cuda_error(err, "cudaStreamEndCapture", __FILE__, __LINE__);
+  }
   cudaGraphExec_t exec = nullptr;
   if (const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0); err != cudaSuccess) {
+    (void)cudaGetLastError();
     cudaGraphDestroy(graph);
-    CUDA_CHECK(err);
+    throw_cuda_error(err, "cudaGraphInstantiate", __FILE__, __LINE__);
   }
   graphs_made_ = true;
   return std::make_unique<CudaGraph>(graph, exec);
@@ -165,17 +172,51 @@ void CudaBackend::drain(cudaStream_t stream) {
 
 void* CudaBackend::stage(std::size_t bytes, cudaStream_t stream) {
   if (void* p = staging_.take(bytes)) return p;
+  const std::size_t step = staging_.used() + bytes + 16;  // what this step stages, so far
   drain(stream);
-  staging_.reserve(bytes);
+  staging_.reserve(step);
   void* p = staging_.take(bytes);
   if (p == nullptr) throw std::logic_error("cuda backend: staging arena too small after growing");
   return p;
+}
+
+void* CudaBackend::allocate_host(std::size_t bytes) {
+  refuse_in_capture("allocate_host");
+  void* ptr = nullptr;
+  const cudaError_t err = cudaMallocHost(&ptr, bytes ? bytes : 1);
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    throw std::bad_alloc();
+  }
+  CUDA_CHECK(err);
+  std::memset(ptr, 0, bytes);
+  pinned_.emplace(reinterpret_cast<std::uintptr_t>(ptr), bytes);
+  return ptr;
+}
+
+void CudaBackend::free_host(void* ptr) {
+  if (ptr == nullptr) return;
+  refuse_in_capture("free_host");
+  pinned_.erase(reinterpret_cast<std::uintptr_t>(ptr));
+  cudaFreeHost(ptr);  // waits for the device, as cudaFree does; errors surface elsewhere
+}
+
+bool CudaBackend::pinned(const void* p, std::size_t bytes) const {
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  auto it = pinned_.upper_bound(address);
+  if (it == pinned_.begin()) return false;
+  --it;
+  return address + bytes <= it->first + it->second;
 }
 
 void CudaBackend::copy_to_device(void* dst, const void* src, std::size_t bytes, Stream stream) {
   if (bytes == 0) return;
   refuse_in_capture("copy_to_device");
   const cudaStream_t s = stream_of(stream);
+  if (pinned(src, bytes)) {  // one DMA, read when the stream gets there
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+    return;
+  }
   if (bytes > kMaxStagedCopy) {
     // Pageable source: the call returns once the driver has its own copy of `src`.
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
@@ -190,6 +231,10 @@ void CudaBackend::copy_to_host(void* dst, const void* src, std::size_t bytes, St
   if (bytes == 0) return;
   refuse_in_capture("copy_to_host");
   const cudaStream_t s = stream_of(stream);
+  if (pinned(dst, bytes)) {  // one DMA straight into the caller's buffer
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+    return;
+  }
   if (bytes > kMaxStagedCopy) {
     // Pageable destination: the call returns once the data is there.
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));

@@ -13,6 +13,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -45,6 +47,8 @@ class CudaBackend final : public Backend {
   void free(void* ptr) override;
   void copy_to_device(void* dst, const void* src, std::size_t bytes, Stream stream) override;
   void copy_to_host(void* dst, const void* src, std::size_t bytes, Stream stream) override;
+  void* allocate_host(std::size_t bytes) override;  // pinned (cudaMallocHost)
+  void free_host(void* ptr) override;
   void synchronize(Stream stream) override;
   std::optional<DeviceMemory> memory_info() const override;
   void copy_blocks(const CopyBlocksParams& params, Stream stream) override;
@@ -75,8 +79,11 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_of(Stream stream) const {
     return stream.handle ? static_cast<cudaStream_t>(stream.handle) : stream_;
   }
-  // `bytes` of staging, after draining the stream and growing the arena if it is full.
+  // `bytes` of staging, after draining the stream and growing the arena if it is full: to what
+  // this step has staged so far plus `bytes`, so that a step's copies fit next time.
   void* stage(std::size_t bytes, cudaStream_t stream);
+  // Whether [p, p + bytes) lies in one allocate_host() buffer: copied directly, not staged.
+  bool pinned(const void* p, std::size_t bytes) const;
   // Throws std::logic_error naming `what` when a graph is being captured (ending the capture,
   // which is lost): copies, allocations and synchronization cannot be part of a graph here.
   void refuse_in_capture(const char* what);
@@ -92,6 +99,7 @@ class CudaBackend final : public Backend {
   bool graphs_made_ = false;          // then scratch buffers that grow keep their old memory:
   std::vector<void*> retired_;        // a graph may still launch with it
   HostStaging staging_;
+  std::map<std::uintptr_t, std::size_t> pinned_;  // allocate_host() buffers: start -> bytes
   unsigned* errors_ = nullptr;       // device: DeviceError bits raised by kernels
   unsigned* errors_host_ = nullptr;  // pinned: where synchronize() reads them
   void* rope_buffer_ = nullptr;      // cos then sin, [max_positions, half_dim] each

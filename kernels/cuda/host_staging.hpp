@@ -8,8 +8,9 @@
 // at once); a download queues cudaMemcpyAsync into the arena and memcpy's to the caller's
 // destination when the stream is synchronized. The arena is a bump allocator, emptied at every
 // synchronize, so nothing in flight is ever overwritten; when a step needs more than it holds,
-// the backend synchronizes and the arena grows (doubling), so after the first steps it never
-// allocates again.
+// the backend synchronizes and the arena grows to hold the whole step (doubling), so after the
+// first steps it never allocates again. Buffers a step copies every time (the logits, the step's
+// metadata) are better pinned themselves (Backend::allocate_host): they skip the arena.
 #include <cstddef>
 #include <vector>
 
@@ -28,6 +29,8 @@ class HostStaging {
   // Grows an empty arena to hold at least `bytes` (PRECOND: nothing taken since reset()).
   void reserve(std::size_t bytes);
   void reset() { used_ = 0; }
+  // Bytes taken since the last reset (alignment included).
+  std::size_t used() const { return used_; }
 
   // A download waiting for the stream: copy `bytes` from `staged` to `dst` once it has run.
   struct PendingCopy {
