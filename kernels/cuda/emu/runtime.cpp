@@ -167,6 +167,24 @@ cudaError_t check_launch(const void* function, dim3 grid, dim3 block, size_t sha
   return cudaSuccess;
 }
 
+bool is_device_range(const void* pointer, size_t bytes) {
+  if (bytes == 0) return is_device_accessible(pointer);
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  const auto* hit = s.find(pointer, false);
+  return hit != nullptr && reinterpret_cast<uintptr_t>(pointer) + bytes <= hit->first + hit->second.bytes;
+}
+
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> work) {
+  if (const cudaError_t err = check_stream(stream); err != cudaSuccess) return record_error(err);
+  if (is_capturing(stream)) {
+    record_node(stream, [work = std::move(work)](cudaStream_t) { work(); });
+    return cudaSuccess;
+  }
+  work();
+  return cudaSuccess;
+}
+
 bool is_device_accessible(const void* pointer) {
   if (pointer == nullptr) return true;
   State& s = state();

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <functional>
 
 namespace fp8serve::emu::detail {
 
@@ -28,6 +29,17 @@ bool is_device_accessible(const void* pointer);
 // cudaSuccess for a valid stream (null, legacy, per-thread, or created), else
 // cudaErrorInvalidResourceHandle.
 cudaError_t check_stream(cudaStream_t stream);
+
+// Whether [pointer, pointer + bytes) lies inside one cudaMalloc or cudaMallocHost allocation
+// (what a library stand-in may let device code read or write); true for bytes == 0.
+bool is_device_range(const void* pointer, size_t bytes);
+
+// Device work issued on `stream` by a library stand-in (the cuBLASLt stand-in, cublaslt.cpp), as
+// a library's kernels are: an invalid stream gives cudaErrorInvalidResourceHandle (also the
+// calling thread's last error) and `work` is dropped; on a stream being captured it becomes a
+// graph node, run at every cudaGraphLaunch; otherwise it runs now (every stream is synchronous
+// here). `work` must read and write device memory only when it runs.
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> work);
 
 // CUDA graphs (graph.cpp). cudaErrorStreamCaptureUnsupported, invalidating every open capture,
 // when a capture is open (the caller is a call that could synchronise); else cudaSuccess.
