@@ -26,6 +26,22 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/linear_checks.hpp"
 #include "kernels/cuda/ops_cuda.hpp"
+#if FP8SERVE_CUDA_EMU
+#include "kernels/cuda/emu/cublaslt.hpp"
+#endif
+
+namespace fp8serve::cuda {
+namespace {
+// The emulator's stand-in also says which documented rule refused a call.
+std::string cublaslt_reason() {
+#if FP8SERVE_CUDA_EMU
+  return "; the emulator's cuBLASLt stand-in: " + emu::cublaslt_last_failure();
+#else
+  return "";
+#endif
+}
+}  // namespace
+}  // namespace fp8serve::cuda
 
 #define CUBLASLT_CHECK(call)                                                                          \
   do {                                                                                                \
@@ -33,7 +49,7 @@
     if (fp8serve_status_ != CUBLAS_STATUS_SUCCESS) {                                                  \
       throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " + #call + \
                                " failed: " + cublasLtGetStatusName(fp8serve_status_) + " (" +         \
-                               cublasLtGetStatusString(fp8serve_status_) + ")");                      \
+                               cublasLtGetStatusString(fp8serve_status_) + ")" + cublaslt_reason());  \
     }                                                                                                 \
   } while (0)
 
