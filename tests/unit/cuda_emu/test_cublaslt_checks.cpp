@@ -101,6 +101,32 @@ TEST_CASE("shapes and leading dimensions that conflict: CUBLAS_STATUS_INVALID_VA
                                        c.pref(), 0, &result, &returned) == invalid);
   CHECK(cublasLtMatmulAlgoGetHeuristic(nullptr, c.desc(), c.layout(0), c.layout(1), c.layout(2), c.layout(3), c.pref(),
                                        1, &result, &returned) == CUBLAS_STATUS_NOT_INITIALIZED);
+  CHECK(cublasLtMatmulAlgoGetHeuristic(c.handle(), c.desc(), c.layout(0), c.layout(1), c.layout(2), c.layout(3),
+                                       nullptr, 1, &result, &returned) == invalid);
+}
+
+TEST_CASE("cublasLtMatmul refuses an unsupported combination itself, with the heuristic's status") {
+  matmul_refuses(Gemm{}, [](LtCase& c) {
+    const uint32_t fp16 = CUDA_R_16F;  // B's type changed after the heuristic, no algorithm given
+    REQUIRE(cublasLtMatrixLayoutSetAttribute(c.layout(1), CUBLASLT_MATRIX_LAYOUT_TYPE, &fp16, sizeof fp16) ==
+            CUBLAS_STATUS_SUCCESS);
+    c.algo_ptr = nullptr;
+  }, CUBLAS_STATUS_NOT_SUPPORTED, "no supported-types row");
+  matmul_refuses(fp8_gemm(), [](LtCase& c) {
+    // A stored m x k and not transposed: the same op(A), in an order sm_90's FP8 kernels lack.
+    set(c, CUBLASLT_MATMUL_DESC_TRANSA, int32_t{CUBLAS_OP_N});
+    const uint64_t rows = 32, cols = 64;
+    const int64_t ld = 32;
+    REQUIRE(cublasLtMatrixLayoutSetAttribute(c.layout(0), CUBLASLT_MATRIX_LAYOUT_ROWS, &rows, sizeof rows) ==
+            CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatrixLayoutSetAttribute(c.layout(0), CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols) ==
+            CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatrixLayoutSetAttribute(c.layout(0), CUBLASLT_MATRIX_LAYOUT_LD, &ld, sizeof ld) ==
+            CUBLAS_STATUS_SUCCESS);
+  }, CUBLAS_STATUS_NOT_SUPPORTED, "FP8 on sm_90 needs TRANSA T and TRANSB N");
+  matmul_refuses(fp8_gemm(), [](LtCase& c) {
+    set(c, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(static_cast<const char*>(c.a_ptr()) + 2));
+  }, CUBLAS_STATUS_INVALID_VALUE, "A_SCALE_POINTER is not float aligned");
 }
 
 TEST_CASE("type, compute and epilogue combinations no kernel has: CUBLAS_STATUS_NOT_SUPPORTED") {
