@@ -9,12 +9,9 @@
 #include "kernels/cpu/ops.hpp"  // make_rope_table: the host computes the table, the device reads it
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/launch.hpp"
+#include "kernels/cuda/linear_cublaslt.hpp"
 #include "kernels/cuda/make_cuda_backend.hpp"
 #include "kernels/cuda/paged_attention_cuda.hpp"
-
-#if !FP8SERVE_CUDA_EMU
-#include "kernels/cuda/linear_cublaslt.hpp"
-#endif
 
 namespace fp8serve::cuda {
 
@@ -65,9 +62,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   CUDA_CHECK(cudaMemsetAsync(errors_, 0, sizeof(unsigned), stream_));
   CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&errors_host_), sizeof(unsigned)));
   *errors_host_ = 0;
-#if !FP8SERVE_CUDA_EMU
   cublaslt_ = std::make_unique<CublasLtLinear>();
-#endif
 }
 
 CudaBackend::~CudaBackend() {
@@ -78,9 +73,7 @@ CudaBackend::~CudaBackend() {
     if (lost != nullptr) cudaGraphDestroy(lost);
   }
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-#if !FP8SERVE_CUDA_EMU
   cublaslt_.reset();
-#endif
   for (void* p : {rope_buffer_, calibration_, copy_scratch_, attention_workspace_, static_cast<void*>(errors_)}) {
     if (p != nullptr) cudaFree(p);
   }
@@ -91,9 +84,10 @@ CudaBackend::~CudaBackend() {
 
 std::string CudaBackend::describe() const {
 #if FP8SERVE_CUDA_EMU
-  return "cuda (emulated on the CPU: " + describe_device(device_) + "; portable GEMM)";
+  return "cuda (emulated on the CPU: " + describe_device(device_) +
+         "; projections on the emulator's cuBLASLt stand-in, FP8 weights on the portable GEMM)";
 #else
-  return "cuda: " + describe_device(device_) + "; projections on cuBLASLt";
+  return "cuda: " + describe_device(device_) + "; projections on cuBLASLt, FP8 weights on the portable GEMM";
 #endif
 }
 
@@ -354,16 +348,12 @@ void CudaBackend::embedding(const EmbeddingParams& p, Stream stream) { embedding
 void CudaBackend::rms_norm(const RmsNormParams& p, Stream stream) { rms_norm_cuda(p, stream_of(stream)); }
 
 void CudaBackend::linear(const LinearParams& p, Stream stream) {
-#if FP8SERVE_CUDA_EMU
-  linear_portable_cuda(p, stream_of(stream));
-#else
   // FP8 weights: weight-only on the portable GEMM (correct, not yet fast; see the README).
   if (p.weight_dtype == WeightDtype::fp8_e4m3) {
     linear_portable_cuda(p, stream_of(stream));
   } else {
     cublaslt_->run(p, stream_of(stream));
   }
-#endif
 }
 
 void CudaBackend::rope(const RopeParams& p, Stream stream) { rope_cuda(p, rope_, errors_, stream_of(stream)); }

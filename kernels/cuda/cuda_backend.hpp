@@ -1,9 +1,10 @@
 #pragma once
 // The CUDA implementation of the kernel interface (kernels/backend.hpp): bf16 activations,
 // cudaMalloc'd device memory, every op a kernel of kernels/cuda/ on one non-blocking stream.
-// Projections run on cuBLASLt (linear_cublaslt.hpp); in the emulated build (FP8SERVE_CUDA_EMU)
-// the same class runs the portable GEMM (linear_portable.cu) instead, so the whole forward pass
-// executes on the CPU emulator in CI. Server code creates it through make_cuda_backend.hpp,
+// Projections with bf16 weights run on cuBLASLt (linear_cublaslt.hpp), those with FP8 weights on
+// the portable GEMM (linear_portable.cu). The emulated build (FP8SERVE_CUDA_EMU) is the same
+// class: its cuBLASLt is the emulator's stand-in, so the whole forward pass, linear_cublaslt.cpp
+// included, executes on the CPU in CI. Server code creates it through make_cuda_backend.hpp,
 // which needs no CUDA headers.
 //
 // Host <-> device copies from pageable memory go through a pinned staging arena
@@ -32,8 +33,8 @@ class CudaBackend final : public Backend {
  public:
   using Stream = ::fp8serve::Stream;  // not cuda::Stream (device.hpp's owning wrapper)
 
-  // Makes `device` current for the calling thread and creates the stream (and, on a real GPU,
-  // the cuBLASLt handle and workspace). Throws std::runtime_error when the device is unusable.
+  // Makes `device` current for the calling thread and creates the stream, the cuBLASLt handle
+  // and its workspace. Throws std::runtime_error when the device is unusable.
   explicit CudaBackend(int device = 0);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
@@ -111,9 +112,7 @@ class CudaBackend final : public Backend {
   std::size_t copy_scratch_bytes_ = 0;
   void* attention_workspace_ = nullptr;
   std::size_t attention_workspace_bytes_ = 0;
-#if !FP8SERVE_CUDA_EMU
-  std::unique_ptr<CublasLtLinear> cublaslt_;  // the emulated build runs the portable GEMM
-#endif
+  std::unique_ptr<CublasLtLinear> cublaslt_;  // bf16-weight projections
 };
 
 }  // namespace fp8serve::cuda

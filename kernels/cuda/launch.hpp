@@ -28,9 +28,9 @@
 //
 // The file convention: kernels/cuda/*.cu hold kernels and host code that uses only the runtime
 // API the emulator has (memory, copies, streams, events, device properties); both builds compile
-// them (CUDA graphs included). kernels/cuda/*.cpp hold host code for the real runtime only (cuBLASLt):
-// nvcc's build compiles them, the emulator never does. kernels/cuda/README.md says how to add a
-// kernel and its tests.
+// them (CUDA graphs included). kernels/cuda/*.cpp hold host code that calls a CUDA library
+// (cuBLASLt): nvcc's build links the real library, the emulated build the emulator's stand-in
+// (emu/cublaslt.cpp). kernels/cuda/README.md says how to add a kernel and its tests.
 #if !defined(FP8SERVE_CUDA_EMU)
 #define FP8SERVE_CUDA_EMU 0
 #endif

@@ -17,13 +17,31 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <list>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/linear_checks.hpp"
 #include "kernels/cuda/ops_cuda.hpp"
+#if FP8SERVE_CUDA_EMU
+#include "kernels/cuda/emu/cublaslt.hpp"
+#endif
+
+namespace fp8serve::cuda {
+namespace {
+// The emulator's stand-in also says which documented rule refused a call.
+std::string cublaslt_reason() {
+#if FP8SERVE_CUDA_EMU
+  return "; the emulator's cuBLASLt stand-in: " + emu::cublaslt_last_failure();
+#else
+  return "";
+#endif
+}
+}  // namespace
+}  // namespace fp8serve::cuda
 
 #define CUBLASLT_CHECK(call)                                                                          \
   do {                                                                                                \
@@ -31,7 +49,7 @@
     if (fp8serve_status_ != CUBLAS_STATUS_SUCCESS) {                                                  \
       throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " + #call + \
                                " failed: " + cublasLtGetStatusName(fp8serve_status_) + " (" +         \
-                               cublasLtGetStatusString(fp8serve_status_) + ")");                      \
+                               cublasLtGetStatusString(fp8serve_status_) + ")" + cublaslt_reason());  \
     }                                                                                                 \
   } while (0)
 
@@ -89,15 +107,36 @@ struct Plan {
 
 }  // namespace
 
+// The plan cache. A plan's layouts carry the exact token count, and prefill chunk sizes vary
+// without bound, so it is an LRU of max_plans. (Plans per token-count bucket, with the exact count
+// set per call through cublasLtMatrixLayoutSetAttribute, would query the heuristic less, but
+// cuBLASLt's documentation does not promise that an algorithm chosen for one shape is valid for
+// another - cublasLtMatmulAlgoCheck exists to ask - so every shape gets its own query.) Evicting a
+// plan that a CUDA graph captured is safe: the graph keeps the kernels' arguments, not the
+// descriptors.
 struct CublasLtLinear::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
-  std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> plans;
+  std::size_t max_plans = 0;
+  std::list<std::pair<PlanKey, std::unique_ptr<Plan>>> plans;  // most recently used first
+  std::unordered_map<PlanKey, decltype(plans)::iterator, PlanKeyHash> index;
 
   Plan& plan_for(const PlanKey& key, const std::uint16_t* bias) {
-    auto it = plans.find(key);
-    if (it != plans.end()) return *it->second;
+    if (const auto it = index.find(key); it != index.end()) {
+      plans.splice(plans.begin(), plans, it->second);
+      return *plans.front().second;
+    }
+    plans.emplace_front(key, make_plan(key, bias));
+    index.emplace(key, plans.begin());
+    if (plans.size() > max_plans) {
+      index.erase(plans.back().first);
+      plans.pop_back();
+    }
+    return *plans.front().second;
+  }
+
+  std::unique_ptr<Plan> make_plan(const PlanKey& key, const std::uint16_t* bias) {
     auto plan = std::make_unique<Plan>();
     CUBLASLT_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t transa = CUBLAS_OP_T;
@@ -147,13 +186,15 @@ struct CublasLtLinear::Impl {
                                " bf16 GEMM (tokens x in x out) with these strides and alignments");
     }
     plan->algo = result.algo;
-    return *plans.emplace(key, std::move(plan)).first->second;
+    return plan;
   }
 };
 
-CublasLtLinear::CublasLtLinear(std::size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
+CublasLtLinear::CublasLtLinear(std::size_t workspace_bytes, std::size_t max_plans) : impl_(std::make_unique<Impl>()) {
+  if (max_plans == 0) throw std::invalid_argument("CublasLtLinear: max_plans must be at least 1");
   CUBLASLT_CHECK(cublasLtCreate(&impl_->handle));
   impl_->workspace_bytes = workspace_bytes;
+  impl_->max_plans = max_plans;
   if (workspace_bytes > 0) {
     const cudaError_t err = cudaMalloc(&impl_->workspace, workspace_bytes);
     if (err != cudaSuccess) {
@@ -164,6 +205,7 @@ CublasLtLinear::CublasLtLinear(std::size_t workspace_bytes) : impl_(std::make_un
 }
 
 CublasLtLinear::~CublasLtLinear() {
+  impl_->index.clear();
   impl_->plans.clear();
   if (impl_->workspace) cudaFree(impl_->workspace);
   if (impl_->handle) cublasLtDestroy(impl_->handle);

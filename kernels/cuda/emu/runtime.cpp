@@ -165,9 +165,11 @@ cudaError_t check_launch(const void* function, dim3 grid, dim3 block, size_t sha
 }
 
 bool is_device_range(const void* pointer, size_t bytes) {
+  if (bytes == 0) return is_device_accessible(pointer);
   State& s = state();
   std::lock_guard lock(s.mutex);
-  return place(s, pointer, bytes) == Place::device;
+  const auto* hit = s.find(pointer, false);
+  return hit != nullptr && reinterpret_cast<uintptr_t>(pointer) + bytes <= hit->first + hit->second.bytes;
 }
 
 bool is_device_accessible(const void* pointer) {

@@ -40,8 +40,11 @@ bool is_device_range(const void* pointer, size_t bytes);
 cudaError_t check_stream(cudaStream_t stream);
 
 // Streams (streams.cpp). Queues `work` on `stream`, to run when the host synchronises with it,
-// after what CUDA orders it after; cudaErrorInvalidResourceHandle for a bad stream. *id (if
-// given) names the operation. Not for a stream being captured (record_node is).
+// after what CUDA orders it after, as a library's kernels are too (the cuBLASLt stand-in); on a
+// stream being captured it becomes a graph node, run at every cudaGraphLaunch. An invalid stream
+// gives cudaErrorInvalidResourceHandle (also the calling thread's last error) and `work` is
+// dropped. `work` must read and write device memory only when it runs. *id (if given and queued)
+// names the operation.
 cudaError_t enqueue(cudaStream_t stream, std::function<void()> work, uint64_t* id = nullptr);
 // Runs everything queued on `stream` so far (and what it depends on) / on every stream.
 void complete_stream(cudaStream_t stream);

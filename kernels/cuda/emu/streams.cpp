@@ -143,9 +143,13 @@ cudaError_t check_stream(cudaStream_t stream) {
 }
 
 cudaError_t enqueue(cudaStream_t stream, std::function<void()> work, uint64_t* id_out) {
+  if (is_capturing(stream)) {
+    record_node(stream, std::move(work));
+    return cudaSuccess;
+  }
   Streams& s = streams();
   std::lock_guard lock(s.mutex);
-  if (!valid(s, stream)) return cudaErrorInvalidResourceHandle;
+  if (!valid(s, stream)) return record_error(cudaErrorInvalidResourceHandle);
   Queue& q = queue_of(s, stream);
   Operation op{std::move(work), key_of(stream), {}};
   if (key_of(stream) == nullptr) {

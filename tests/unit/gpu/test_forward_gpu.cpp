@@ -4,10 +4,10 @@
 // with a bf16 and an FP8 pool.
 //
 // Which attention. The first test runs attention on the host (host_attention_backend.hpp) and
-// every other op - embedding, the fused norms, the projections (the portable GEMM in the
-// emulator, cuBLASLt on a GPU), q/k norm, RoPE, kv_write with its calibration, SiLU·mul, the
-// gathers - on the CUDA backend, so a difference there is not the attention's. The second runs
-// the CUDA backend alone, the FP8-weight fixtures too.
+// every other op - embedding, the fused norms, the projections (linear_cublaslt.cpp on cuBLASLt,
+// the emulator's stand-in in CI; FP8 weights on the portable GEMM), q/k norm, RoPE, kv_write
+// with its calibration, SiLU·mul, the gathers - on the CUDA backend, so a difference there is
+// not the attention's. The second runs the CUDA backend alone, the FP8-weight fixtures too.
 //
 // Two references, two tolerances (worst figures measured in the emulator are printed by the run):
 //  - The CPU backend with every activation rounded to bf16 where the CUDA backend stores one

@@ -128,8 +128,9 @@ Run run_schedule(const LoadedModel& model, KvDtype dtype, KvWindow window, Trans
   return run;
 }
 
-// The emulator's GEMM gives each row the same sums at any batch size; cuBLASLt may choose another
-// algorithm for 8 rows than for 5, which moves bf16 activations by an ulp here and there.
+// The emulator's cuBLASLt stand-in gives each row the same sums at any batch size; the real
+// cuBLASLt may choose another algorithm for 8 rows than for 5, which moves bf16 activations by an
+// ulp here and there.
 constexpr double kTolerance = kEmulated ? 1e-3 : 2e-2;
 
 int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }

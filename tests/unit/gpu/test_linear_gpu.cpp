@@ -1,23 +1,26 @@
-// [gpu] The projections: the CUDA backend's linear (cuBLASLt on a GPU, the portable GEMM in the
-// emulator) and the portable GEMM itself, against the CPU op (linear_cpu) on the same bf16 x
-// widened to fp32 and the same bf16 weights: Llama-3-8B's qkv / gate_up / down (GPU), SmolLM2
-// and Qwen2-0.5B shapes with the QKV bias (emulator too), the LM head's fp32 logits, row
-// strides on both sides, 1 to 300 tokens; and FP8 weights (one scale per row, or per row and
-// block of 64 or 128 inputs, the project's quantizer) on the portable GEMM, which the backend runs
-// for them, against the CPU op on the same codes and scales.
+// [gpu] The projections: the CUDA backend's linear (linear_cublaslt.cpp on cuBLASLt - the real
+// library on a GPU, the emulator's cuBLASLt stand-in in CI) and the portable GEMM itself, against
+// the CPU op (linear_cpu) on the same bf16 x widened to fp32 and the same bf16 weights:
+// Llama-3-8B's qkv / gate_up / down (GPU), SmolLM2 and Qwen2-0.5B shapes with the QKV bias
+// (emulator too), the LM head's fp32 logits, row strides on both sides, 1 to 300 tokens; FP8
+// weights (one scale per row, or per row and block of 64 or 128 inputs, the project's quantizer)
+// on the portable GEMM, which the backend runs for them, against the CPU op on the same codes and
+// scales; and the cuBLASLt plan cache, which stays within its bound as token counts vary.
 //
 // Tolerance, per element: the two fp32 dot products differ only in summation order, each within
 // (K - 1) u sum|x w| of the exact value (u = 2^-24; the standard bound), so they differ by at
 // most 2 K u sum|x w|; the bias adds one rounding of |y|. A bf16 y then adds half a bf16 ulp:
 //   |y_gpu - y_cpu| <= 2^-8 |y_cpu| + 2.1 K u (sum|x w| + |bias|)      (fp32 y: no 2^-8 term)
 // cuBLASLt's tensor cores accumulate in fp32 but may round their partial sums differently
-// (split-K, truncating alignment), so its sum term gets a factor 4 over the portable GEMM's.
+// (split-K, truncating alignment), so its sum term gets a factor 4 over the portable GEMM's (the
+// emulator's stand-in sums in k order: no factor there).
 // The bound is rarely approached (real errors are ~sqrt(K) u): a wrong transpose, stride or
 // tile edge shows up as errors of the order of |y| itself.
 #include <cmath>
 
 #include "cuda_test_util.hpp"
 #include "kernels/cpu/linear.hpp"
+#include "kernels/cuda/linear_cublaslt.hpp"
 #include "kernels/cuda/ops_cuda.hpp"
 #include "kernels/fp8_quantize.hpp"
 
@@ -61,12 +64,16 @@ Fp8Weights quantize(const std::vector<std::uint16_t>& w, int64_t out, int64_t in
   return q;
 }
 
-enum class Path { backend, portable };
+// backend: CudaBackend::linear; portable: the portable GEMM alone; cublaslt: a CublasLtLinear of
+// its own (the plan-cache test's).
+enum class Path { backend, portable, cublaslt };
 
-void check_linear(Backend& gpu, const LinearCase& c, Path path, std::uint32_t seed) {
+void check_linear(Backend& gpu, const LinearCase& c, Path path, std::uint32_t seed,
+                  cuda::CublasLtLinear* own_cublaslt = nullptr) {
   const bool fp8 = c.fp8_block >= 0;
-  const bool cublas = path == Path::backend && !kEmulated && !fp8;
-  INFO((path == Path::portable ? "portable GEMM " : "backend linear ") << c.tokens << " x " << c.in << " -> "
+  const bool real_cublas = path != Path::portable && !kEmulated && !fp8;
+  INFO((path == Path::portable ? "portable GEMM " : path == Path::cublaslt ? "CublasLtLinear " : "backend linear ")
+       << c.tokens << " x " << c.in << " -> "
                                                                       << c.out << (c.bias ? " +bias" : "")
                                                                       << (c.y_fp32 ? " fp32 y" : "")
                                                                       << (fp8 ? " fp8 block " : "")
@@ -100,9 +107,13 @@ void check_linear(Backend& gpu, const LinearCase& c, Path path, std::uint32_t se
   p.x_stride = x_stride;
   p.y_stride = y_stride;
   p.y_fp32 = c.y_fp32;
-  if (path == Path::portable) {
+  if (path != Path::backend) {
     gpu.synchronize(Stream{});  // the uploads ran on the backend's stream; the launch uses it too
-    cuda::linear_portable_cuda(p, nullptr);
+    if (path == Path::portable) {
+      cuda::linear_portable_cuda(p, nullptr);
+    } else {
+      own_cublaslt->run(p, nullptr);
+    }
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   } else {
     gpu.linear(p, Stream{});
@@ -122,7 +133,7 @@ void check_linear(Backend& gpu, const LinearCase& c, Path path, std::uint32_t se
   cpu::linear_cpu(r, pool);
 
   const double u = 0x1p-24;
-  const double sum_factor = 2.1 * (cublas ? 4.0 : 1.0) * static_cast<double>(c.in + 1) * u;
+  const double sum_factor = 2.1 * (real_cublas ? 4.0 : 1.0) * static_cast<double>(c.in + 1) * u;
   std::size_t misses = 0;
   double worst = 0.0;
   for (int64_t t = 0; t < c.tokens; ++t) {
@@ -187,6 +198,23 @@ TEST_CASE("linear on CUDA matches the CPU op within the fp32 reordering bound", 
   cases.push_back({2, 576, 1000, false, true, 0, 0, 0});                 // FP8 LM head, fp32 logits
   for (std::size_t i = 0; i < cases.size(); ++i) {
     check_linear(*gpu, cases[i], Path::backend, static_cast<std::uint32_t>(50 + i));
-    if (!kEmulated) check_linear(*gpu, cases[i], Path::portable, static_cast<std::uint32_t>(50 + i));
+    // bf16 weights: the backend ran cuBLASLt; the portable GEMM is checked on its own.
+    if (cases[i].fp8_block < 0) check_linear(*gpu, cases[i], Path::portable, static_cast<std::uint32_t>(50 + i));
   }
+}
+
+// The review's defect: a plan per token count, never evicted, grew with every prefill chunk size.
+TEST_CASE("the cuBLASLt plan cache stays within its bound as token counts vary", "[gpu][linear]") {
+  auto gpu = cuda_backend_or_skip();
+  if (!gpu) return;
+  constexpr std::size_t kMaxPlans = 3;
+  cuda::CublasLtLinear linear(cuda::CublasLtLinear::kDefaultWorkspaceBytes, kMaxPlans);
+  // Ten token counts, then the first ones again (evicted by then: planned anew, still right).
+  const std::vector<int64_t> tokens = {1, 7, 2, 33, 5, 64, 3, 17, 9, 40, 1, 7, 2};
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    check_linear(*gpu, {tokens[i], 64, 96, i % 2 == 0}, Path::cublaslt, static_cast<std::uint32_t>(300 + i), &linear);
+    CHECK(linear.num_cached_plans() <= kMaxPlans);
+  }
+  CHECK(linear.num_cached_plans() == kMaxPlans);
+  CHECK_THROWS_AS(cuda::CublasLtLinear(cuda::CublasLtLinear::kDefaultWorkspaceBytes, 0), std::invalid_argument);
 }
