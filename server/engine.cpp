@@ -166,7 +166,8 @@ std::string Engine::validate(const GenerationRequest& r) const {
     if (id < 0 || id >= c.vocab_size) return "logit_bias token id " + std::to_string(id) + " is outside the vocabulary";
   for (const int32_t id : r.sampling.allowed_token_ids)
     if (id < 0 || id >= c.vocab_size) return "allowed_token_ids token id " + std::to_string(id) + " is outside the vocabulary";
-  if (r.max_tokens < 1) return "max_tokens must be >= 1";
+  if (r.max_tokens < 0) return "max_tokens must be >= 0";
+  if (r.sampling.min_tokens < 0 || r.sampling.min_tokens > r.max_tokens) return "min_tokens must be in [0, max_tokens]";
   if (r.n < 1 || r.n > options_.max_num_seqs)
     return "n must be in [1, " + std::to_string(options_.max_num_seqs) + "] (--max-num-seqs)";
   const int64_t total = static_cast<int64_t>(r.prompt_tokens.size()) + r.max_tokens;
@@ -204,6 +205,12 @@ void Engine::add_request(GenerationRequest request, OutputSink sink) {
   if (request.arrival == std::chrono::steady_clock::time_point{}) request.arrival = std::chrono::steady_clock::now();
   RequestState state;
   state.num_unfinished = request.n;
+  if (request.num_prompt_logprobs >= 0) state.prompt_logprobs.resize(request.prompt_tokens.size() - 1);
+  if (request.sampling.min_tokens > 0) {  // vLLM's MinTokensLogitsProcessor: EOS (unless ignored) and stop ids
+    std::vector<int32_t>& banned = request.sampling.min_tokens_banned;
+    if (!request.ignore_eos) banned = stop_ids_;
+    banned.insert(banned.end(), request.stop_token_ids.begin(), request.stop_token_ids.end());
+  }
   const uint64_t seed = request.sampling.seed.value_or(seed_rng_());
   for (int i = 0; i < request.n; ++i) {
     const SeqId seq_id = next_seq_id_++;
@@ -217,7 +224,8 @@ void Engine::add_request(GenerationRequest request, OutputSink sink) {
     if (request.grammar) it->second.matcher = std::make_unique<grammar::GrammarMatcher>(request.grammar, !request.ignore_eos);
   }
   const std::vector<SeqId> forks(state.seq_ids.begin() + 1, state.seq_ids.end());
-  scheduler_->add(state.seq_ids.front(), request.prompt_tokens, forks);
+  // Prompt logprobs need logits at every prompt position: no prefix-cache hit for them.
+  scheduler_->add(state.seq_ids.front(), request.prompt_tokens, forks, request.num_prompt_logprobs < 0);
   state.request = std::move(request);
   state.sink = std::move(sink);
   requests_.emplace(id, std::move(state));
@@ -272,12 +280,16 @@ void Engine::on_token(SeqId id, const SampleResult& sample) {
   const GenerationRequest& r = request.request;
   ++seq.num_generated;
   RequestOutput out;
+  attach_prompt_logprobs(seq, out);
   out.new_tokens.push_back(sample.token);
   if (r.sampling.num_logprobs >= 0) out.logprobs.push_back(sample);
 
+  // min_tokens: the sampler masked EOS and the stop ids until then; stop strings are looked for
+  // once this token reaches it (vLLM's check_stop).
+  const bool may_stop = seq.num_generated >= r.sampling.min_tokens;
   const bool is_eos = !r.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), sample.token) != stop_ids_.end();
   const bool is_stop_id = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), sample.token) != r.stop_token_ids.end();
-  if (is_eos || is_stop_id) {
+  if (may_stop && (is_eos || is_stop_id)) {
     // The stop token's own text is not emitted; what was held back before it is (but not a
     // character the sequence ended inside).
     seq.detokenizer.finish();
@@ -285,7 +297,7 @@ void Engine::on_token(SeqId id, const SampleResult& sample) {
     finish_seq(id, out, FinishReason::stop);
     return;
   }
-  const StopChecker::Result text = seq.stop_checker.push(seq.detokenizer.push(sample.token));
+  const StopChecker::Result text = seq.stop_checker.push(seq.detokenizer.push(sample.token), may_stop);
   out.text_delta = text.emit;
   if (text.stopped) {
     finish_seq(id, out, FinishReason::stop);
@@ -338,6 +350,7 @@ void Engine::run_step(const StepPlan& plan) {
   query_start_loc_.assign(1, 0);
   context_lens_.clear();
   sample_rows_.clear();
+  scorer_.clear();
   calibrate_.clear();
   fp8_lens_.clear();
   spill_starts_.clear();
@@ -358,6 +371,7 @@ void Engine::run_step(const StepPlan& plan) {
       if (request.queue_s < 0)
         request.queue_s = std::chrono::duration<double>(step_start - request.request.arrival).count();
     }
+    add_score_rows(s, static_cast<int32_t>(token_ids_.size()));
     const std::span<const int32_t> tokens = blocks_->tokens(s.id);
     for (int p = s.start; p < s.start + s.num_tokens; ++p) {
       token_ids_.push_back(tokens[static_cast<std::size_t>(p)]);
@@ -400,8 +414,11 @@ void Engine::run_step(const StepPlan& plan) {
   batch.fp8_lens = fp8_lens_;
   batch.spill_starts = spill_starts_;
   batch.tail_slots = tail_slots_;
+  batch.score_rows = scorer_.rows();
   std::fill(step_counts_.begin(), step_counts_.end(), KvWriteCounts{});
-  transformer_->forward(batch, logits_, step_counts_);
+  transformer_->forward(batch, logits_, step_counts_, [this](int64_t first, int64_t n, std::span<const float> logits) {
+    scorer_.score(first, n, logits, device_.pool.get());
+  });
   for (int layer = 0; layer < num_layers; ++layer) saturation_.add(layer, step_counts_[static_cast<std::size_t>(layer)]);
 
   // Calibrated scales go to the block manager before on_step_done freezes them.
@@ -436,12 +453,23 @@ void Engine::run_step(const StepPlan& plan) {
   };
   std::vector<Pending> pending;
   std::size_t row = 0;
+  std::vector<SeqId> scored_only;  // max_tokens 0: the prompt is scored, nothing sampled
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.samples) continue;
-    if (const auto it = seqs_.find(s.id); it != seqs_.end())
-      pending.push_back({s.id, row, s.forks.empty() && !it->second.matcher, {}});
-    for (const SeqId child : s.forks) pending.push_back({child, row, false, {}});
+    const auto it = seqs_.find(s.id);
+    if (it != seqs_.end() && requests_.at(it->second.request_id).request.max_tokens == 0) {
+      scored_only.push_back(s.id);
+      scored_only.insert(scored_only.end(), s.forks.begin(), s.forks.end());
+    } else {
+      if (it != seqs_.end()) pending.push_back({s.id, row, s.forks.empty() && !it->second.matcher, {}});
+      for (const SeqId child : s.forks) pending.push_back({child, row, false, {}});
+    }
     ++row;
+  }
+  for (const SeqId id : scored_only) {
+    RequestOutput out;
+    attach_prompt_logprobs(seqs_.at(id), out);
+    finish_seq(id, out, FinishReason::length);
   }
   std::vector<std::size_t> parallel;
   for (std::size_t i = 0; i < pending.size(); ++i)
@@ -498,6 +526,28 @@ void Engine::run_step(const StepPlan& plan) {
     }
     on_token(id, sample);
   }
+}
+
+void Engine::add_score_rows(const ScheduledSeq& s, int32_t first_row) {
+  SeqState& seq = seqs_.at(s.id);
+  RequestState& request = requests_.at(seq.request_id);
+  const GenerationRequest& r = request.request;
+  if (r.num_prompt_logprobs < 0) return;
+  // Positions whose next token is a prompt token and that no earlier step scored.
+  const int begin = std::max(s.start, request.num_scored);
+  const int end = std::min(s.start + s.num_tokens, static_cast<int>(r.prompt_tokens.size()) - 1);
+  for (int p = begin; p < end; ++p) {
+    scorer_.add(first_row + (p - s.start), {&request.prompt_logprobs, p, r.prompt_tokens[static_cast<std::size_t>(p + 1)],
+                                            r.num_prompt_logprobs});
+  }
+  request.num_scored = std::max(request.num_scored, end);  // the forward pass below fills them
+}
+
+void Engine::attach_prompt_logprobs(SeqState& seq, RequestOutput& out) {
+  if (seq.prompt_logprobs_sent) return;
+  seq.prompt_logprobs_sent = true;
+  const RequestState& request = requests_.at(seq.request_id);
+  if (request.request.num_prompt_logprobs >= 0) out.prompt_logprobs = request.prompt_logprobs;
 }
 
 int64_t Engine::token_budget(const SeqState& seq) const {

@@ -29,6 +29,7 @@
 #include "server/api/engine_client.hpp"
 #include "server/device.hpp"
 #include "server/engine_api.hpp"
+#include "server/prompt_scoring.hpp"
 #include "server/sampling.hpp"
 #include "server/scheduler.hpp"
 #include "server/stop_checker.hpp"
@@ -107,6 +108,10 @@ class Engine {
     std::vector<SeqId> seq_ids;  // per choice
     int num_unfinished = 0;
     double queue_s = -1;  // set when one of its sequences is first scheduled
+    // Prompt logprobs (num_prompt_logprobs >= 0): [prompt tokens - 1], filled in prefill;
+    // positions [0, num_scored) are done (a recompute after preemption skips them).
+    std::vector<SampleResult> prompt_logprobs;
+    int num_scored = 0;
   };
   struct SeqState {
     std::string request_id;
@@ -118,12 +123,17 @@ class Engine {
     bool scheduled = false;  // has run in a step (its request's queue time is then known)
     std::unique_ptr<grammar::GrammarMatcher> matcher;  // structured output, else null
     bool closing = false;  // the token budget left only suffices to finish the document
+    bool prompt_logprobs_sent = false;  // with the choice's first output
   };
 
   void reject(const GenerationRequest& request, const OutputSink& sink, const std::string& message);
   std::string validate(const GenerationRequest& request) const;
   void run_step(const StepPlan& plan);
   void on_token(SeqId id, const SampleResult& sample);
+  // The step's rows that score prompt tokens, into scorer_ (before the forward pass).
+  void add_score_rows(const ScheduledSeq& s, int32_t first_row);
+  // A request's prompt logprobs go out with each choice's first output.
+  void attach_prompt_logprobs(SeqState& seq, RequestOutput& out);
   // Masks `row` to the tokens the sequence's grammar allows; false when none is (a dead end).
   // With `budget` tokens left (this one included) and no more than the document needs to be
   // finished, only the shortest way to finish it is allowed.
@@ -151,6 +161,7 @@ class Engine {
   std::vector<int32_t> fp8_lens_, spill_starts_, tail_slots_;
   std::vector<BlockCopy> tail_copies_;
   std::vector<int32_t> sample_rows_;
+  PromptScorer scorer_;
   std::vector<int64_t> slot_mapping_;
   std::vector<float> k_scales_, v_scales_, logits_, row_;
   std::vector<uint64_t> token_mask_;
