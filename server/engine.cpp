@@ -94,21 +94,24 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
       budget_source = "default for the CPU";
     }
   }
-  // The bf16 window's tail pool comes out of the same budget: one ring per sequence that may run.
-  const uint64_t tail_bytes = spec.tail_bytes(options_.max_num_seqs);
-  if (tail_bytes >= budget) {
-    throw std::invalid_argument("a KV budget of " + std::to_string(budget) + " bytes (" + budget_source +
-                                ") is spent on the bf16 window's tail pool (" + std::to_string(tail_bytes) +
-                                " bytes for --max-num-seqs " + std::to_string(options_.max_num_seqs) +
-                                "): raise it, or lower --kv-bf16-window or --max-num-seqs");
+  // The bf16 window's tail pool comes out of the same budget: one ring per sequence that may
+  // run, as many as fit in its share (kMaxTailShare); sequences beyond that run as pure FP8, and
+  // a budget with no room for one ring runs without a window. So the tail never makes a budget
+  // fail that the FP8 pool alone could serve.
+  const KvWindow asked_window = spec.window;
+  int num_rings = 0;
+  if (spec.window.enabled()) {
+    const auto share = static_cast<uint64_t>(static_cast<double>(budget) * options_.max_tail_share);
+    num_rings = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(options_.max_num_seqs), share / spec.tail_bytes(1)));
+    if (num_rings == 0) spec.window = KvWindow{};
   }
+  const uint64_t tail_bytes = spec.tail_bytes(num_rings);
   const int num_blocks = spec.num_blocks_for_budget(budget - tail_bytes);
   if (num_blocks < 1) {
     throw std::invalid_argument("a KV budget of " + std::to_string(budget) + " bytes (" + budget_source +
-                                ") holds no block of " + std::to_string(spec.bytes_per_block()) + " bytes" +
-                                (tail_bytes > 0 ? " next to the bf16 window's tail pool" : "") + ": raise it");
+                                ") holds no block of " + std::to_string(spec.bytes_per_block()) + " bytes: raise it");
   }
-  transformer_->allocate_kv_cache(num_blocks);
+  transformer_->allocate_kv_cache(num_blocks, num_rings);
 
   BlockManagerOptions bopts;
   bopts.block_size = options_.block_size;
@@ -116,7 +119,7 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   bopts.num_blocks = num_blocks;
   bopts.enable_prefix_caching = options_.enable_prefix_caching;
   bopts.window = spec.window;
-  bopts.num_tail_rings = options_.max_num_seqs;
+  bopts.num_tail_rings = num_rings;
   blocks_ = std::make_unique<BlockManager>(bopts);
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerOptions{options_.max_num_seqs, options_.max_num_batched_tokens}, *blocks_);
@@ -149,9 +152,28 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   spdlog::info("KV cache: {} ({}), {} bytes/token, margin {}{}, max model len {}", spec.describe(num_blocks),
                budget_source, spec.bytes_per_token(), options_.kv_scale_margin,
                kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (unused for bf16)", options_.max_model_len);
-  spdlog::info("KV {}{}; pool + tail {} of the {} budget", spec.describe_tail(options_.max_num_seqs),
-               kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (a bf16 pool is exact: no window)",
+  std::string rings_note;
+  if (asked_window.enabled() && !spec.window.enabled()) {
+    rings_note = " (--kv-bf16-window " + std::to_string(asked_window.tokens) + ": one ring takes " +
+                 mib_text(KvCacheSpec{spec.block_size, spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype,
+                                      asked_window}.tail_bytes(1)) +
+                 ", more than the window's share of this budget: every sequence runs as pure FP8)";
+  } else if (spec.window.enabled()) {
+    rings_note = num_rings < options_.max_num_seqs
+                     ? " - rings for " + std::to_string(num_rings) + " of --max-num-seqs " +
+                           std::to_string(options_.max_num_seqs) + " sequences (at most " +
+                           fmt::format("{:g}", options_.max_tail_share * 100) + "% of the budget); the others run as pure FP8"
+                     : " - a ring for each of --max-num-seqs " + std::to_string(options_.max_num_seqs) + " sequences";
+  }
+  spdlog::info("KV {}{}{}; pool + tail {} of the {} budget", spec.describe_tail(num_rings),
+               kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (a bf16 pool is exact: no window)", rings_note,
                mib_text(transformer_->kv_cache_bytes() + transformer_->tail_bytes()), mib_text(budget));
+  if (kv_dtype_is_scaled(options_.kv_dtype)) {
+    // FP8 halves a token's bytes: the pool itself holds twice the tokens bf16 KV would in its bytes.
+    spdlog::info("KV split: FP8 pool {} = {} tokens (bf16 KV would hold {} in those bytes) + bf16 window tail {}",
+                 mib_text(transformer_->kv_cache_bytes()), static_cast<int64_t>(num_blocks) * spec.block_size,
+                 transformer_->kv_cache_bytes() / (2 * spec.bytes_per_token()), mib_text(transformer_->tail_bytes()));
+  }
 }
 
 Engine::~Engine() = default;
@@ -383,7 +405,9 @@ void Engine::run_step(const StepPlan& plan) {
     if (window) {
       fp8_lens_.push_back(blocks_->fp8_len_after(s.id, s.start + s.num_tokens, s.fp8_floor));
       spill_starts_.push_back(blocks_->num_fp8_tokens(s.id));
-      tail_slots_.push_back(blocks_->tail_ring(s.id));
+      // A sequence without a ring reads nothing from the tail (its fp8_len is its context):
+      // ring 0 only keeps the slot in range.
+      tail_slots_.push_back(std::max(0, blocks_->tail_ring(s.id)));
     }
     if (s.samples) sample_rows_.push_back(static_cast<int32_t>(token_ids_.size()) - 1);
     calibrate_.push_back(s.calibrate ? 1 : 0);
@@ -436,7 +460,8 @@ void Engine::run_step(const StepPlan& plan) {
   if (window) {  // a fork owns a ring of its own: the parent's window, copied
     tail_copies_.clear();
     for (const ScheduledSeq& s : plan.seqs) {
-      for (const SeqId child : s.forks) tail_copies_.push_back({blocks_->tail_ring(s.id), blocks_->tail_ring(child)});
+      for (const SeqId child : s.forks)
+        if (blocks_->tail_ring(child) >= 0) tail_copies_.push_back({blocks_->tail_ring(s.id), blocks_->tail_ring(child)});
     }
     transformer_->copy_tail_rings(tail_copies_);
   }
@@ -593,6 +618,7 @@ EngineStats Engine::stats() const {
   if (const int rings = blocks_->num_tail_rings(); rings > 0) {
     s.kv_tail_usage = static_cast<double>(rings - blocks_->num_free_tail_rings()) / rings;
   }
+  s.kv_ringless_seqs = blocks_->num_seqs_without_ring();
   s.num_preemptions = scheduler_->num_preemptions();
   const PrefixCacheStats prefix = blocks_->prefix_cache_stats();
   s.prefix_queries = prefix.num_queried_tokens;

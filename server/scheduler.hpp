@@ -103,6 +103,9 @@ class Scheduler {
     int num_cached_tokens = 0;
     bool running = false;
     bool prefix_cache = true;  // may map cached blocks at admission
+    // bf16 window: ran with a tail ring. A recompute replays what its steps read, so it waits
+    // for a ring; a sequence that ran as pure FP8 replays exactly with or without one.
+    bool had_ring = false;
     std::vector<SeqId> pending_forks;
     std::optional<KvScales> saved_scales;  // frozen scales kept across a preemption
     std::vector<Fp8Step> fp8_steps;        // bf16 window: what a recompute replays
