@@ -288,6 +288,10 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
     // Unset: 16 for completions (OpenAI's default), the rest of the context for chat (vLLM's).
     const int wanted = r.max_tokens.value_or(kind == ApiKind::completion ? 16 : std::max(1, max_len - prompt_len));
     if (static_cast<int64_t>(prompt_len) + wanted > max_len) return error_reply(context_exceeded(max_len, prompt_len, wanted, kind));
+    if (r.sampling.min_tokens > wanted)
+      return error_reply(bad_request("'min_tokens' (" + std::to_string(r.sampling.min_tokens) + ") must not exceed max_tokens (" +
+                                         std::to_string(wanted) + ").",
+                                     "min_tokens"));
     if (model_->max_pool_tokens > 0 && static_cast<int64_t>(prompt_len) + wanted > model_->max_pool_tokens)
       return error_reply(bad_request("The prompt plus max_tokens (" + std::to_string(prompt_len + wanted) +
                                          " tokens) exceeds what the whole KV cache holds (" +

@@ -169,6 +169,7 @@ def test_stream_chat_and_request_errors(tmp_path):
                             ({"prompt": "x", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
                             ({"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
                             ({"prompt": "x", "min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+                            ({"prompt": "x", "min_tokens": 17}, "min_tokens"),  # the default max_tokens is 16
                             ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens")]:
             path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
             status, _, raw = s.post(path, body)
