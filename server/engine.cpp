@@ -26,6 +26,7 @@ EngineOptions engine_options_from_config(const Config& config) {
   // A bf16 pool is exact already: the window applies to FP8 KV alone (the start-up log says so).
   options.kv_bf16_window = options.kv_dtype == KvDtype::fp8_e4m3 ? config.kv_bf16_window : 0;
   options.kv_bf16_window_values = config.kv_bf16_window_tensors == "kv";
+  options.max_tail_share = config.kv_bf16_window_share;
   options.block_size = config.block_size;
   if (config.kv_cache_memory > 0) options.kv_cache_memory = static_cast<uint64_t>(config.kv_cache_memory);
   options.max_model_len = config.max_model_len;
@@ -95,18 +96,15 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
     }
   }
   // The bf16 window's tail pool comes out of the same budget: one ring per sequence that may
-  // run, as many as fit in its share (kMaxTailShare); sequences beyond that run as pure FP8, and
-  // a budget with no room for one ring runs without a window. So the tail never makes a budget
-  // fail that the FP8 pool alone could serve.
+  // run, as many as fit in its share (--kv-bf16-window-share); sequences beyond that run as
+  // pure FP8, and a budget with no room for one ring runs without a window. So the tail never
+  // makes a budget fail that the FP8 pool alone could serve.
   const KvWindow asked_window = spec.window;
-  int num_rings = 0;
-  if (spec.window.enabled()) {
-    const auto share = static_cast<uint64_t>(static_cast<double>(budget) * options_.max_tail_share);
-    num_rings = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(options_.max_num_seqs), share / spec.tail_bytes(1)));
-    if (num_rings == 0) spec.window = KvWindow{};
-  }
-  const uint64_t tail_bytes = spec.tail_bytes(num_rings);
-  const int num_blocks = spec.num_blocks_for_budget(budget - tail_bytes);
+  const uint64_t ring_bytes = spec.tail_bytes(1);
+  const KvCacheSpec::BudgetSplit split = spec.split_budget(budget, options_.max_num_seqs, options_.max_tail_share);
+  const int num_blocks = split.num_blocks;
+  const int num_rings = split.num_rings;
+  spec.window = split.window;
   if (num_blocks < 1) {
     throw std::invalid_argument("a KV budget of " + std::to_string(budget) + " bytes (" + budget_source +
                                 ") holds no block of " + std::to_string(spec.bytes_per_block()) + " bytes: raise it");
@@ -155,14 +153,12 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   std::string rings_note;
   if (asked_window.enabled() && !spec.window.enabled()) {
     rings_note = " (--kv-bf16-window " + std::to_string(asked_window.tokens) + ": one ring takes " +
-                 mib_text(KvCacheSpec{spec.block_size, spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype,
-                                      asked_window}.tail_bytes(1)) +
-                 ", more than the window's share of this budget: every sequence runs as pure FP8)";
+                 mib_text(ring_bytes) + ", more than the window's share of this budget: every sequence runs as pure FP8)";
   } else if (spec.window.enabled()) {
     rings_note = num_rings < options_.max_num_seqs
                      ? " - rings for " + std::to_string(num_rings) + " of --max-num-seqs " +
-                           std::to_string(options_.max_num_seqs) + " sequences (at most " +
-                           fmt::format("{:g}", options_.max_tail_share * 100) + "% of the budget); the others run as pure FP8"
+                           std::to_string(options_.max_num_seqs) + " sequences (--kv-bf16-window-share " +
+                           fmt::format("{:g}", options_.max_tail_share) + " of the budget); the others run as pure FP8"
                      : " - a ring for each of --max-num-seqs " + std::to_string(options_.max_num_seqs) + " sequences";
   }
   spdlog::info("KV {}{}{}; pool + tail {} of the {} budget", spec.describe_tail(num_rings),

@@ -36,13 +36,6 @@
 
 namespace fp8serve {
 
-// The most of the KV budget the bf16 window's tail rings may take (README "The bf16 recent
-// window": at the CPU default of 1 GiB all 64 rings fit on the default model, 5.5% K only, 11%
-// K+V; below about 450 MiB (K only) or 900 MiB (K+V) fewer rings are made, and the FP8 pool keeps
-// at least 1.75x the tokens that bf16 KV would hold in the whole budget).
-constexpr double kMaxTailShare = 0.125;
-static_assert(kMaxTailShare > 0 && kMaxTailShare < 1);
-
 struct EngineOptions {
   std::string device = "cpu";  // auto | cpu | cuda (server/device.hpp); the CLI's default is auto
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
@@ -51,9 +44,9 @@ struct EngineOptions {
   bool quantize_lm_head = false;       // with it, the LM head too (--fp8-lm-head)
   int kv_bf16_window = 64;             // --kv-bf16-window tokens (FP8 pool only; 0 = off)
   bool kv_bf16_window_values = false;  // --kv-bf16-window-tensors kv (true) or k (false)
-  // The most of the KV budget the window's rings may take (kMaxTailShare; no flag: tests raise
-  // it to give a pool of a few blocks a ring for every sequence).
-  double max_tail_share = kMaxTailShare;
+  // --kv-bf16-window-share: the most of the KV budget the window's rings may take; as many rings
+  // as fit are made, sequences beyond them run as pure FP8.
+  double max_tail_share = kDefaultKvBf16WindowShare;
   int block_size = 16;
   // Bytes of K + V pool, the bf16 window's tail pool included; 0 = derive: on a GPU
   // gpu_memory_utilization of its memory minus what the weights and buffers took, on the CPU
