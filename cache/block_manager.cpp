@@ -38,7 +38,7 @@ int BlockManager::take_ring() {
 }
 
 int BlockManager::fp8_len_after(const Sequence& s, int num_tokens, int fp8_floor) const {
-  if (!window_.enabled()) return num_tokens;
+  if (!in_window(s)) return num_tokens;
   const int floor = std::min(fp8_floor, num_tokens) / block_size_ * block_size_;
   return std::max({s.num_fp8_tokens, window_.fp8_len(num_tokens), floor});
 }
@@ -97,9 +97,9 @@ int BlockManager::num_cached_prefix_tokens(std::span<const int32_t> prompt) cons
   return static_cast<int>(match_prefix(prompt, kNoCap).blocks.size()) * block_size_;
 }
 
-bool BlockManager::can_allocate(std::span<const int32_t> prompt, int max_cached_tokens) const {
+bool BlockManager::can_allocate(std::span<const int32_t> prompt, int max_cached_tokens, int need_rings) const {
   if (prompt.empty()) return false;
-  if (window_.enabled() && free_rings_.empty()) return false;
+  if (window_.enabled() && static_cast<int>(free_rings_.size()) < need_rings) return false;
   const PrefixMatch match = match_prefix(prompt, max_cached_tokens);
   // Hit blocks that sit idle on the LRU stop being allocatable once mapped.
   const auto num_idle_hits = std::count_if(match.blocks.begin(), match.blocks.end(),
@@ -108,7 +108,7 @@ bool BlockManager::can_allocate(std::span<const int32_t> prompt, int max_cached_
   return num_new <= pool_.num_free_blocks() - static_cast<int>(num_idle_hits);
 }
 
-AllocateResult BlockManager::allocate(SeqId id, std::span<const int32_t> prompt, int max_cached_tokens) {
+AllocateResult BlockManager::allocate(SeqId id, std::span<const int32_t> prompt, int max_cached_tokens, int group) {
   if (contains(id)) broken("allocate() of live sequence " + std::to_string(id));
   if (!can_allocate(prompt, max_cached_tokens)) broken("allocate() without can_allocate() (empty prompt or pool full)");
   PrefixMatch match = match_prefix(prompt, max_cached_tokens);
@@ -124,7 +124,12 @@ AllocateResult BlockManager::allocate(SeqId id, std::span<const int32_t> prompt,
   }
   s.num_computed_tokens = static_cast<int>(match.blocks.size()) * block_size_;
   s.num_fp8_tokens = s.num_computed_tokens;  // hits are FP8 blocks outside the window
-  s.tail_ring = take_ring();
+  if (window_.enabled() && static_cast<int>(free_rings_.size()) >= std::max(group, 1)) {
+    s.tail_ring = take_ring();
+    for (int i = 1; i < group; ++i) s.reserved_rings.push_back(take_ring());
+  } else if (window_.enabled()) {
+    num_seqs_without_ring_ += static_cast<uint64_t>(std::max(group, 1));
+  }
   if (match.blocks.empty()) {
     s.scales = std::make_shared<KvScales>(num_layers_);
   } else {
@@ -146,9 +151,9 @@ bool BlockManager::can_append(SeqId id) const {
   int needed = new_block ? 1 : 0;
   // The new token's pool slot (its K and V; its V alone in a K-only window; nothing, its
   // token going to the tail, in a K+V window) needs a private last block.
-  const bool writes_last_block = !window_.enabled() || !window_.values;
+  const bool writes_last_block = !in_window(s) || !window_.values;
   if (writes_last_block && !new_block && pool_.ref_count(s.block_table.back()) > 1) ++needed;
-  if (window_.enabled()) {
+  if (in_window(s)) {
     // The blocks this step's spill writes into: a shared one needs a private replacement.
     const int end = fp8_len_after(s, static_cast<int>(s.tokens.size()) + 1, 0) / block_size_;
     for (int b = s.num_fp8_tokens / block_size_; b < end; ++b) {
@@ -171,7 +176,7 @@ AppendResult BlockManager::append_slot(SeqId id, int32_t token) {
     pool_.release(shared);
     return BlockCopy{shared, block};
   };
-  if (window_.enabled()) {
+  if (in_window(s)) {
     // The block this step's spill fills. In a K+V window it holds nothing final (its tokens are
     // in the tail): a fresh block, no copy. In a K-only one its V is final: a copy.
     const int end = fp8_len_after(s, static_cast<int>(position) + 1, 0) / block_size_;
@@ -184,7 +189,7 @@ AppendResult BlockManager::append_slot(SeqId id, int32_t token) {
   }
   if (offset == 0) {
     s.block_table.push_back(pool_.allocate());
-  } else if ((!window_.enabled() || !window_.values) && pool_.ref_count(s.block_table.back()) > 1) {
+  } else if ((!in_window(s) || !window_.values) && pool_.ref_count(s.block_table.back()) > 1) {
     // Shared partial block (after fork) that the new token writes into: a private copy, the
     // original left to the other holders.
     result.copy = make_private(s.block_table.back());
@@ -223,12 +228,24 @@ void BlockManager::cache_full_blocks(Sequence& s) {
 
 void BlockManager::fork(SeqId parent, SeqId child) {
   if (contains(child)) broken("fork() into live sequence " + std::to_string(child));
-  const Sequence& p = seq(parent);
+  Sequence& p = seq(parent);
   if (p.num_computed_tokens != static_cast<int>(p.tokens.size()) || !p.scales->frozen) {
     broken("fork() of sequence " + std::to_string(parent) + " with uncomputed tokens or unfrozen scales");
   }
   Sequence c = p;  // same tokens, table, keys and the same scales object
-  c.tail_ring = take_ring();
+  c.reserved_rings.clear();
+  if (in_window(p)) {
+    // The ring allocate() reserved for it; a fork beyond those (not what the scheduler does)
+    // takes a free one.
+    if (!p.reserved_rings.empty()) {
+      c.tail_ring = p.reserved_rings.back();
+      p.reserved_rings.pop_back();
+    } else {
+      c.tail_ring = take_ring();
+    }
+  } else if (window_.enabled()) {
+    c.tail_ring = -1;  // its parent's window positions are FP8 already: pure FP8 too (counted at allocate)
+  }
   for (const int32_t block : c.block_table) pool_.acquire(block);
   seqs_.emplace(child, std::move(c));
 }
@@ -237,6 +254,7 @@ void BlockManager::free(SeqId id) {
   Sequence& s = seq(id);
   for (auto it = s.block_table.rbegin(); it != s.block_table.rend(); ++it) pool_.release(*it);
   if (s.tail_ring >= 0) free_rings_.push_back(s.tail_ring);
+  for (const int ring : s.reserved_rings) free_rings_.push_back(ring);
   seqs_.erase(id);
 }
 
@@ -286,8 +304,11 @@ void BlockManager::check_integrity() const {
       broken(name + " scales do not have one K and one V per layer");
     }
     if (s.num_computed_tokens > 0 && !s.scales->frozen) broken(name + " computed tokens with unfrozen scales");
-    if (window_.enabled()) {
-      if (s.tail_ring < 0 || s.tail_ring >= num_tail_rings_ || !rings.insert(s.tail_ring).second) {
+    for (const int ring : s.reserved_rings)
+      if (!window_.enabled() || ring < 0 || ring >= num_tail_rings_ || !rings.insert(ring).second)
+        broken(name + " reserves a tail ring that is not its own");
+    if (in_window(s)) {
+      if (s.tail_ring >= num_tail_rings_ || !rings.insert(s.tail_ring).second) {
         broken(name + " has no tail ring of its own");
       }
       if (s.num_fp8_tokens < 0 || s.num_fp8_tokens > s.num_computed_tokens || s.num_fp8_tokens % block_size_ != 0 ||
@@ -298,7 +319,7 @@ void BlockManager::check_integrity() const {
         broken(name + " has more tokens in the window than its tail ring holds");
       }
     } else if (s.tail_ring != -1 || s.num_fp8_tokens != s.num_computed_tokens) {
-      broken(name + " has window state without a window");
+      broken(name + " has window state without a ring");
     }
     std::set<int32_t> own(s.block_table.begin(), s.block_table.end());
     if (own.size() != s.block_table.size()) broken(name + " holds one block twice");
@@ -311,7 +332,7 @@ void BlockManager::check_integrity() const {
     // this sequence alone, in uncached blocks, and no two pending tokens anywhere share a slot.
     const int fp8_after = fp8_len_after(s, num_tokens, 0);
     for (int t = s.num_computed_tokens; t < num_tokens; ++t) {
-      if (window_.enabled() && window_.values && t >= fp8_after) continue;  // all of it to the tail
+      if (in_window(s) && window_.values && t >= fp8_after) continue;  // all of it to the tail
       const int32_t block = s.block_table[static_cast<std::size_t>(t / block_size_)];
       if (pool_.ref_count(block) != 1 || pool_.is_cached(block)) {
         broken(name + " will write token " + std::to_string(t) + " into a shared or cached block");

@@ -16,11 +16,12 @@
 //
 // Slot of token t: table[t / block_size] * block_size + t % block_size.
 //
-// With the bf16 recent window (options.window, cache/kv_window.hpp) every running sequence also
-// owns a tail ring (allocated with its table, copied by the engine at fork(), released by
-// free(); there are num_tail_rings = --max-num-seqs of them, so the scheduler, which never runs
-// more sequences than that, never runs out), and the manager tracks which of its positions are
-// final in FP8: num_fp8_tokens. A step that ends at n tokens reads fp8_len_after(id, n) of
+// With the bf16 recent window (options.window, cache/kv_window.hpp) a running sequence also
+// owns a tail ring when one is free (allocated with its table, copied by the engine at fork(),
+// released by free()); the rings are a capped share of the KV budget (the engine sizes them), so
+// there may be fewer than running sequences: a sequence admitted when none is free runs as pure
+// FP8 (every computed position final in FP8, as without a window), for its whole life. The
+// manager tracks which positions of a sequence are final in FP8: num_fp8_tokens. A step that ends at n tokens reads fp8_len_after(id, n) of
 // them from the FP8 pool (kernels/paged_kv.hpp) and spills [num_fp8_tokens, that) out of the
 // tail. Blocks in the window hold nothing final yet, so:
 //   - only blocks below num_fp8_tokens are offered to the prefix cache, and a prefix hit stops
@@ -54,7 +55,7 @@ struct BlockManagerOptions {
   int num_blocks = 0;  // KvCacheSpec::num_blocks_for_budget
   bool enable_prefix_caching = false;
   KvWindow window;         // off by default; window.block_size must equal block_size
-  int num_tail_rings = 0;  // with a window: one per sequence that may run (--max-num-seqs)
+  int num_tail_rings = 0;  // with a window: rings in the tail pool (> 0)
 };
 
 struct AllocateResult {
@@ -84,13 +85,16 @@ class BlockManager {
  public:
   explicit BlockManager(const BlockManagerOptions& options);
 
-  // Whether allocate() can map this prompt now (counting prefix hits, evicting if needed, and a
-  // free tail ring with a window). max_cached_tokens caps the prefix hit (a recompute after
-  // preemption asks for a hit its replay can use; see Scheduler).
-  bool can_allocate(std::span<const int32_t> prompt, int max_cached_tokens = kNoCap) const;
-  // PRECOND: can_allocate(prompt, max_cached_tokens), id not live, prompt not empty
-  // (std::logic_error otherwise).
-  AllocateResult allocate(SeqId id, std::span<const int32_t> prompt, int max_cached_tokens = kNoCap);
+  // Whether allocate() can map this prompt now (counting prefix hits, evicting if needed).
+  // max_cached_tokens caps the prefix hit (a recompute after preemption asks for a hit its
+  // replay can use; see Scheduler). need_rings > 0 (with a window): also that many free tail
+  // rings (a recompute of a sequence that ran with one must run with one again).
+  bool can_allocate(std::span<const int32_t> prompt, int max_cached_tokens = kNoCap, int need_rings = 0) const;
+  // PRECOND: can_allocate(prompt, max_cached_tokens, need_rings), id not live, prompt not empty
+  // (std::logic_error otherwise). With a window the sequence gets a tail ring when `group` rings
+  // are free (itself and the forks it will have: the rest are reserved for fork()); otherwise
+  // it and its forks run as pure FP8, counted by num_seqs_without_ring().
+  AllocateResult allocate(SeqId id, std::span<const int32_t> prompt, int max_cached_tokens = kNoCap, int group = 1);
   // Tokens of the prompt allocate() would map from the prefix cache now (before any cap).
   int num_cached_prefix_tokens(std::span<const int32_t> prompt) const;
   // Whether append_slot() can place one more token (a new or copied block if it needs one, and
@@ -122,7 +126,7 @@ class BlockManager {
 
   // The bf16 window. Without one: no rings, every computed token is FP8.
   const KvWindow& window() const { return window_; }
-  int tail_ring(SeqId id) const;  // -1 without a window
+  int tail_ring(SeqId id) const;  // -1 without a window, or for a sequence that has no ring
   // Positions whose FP8 slots hold their final values (computed and out of the window).
   int num_fp8_tokens(SeqId id) const;
   // Positions a step ending at num_tokens tokens reads from the FP8 pool - the batch's fp8_lens:
@@ -133,6 +137,8 @@ class BlockManager {
   int fp8_len_after(SeqId id, int num_tokens, int fp8_floor = 0) const;
   int num_tail_rings() const { return window_.enabled() ? num_tail_rings_ : 0; }
   int num_free_tail_rings() const { return static_cast<int>(free_rings_.size()); }
+  // Sequences (forks included) that ran as pure FP8 for want of a ring, since start-up.
+  uint64_t num_seqs_without_ring() const { return num_seqs_without_ring_; }
 
   int block_size() const { return block_size_; }
   int num_layers() const { return num_layers_; }
@@ -158,6 +164,7 @@ class BlockManager {
     int num_computed_tokens = 0;
     int num_fp8_tokens = 0;  // == num_computed_tokens without a window
     int tail_ring = -1;
+    std::vector<int> reserved_rings;  // for the forks this sequence will have
     std::shared_ptr<KvScales> scales;
   };
 
@@ -174,6 +181,7 @@ class BlockManager {
   void cache_full_blocks(Sequence& s);
   int fp8_len_after(const Sequence& s, int num_tokens, int fp8_floor) const;
   int take_ring();
+  bool in_window(const Sequence& s) const { return window_.enabled() && s.tail_ring >= 0; }
 
   int block_size_;
   int num_layers_;
@@ -183,6 +191,7 @@ class BlockManager {
   BlockPool pool_;
   std::unordered_map<SeqId, Sequence> seqs_;
   PrefixCacheStats stats_;
+  uint64_t num_seqs_without_ring_ = 0;
 };
 
 }  // namespace fp8serve

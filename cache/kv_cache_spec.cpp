@@ -51,6 +51,18 @@ int KvCacheSpec::num_blocks_for_budget(uint64_t budget_bytes) const {
   return static_cast<int>(std::min(budget_bytes / per_block, max_blocks));
 }
 
+KvCacheSpec::BudgetSplit KvCacheSpec::split_budget(uint64_t budget_bytes, int max_rings, double max_tail_share) const {
+  BudgetSplit split;
+  if (window.enabled()) {
+    const auto share = static_cast<uint64_t>(static_cast<double>(budget_bytes) * max_tail_share);
+    split.num_rings = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(std::max(max_rings, 0)), share / tail_bytes(1)));
+    if (split.num_rings > 0) split.window = window;
+  }
+  const uint64_t tail = tail_bytes(split.num_rings);
+  split.num_blocks = budget_bytes > tail ? num_blocks_for_budget(budget_bytes - tail) : 0;
+  return split;
+}
+
 std::string KvCacheSpec::describe(int num_blocks) const {
   const double mib = static_cast<double>(bytes_per_block()) * num_blocks / (1024.0 * 1024.0);
   char text[160];

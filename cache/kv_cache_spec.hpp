@@ -40,6 +40,16 @@ struct KvCacheSpec {
   uint64_t tail_bytes(int num_rings) const;
   // "bf16 window 32 tokens (K+V): 64 rings x 3 blocks, 70.3 MiB, 23040 bytes/token", or "off".
   std::string describe_tail(int num_rings) const;
+
+  // A KV budget split between the FP8 pool and the window's rings: as many rings as fit in
+  // max_tail_share of the budget, at most max_rings (--max-num-seqs); none: no window (window
+  // off in the result). The pool gets the rest; num_blocks 0 when it holds no block.
+  struct BudgetSplit {
+    int num_blocks = 0;
+    int num_rings = 0;
+    KvWindow window;  // the window in force
+  };
+  BudgetSplit split_budget(uint64_t budget_bytes, int max_rings, double max_tail_share) const;
 };
 
 }  // namespace fp8serve

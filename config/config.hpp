@@ -13,6 +13,12 @@
 namespace fp8serve {
 
 // A bad flag or value: the message names the flag and what it accepts.
+// --kv-bf16-window-share's default (README "The bf16 recent window"): at the CPU default of
+// 1 GiB all 64 rings fit on the default model (5.5% K only, 11% K+V); below about 450 MiB (K
+// only) or 900 MiB (K+V) fewer rings are made, and the FP8 pool keeps at least 1.75x the tokens
+// that bf16 KV would hold in the whole budget.
+inline constexpr double kDefaultKvBf16WindowShare = 0.125;
+
 struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -31,6 +37,7 @@ struct Config {
   double kv_scale_margin = 2.0;           // calibrated scale = amax * margin / 448 (see README)
   int kv_bf16_window = 64;                // newest tokens kept exact in bf16 (multiple of block_size; README)
   std::string kv_bf16_window_tensors = "k";   // k | kv: what the window keeps exact
+  double kv_bf16_window_share = kDefaultKvBf16WindowShare;  // the most of the KV budget its rings take
   int block_size = 16;
   int64_t kv_cache_memory = 0;            // bytes; 0 = derive (CPU: 1 GiB; CUDA: utilization)
   double gpu_memory_utilization = 0.9;

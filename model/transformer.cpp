@@ -104,7 +104,7 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
 
   const auto max_blocks = static_cast<std::size_t>((options.max_model_len + options.block_size - 1) /
                                                    options.block_size);
-  const std::size_t meta_bytes = step_layout(rows, seqs, max_blocks).end;
+  const std::size_t meta_bytes = step_layout(rows, seqs, max_blocks, rows).end;
   step_meta_ = DeviceBuffer(backend_, meta_bytes);
   step_host_.resize(meta_bytes);
 
@@ -153,7 +153,7 @@ void Transformer::upload_weights(const ModelWeights& weights, WeightUploader& up
   }
 }
 
-void Transformer::allocate_kv_cache(int num_blocks) {
+void Transformer::allocate_kv_cache(int num_blocks, int num_tail_rings) {
   if (has_kv_cache()) throw std::logic_error("Transformer: the KV pool is already allocated");
   if (num_blocks < 1) throw std::invalid_argument("Transformer: the KV pool needs num_blocks >= 1");
   const ModelConfig& c = config_;
@@ -171,10 +171,11 @@ void Transformer::allocate_kv_cache(int num_blocks) {
     kv_buffers_.push_back(std::move(v));
     kv_cache_bytes_ += 2 * pool_bytes;
   }
-  // The window's tail pool: the same layout in bf16, max_num_seqs rings.
+  // The window's tail pool: the same layout in bf16, one ring per sequence that may use one.
+  if (num_tail_rings == 0) options_.window = KvWindow{};
   const KvWindow& window = options_.window;
   if (!window.enabled()) return;
-  const int tail_blocks = options_.max_num_seqs * window.ring_blocks();
+  const int tail_blocks = (num_tail_rings < 0 ? options_.max_num_seqs : num_tail_rings) * window.ring_blocks();
   const std::size_t tail_bytes = static_cast<std::size_t>(tail_blocks) * static_cast<std::size_t>(options_.block_size) *
                                  static_cast<std::size_t>(c.num_kv_heads) * static_cast<std::size_t>(c.head_dim) *
                                  kv_dtype_size(KvDtype::bf16);
@@ -226,6 +227,11 @@ void Transformer::validate(const ForwardBatch& b, std::span<float> logits) const
   if (b.calibrate.size() != static_cast<std::size_t>(num_seqs)) fail("calibrate must be [num_seqs]");
   if (b.sample_rows.size() > static_cast<std::size_t>(options_.max_num_seqs))
     fail("more sample rows than max_num_seqs");
+  for (const int32_t row : b.sample_rows)
+    if (row < 0 || row >= num_tokens) fail("a sample row outside [0, num_tokens)");
+  if (b.score_rows.size() > static_cast<std::size_t>(num_tokens)) fail("more score rows than tokens");
+  for (const int32_t row : b.score_rows)
+    if (row < 0 || row >= num_tokens) fail("a score row outside [0, num_tokens)");
   if (logits.size() != b.sample_rows.size() * static_cast<std::size_t>(config_.vocab_size))
     fail("logits must be [sample_rows, vocab_size]");
   for (const int64_t s : b.slot_mapping)
@@ -246,7 +252,7 @@ void Transformer::validate(const ForwardBatch& b, std::span<float> logits) const
 }
 
 Transformer::StepLayout Transformer::step_layout(std::size_t num_tokens, std::size_t num_seqs,
-                                                 std::size_t max_blocks_per_seq) const {
+                                                 std::size_t max_blocks_per_seq, std::size_t num_score_rows) const {
   StepLayout l;
   std::size_t at = 0;
   auto take = [&at](std::size_t bytes) {
@@ -263,6 +269,7 @@ Transformer::StepLayout Transformer::step_layout(std::size_t num_tokens, std::si
   l.block_tables = take(num_seqs * max_blocks_per_seq * sizeof(int32_t));
   l.calibrate = take(num_seqs * sizeof(uint8_t));
   l.sample_rows = take(num_seqs * sizeof(int32_t));
+  l.score_rows = take(num_score_rows * sizeof(int32_t));
   const std::size_t window_seqs = options_.window.enabled() ? num_seqs : 0;
   l.fp8_lens = take(window_seqs * sizeof(int32_t));
   l.spill_starts = take(window_seqs * sizeof(int32_t));
@@ -286,6 +293,7 @@ void Transformer::upload_batch(const ForwardBatch& b, const StepLayout& layout, 
   put(layout.block_tables, b.block_tables);
   put(layout.calibrate, b.calibrate);
   put(layout.sample_rows, b.sample_rows);
+  put(layout.score_rows, b.score_rows);
   put(layout.fp8_lens, b.fp8_lens);
   put(layout.spill_starts, b.spill_starts);
   put(layout.tail_slots, b.tail_slots);
@@ -309,13 +317,15 @@ ForwardBatch HostBatch::view() {
   b.v_scales = v_scales;
   b.calibrate = calibrate;
   b.sample_rows = sample_rows;
+  b.score_rows = score_rows;
   b.fp8_lens = fp8_lens;
   b.spill_starts = spill_starts;
   b.tail_slots = tail_slots;
   return b;
 }
 
-void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::span<KvWriteCounts> counts) {
+void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::span<KvWriteCounts> counts,
+                          const ScoreFn& score) {
   if (!has_kv_cache()) throw std::logic_error("Transformer::forward: allocate_kv_cache() was not called");
   validate(b, logits);
   if (!counts.empty() && counts.size() != static_cast<std::size_t>(config_.num_layers))
@@ -334,7 +344,8 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
       shape.max_spill_tokens = std::max(shape.max_spill_tokens, std::min(b.fp8_lens[s], before) - b.spill_starts[s]);
     }
   }
-  if (options_.graphs != TransformerOptions::Graphs::off) {
+  if (!b.score_rows.empty() && !score) throw std::invalid_argument("Transformer::forward: score_rows without a ScoreFn");
+  if (options_.graphs != TransformerOptions::Graphs::off && b.score_rows.empty()) {
     const int32_t max_blocks = (options_.max_model_len + options_.block_size - 1) / options_.block_size;
     if (const auto key = graph_key(b, graph_buckets_, max_blocks, shape.max_spill_tokens, options_.block_size)) {
       forward_graphed(b, key->num_seqs, key->width, logits, counts);
@@ -342,10 +353,27 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
     }
   }
   const StepLayout layout = step_layout(b.token_ids.size(), b.context_lens.size(),
-                                        static_cast<std::size_t>(b.max_blocks_per_seq));
+                                        static_cast<std::size_t>(b.max_blocks_per_seq), b.score_rows.size());
   upload_batch(b, layout, shape.track_counts);
   enqueue(layout, shape);
   finish(b, layout, shape, logits, counts);
+  if (!b.score_rows.empty()) score_rows(b, layout, score);
+}
+
+void Transformer::score_rows(const ForwardBatch& b, const StepLayout& layout, const ScoreFn& score) {
+  const auto vocab = static_cast<std::size_t>(config_.vocab_size);
+  const auto group = static_cast<int64_t>(options_.max_num_seqs);
+  score_logits_.resize(static_cast<std::size_t>(group) * vocab);
+  const auto* rows = reinterpret_cast<const int32_t*>(static_cast<char*>(step_meta_.data()) + layout.score_rows);
+  const auto num_rows = static_cast<int64_t>(b.score_rows.size());
+  for (int64_t first = 0; first < num_rows; first += group) {
+    const int64_t n = std::min(group, num_rows - first);
+    enqueue_head(rows + first, n, static_cast<int64_t>(b.token_ids.size()));
+    const std::span<float> out(score_logits_.data(), static_cast<std::size_t>(n) * vocab);
+    backend_.copy_to_host(out.data(), logits_.data(), out.size_bytes(), stream_);
+    backend_.synchronize(stream_);
+    score(first, n, out);
+  }
 }
 
 void Transformer::forward_graphed(const ForwardBatch& b, int32_t num_seqs, int32_t width, std::span<float> logits,
@@ -563,45 +591,48 @@ void Transformer::enqueue(const StepLayout& layout, const StepShape& shape) {
     linear(gate, 2 * inter, w.down_proj, nullptr, proj, hidden);
   }
 
-  // Logits only for the rows that sample: gather the stream and the last MLP output there, add
-  // them inside the final norm, LM head.
-  const int64_t num_rows = shape.num_rows;
-  if (num_rows > 0) {
-    GatherRowsParams gather;
-    gather.x = x;
-    gather.rows = reinterpret_cast<const int32_t*>(meta(layout.sample_rows));
-    gather.out = sampled_.data();
-    gather.num_x_rows = num_tokens;
-    gather.num_rows = num_rows;
-    gather.dim = hidden;
-    backend_.gather_rows(gather, stream_);
-    gather.x = proj;
-    gather.out = sampled_delta_.data();
-    backend_.gather_rows(gather, stream_);
+  // Logits only for the rows that sample.
+  if (shape.num_rows > 0) enqueue_head(reinterpret_cast<const int32_t*>(meta(layout.sample_rows)), shape.num_rows, num_tokens);
+}
 
-    RmsNormParams norm;
-    norm.x = sampled_delta_.data();
-    norm.residual = sampled_.data();
-    norm.out = sampled_.data();
-    norm.weight = final_norm_;
-    norm.num_tokens = num_rows;
-    norm.dim = hidden;
-    norm.eps = c.rms_norm_eps;
-    backend_.rms_norm(norm, stream_);
+// Gather the stream and the last MLP output at `rows`, add them inside the final norm, LM head.
+void Transformer::enqueue_head(const int32_t* rows, int64_t num_rows, int64_t num_tokens) {
+  const ModelConfig& c = config_;
+  const int64_t hidden = c.hidden_size;
+  GatherRowsParams gather;
+  gather.x = hidden_.data();
+  gather.rows = rows;
+  gather.out = sampled_.data();
+  gather.num_x_rows = num_tokens;
+  gather.num_rows = num_rows;
+  gather.dim = hidden;
+  backend_.gather_rows(gather, stream_);
+  gather.x = proj_out_.data();
+  gather.out = sampled_delta_.data();
+  backend_.gather_rows(gather, stream_);
 
-    LinearParams head;
-    head.x = sampled_.data();
-    head.weight = lm_head_.weight;
-    head.weight_dtype = lm_head_.dtype;
-    head.weight_scales = lm_head_.scales;
-    head.weight_block_k = lm_head_.block_k;
-    head.y = logits_.data();
-    head.num_tokens = num_rows;
-    head.in_features = hidden;
-    head.out_features = c.vocab_size;
-    head.y_fp32 = true;
-    backend_.linear(head, stream_);
-  }
+  RmsNormParams norm;
+  norm.x = sampled_delta_.data();
+  norm.residual = sampled_.data();
+  norm.out = sampled_.data();
+  norm.weight = final_norm_;
+  norm.num_tokens = num_rows;
+  norm.dim = hidden;
+  norm.eps = c.rms_norm_eps;
+  backend_.rms_norm(norm, stream_);
+
+  LinearParams head;
+  head.x = sampled_.data();
+  head.weight = lm_head_.weight;
+  head.weight_dtype = lm_head_.dtype;
+  head.weight_scales = lm_head_.scales;
+  head.weight_block_k = lm_head_.block_k;
+  head.y = logits_.data();
+  head.num_tokens = num_rows;
+  head.in_features = hidden;
+  head.out_features = c.vocab_size;
+  head.y_fp32 = true;
+  backend_.linear(head, stream_);
 }
 
 void Transformer::finish(const ForwardBatch& b, const StepLayout& layout, const StepShape& shape,

@@ -11,6 +11,7 @@
 // backend's activation dtype), and the step's metadata buffers. It does not know which block
 // belongs to whom: the engine passes block tables, slots and scales in a ForwardBatch.
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -51,7 +52,8 @@ struct TransformerOptions {
   // for 17% fewer bytes per token (README "FP8 weights").
   bool quantize_lm_head = false;
   // The bf16 recent window (FP8 pool only): allocate_kv_cache() adds a bf16 tail pool of one
-  // ring of window.ring_blocks() blocks per sequence (max_num_seqs rings), K and V or K only.
+  // ring of window.ring_blocks() blocks per sequence (allocate_kv_cache's num_tail_rings), K and
+  // V or K only.
   KvWindow window;
   // CUDA graphs for decode steps (model/decode_graphs.hpp), on backends that have graphs. on: a
   // step whose sequences all decode one token is padded to a bucket and replays the graph
@@ -77,6 +79,9 @@ struct ForwardBatch {
   std::span<float> v_scales;
   std::span<const uint8_t> calibrate;        // [num_seqs]
   std::span<const int32_t> sample_rows;      // token rows whose logits are wanted, <= max_num_seqs
+  // Token rows scored on top (prompt logprobs): any number, each in [0, num_tokens); their
+  // logits go to forward()'s ScoreFn in groups, never all at once.
+  std::span<const int32_t> score_rows;
   // The bf16 window (kernels/paged_kv.hpp), [num_seqs] each; all empty without a window. Every
   // layer spills [spill_starts, min(fp8_lens, context_lens - new tokens)) before its kv_write.
   std::span<const int32_t> fp8_lens;      // positions read from the FP8 pool after this step
@@ -87,7 +92,7 @@ struct ForwardBatch {
 // The arrays of a ForwardBatch, owned: steps built on the host (a padded decode step, benchmarks).
 // view() points a ForwardBatch at them; keep the HostBatch alive while that is used.
 struct HostBatch {
-  std::vector<int32_t> token_ids, positions, query_start_loc, context_lens, block_tables, sample_rows;
+  std::vector<int32_t> token_ids, positions, query_start_loc, context_lens, block_tables, sample_rows, score_rows;
   std::vector<int64_t> slot_mapping;
   std::vector<float> k_scales, v_scales;
   std::vector<uint8_t> calibrate;
@@ -105,14 +110,22 @@ class Transformer {
   Transformer(const ModelConfig& config, const ModelWeights& weights, Backend& backend,
               const TransformerOptions& options);
 
-  // Allocates the KV pool when the options said num_blocks = 0. Once only.
-  void allocate_kv_cache(int num_blocks);
+  // Allocates the KV pool when the options said num_blocks = 0. Once only. num_tail_rings: the
+  // window's tail pool (-1: max_num_seqs); 0 turns the window off (options().window).
+  void allocate_kv_cache(int num_blocks, int num_tail_rings = -1);
   bool has_kv_cache() const { return !kv_views_.empty(); }
+
+  // Receives the fp32 logits of score_rows[first, first + num_rows), [num_rows, vocab_size];
+  // valid during the call only.
+  using ScoreFn = std::function<void(int64_t first, int64_t num_rows, std::span<const float> logits)>;
 
   // Runs the step and writes [sample_rows.size(), vocab_size] fp32 logits to `logits`.
   // counts (optional, [num_layers]) accumulates kv_write's saturation counts per layer.
+  // With score_rows, `score` then receives their logits, max_num_seqs rows at a time: the LM
+  // head runs again on the step's final hidden states (still in place), so a long prompt never
+  // needs [num_tokens, vocab] of logits at once.
   void forward(const ForwardBatch& batch, std::span<float> logits,
-               std::span<KvWriteCounts> counts = {});
+               std::span<KvWriteCounts> counts = {}, const ScoreFn& score = {});
 
   // Copy-on-write: every layer's K and V block src -> dst (BlockManager::append_slot asks).
   void copy_blocks(std::span<const BlockCopy> copies);
@@ -154,11 +167,12 @@ class Transformer {
   // a step reads back is one contiguous range.
   struct StepLayout {
     std::size_t token_ids = 0, positions = 0, slot_mapping = 0, query_start_loc = 0, context_lens = 0,
-                block_tables = 0, calibrate = 0, sample_rows = 0, fp8_lens = 0, spill_starts = 0,
+                block_tables = 0, calibrate = 0, sample_rows = 0, score_rows = 0, fp8_lens = 0, spill_starts = 0,
                 tail_slots = 0, k_scales = 0, v_scales = 0, counts = 0,
                 end = 0;
   };
-  StepLayout step_layout(std::size_t num_tokens, std::size_t num_seqs, std::size_t max_blocks_per_seq) const;
+  StepLayout step_layout(std::size_t num_tokens, std::size_t num_seqs, std::size_t max_blocks_per_seq,
+                         std::size_t num_score_rows = 0) const;
 
   // What the host knows of a step that decides how its ops are issued (their counts and grids).
   struct StepShape {
@@ -178,6 +192,11 @@ class Transformer {
   // Issues the step's ops on the stream, from the embedding to the LM head: no copy and no
   // synchronization, so that a graph can capture it.
   void enqueue(const StepLayout& layout, const StepShape& shape);
+  // The final norm and the LM head over num_rows rows of the step's last hidden states (row
+  // ids on the device at `rows`): logits_ gets [num_rows, vocab]. PRECOND: num_rows <= max_num_seqs.
+  void enqueue_head(const int32_t* rows, int64_t num_rows, int64_t num_tokens);
+  // score_rows' logits, max_num_seqs rows at a time, to `score` (after finish()).
+  void score_rows(const ForwardBatch& batch, const StepLayout& layout, const ScoreFn& score);
   // Downloads the logits (the first logits.size() values) and what the step changed in its
   // metadata (scales when it calibrated, counts), synchronizes, and hands them to the caller.
   void finish(const ForwardBatch& batch, const StepLayout& layout, const StepShape& shape, std::span<float> logits,
@@ -216,6 +235,7 @@ class Transformer {
   DeviceBuffer sampled_;        // [max_seqs, hidden] the residual stream's rows that sample
   DeviceBuffer sampled_delta_;  // [max_seqs, hidden] the last block's output on those rows
   DeviceBuffer logits_;         // [max_seqs, vocab]
+  std::vector<float> score_logits_;  // host: [max_seqs, vocab] one group of score rows
 
   // Step metadata (StepLayout): one device buffer sized for the largest step, and its host image.
   DeviceBuffer step_meta_;

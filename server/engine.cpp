@@ -26,6 +26,7 @@ EngineOptions engine_options_from_config(const Config& config) {
   // A bf16 pool is exact already: the window applies to FP8 KV alone (the start-up log says so).
   options.kv_bf16_window = options.kv_dtype == KvDtype::fp8_e4m3 ? config.kv_bf16_window : 0;
   options.kv_bf16_window_values = config.kv_bf16_window_tensors == "kv";
+  options.max_tail_share = config.kv_bf16_window_share;
   options.block_size = config.block_size;
   if (config.kv_cache_memory > 0) options.kv_cache_memory = static_cast<uint64_t>(config.kv_cache_memory);
   options.max_model_len = config.max_model_len;
@@ -94,21 +95,21 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
       budget_source = "default for the CPU";
     }
   }
-  // The bf16 window's tail pool comes out of the same budget: one ring per sequence that may run.
-  const uint64_t tail_bytes = spec.tail_bytes(options_.max_num_seqs);
-  if (tail_bytes >= budget) {
-    throw std::invalid_argument("a KV budget of " + std::to_string(budget) + " bytes (" + budget_source +
-                                ") is spent on the bf16 window's tail pool (" + std::to_string(tail_bytes) +
-                                " bytes for --max-num-seqs " + std::to_string(options_.max_num_seqs) +
-                                "): raise it, or lower --kv-bf16-window or --max-num-seqs");
-  }
-  const int num_blocks = spec.num_blocks_for_budget(budget - tail_bytes);
+  // The bf16 window's tail pool comes out of the same budget: one ring per sequence that may
+  // run, as many as fit in its share (--kv-bf16-window-share); sequences beyond that run as
+  // pure FP8, and a budget with no room for one ring runs without a window. So the tail never
+  // makes a budget fail that the FP8 pool alone could serve.
+  const KvWindow asked_window = spec.window;
+  const uint64_t ring_bytes = spec.tail_bytes(1);
+  const KvCacheSpec::BudgetSplit split = spec.split_budget(budget, options_.max_num_seqs, options_.max_tail_share);
+  const int num_blocks = split.num_blocks;
+  const int num_rings = split.num_rings;
+  spec.window = split.window;
   if (num_blocks < 1) {
     throw std::invalid_argument("a KV budget of " + std::to_string(budget) + " bytes (" + budget_source +
-                                ") holds no block of " + std::to_string(spec.bytes_per_block()) + " bytes" +
-                                (tail_bytes > 0 ? " next to the bf16 window's tail pool" : "") + ": raise it");
+                                ") holds no block of " + std::to_string(spec.bytes_per_block()) + " bytes: raise it");
   }
-  transformer_->allocate_kv_cache(num_blocks);
+  transformer_->allocate_kv_cache(num_blocks, num_rings);
 
   BlockManagerOptions bopts;
   bopts.block_size = options_.block_size;
@@ -116,7 +117,7 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   bopts.num_blocks = num_blocks;
   bopts.enable_prefix_caching = options_.enable_prefix_caching;
   bopts.window = spec.window;
-  bopts.num_tail_rings = options_.max_num_seqs;
+  bopts.num_tail_rings = num_rings;
   blocks_ = std::make_unique<BlockManager>(bopts);
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerOptions{options_.max_num_seqs, options_.max_num_batched_tokens}, *blocks_);
@@ -149,9 +150,26 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   spdlog::info("KV cache: {} ({}), {} bytes/token, margin {}{}, max model len {}", spec.describe(num_blocks),
                budget_source, spec.bytes_per_token(), options_.kv_scale_margin,
                kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (unused for bf16)", options_.max_model_len);
-  spdlog::info("KV {}{}; pool + tail {} of the {} budget", spec.describe_tail(options_.max_num_seqs),
-               kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (a bf16 pool is exact: no window)",
+  std::string rings_note;
+  if (asked_window.enabled() && !spec.window.enabled()) {
+    rings_note = " (--kv-bf16-window " + std::to_string(asked_window.tokens) + ": one ring takes " +
+                 mib_text(ring_bytes) + ", more than the window's share of this budget: every sequence runs as pure FP8)";
+  } else if (spec.window.enabled()) {
+    rings_note = num_rings < options_.max_num_seqs
+                     ? " - rings for " + std::to_string(num_rings) + " of --max-num-seqs " +
+                           std::to_string(options_.max_num_seqs) + " sequences (--kv-bf16-window-share " +
+                           fmt::format("{:g}", options_.max_tail_share) + " of the budget); the others run as pure FP8"
+                     : " - a ring for each of --max-num-seqs " + std::to_string(options_.max_num_seqs) + " sequences";
+  }
+  spdlog::info("KV {}{}{}; pool + tail {} of the {} budget", spec.describe_tail(num_rings),
+               kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (a bf16 pool is exact: no window)", rings_note,
                mib_text(transformer_->kv_cache_bytes() + transformer_->tail_bytes()), mib_text(budget));
+  if (kv_dtype_is_scaled(options_.kv_dtype)) {
+    // FP8 halves a token's bytes: the pool itself holds twice the tokens bf16 KV would in its bytes.
+    spdlog::info("KV split: FP8 pool {} = {} tokens (bf16 KV would hold {} in those bytes) + bf16 window tail {}",
+                 mib_text(transformer_->kv_cache_bytes()), static_cast<int64_t>(num_blocks) * spec.block_size,
+                 transformer_->kv_cache_bytes() / (2 * spec.bytes_per_token()), mib_text(transformer_->tail_bytes()));
+  }
 }
 
 Engine::~Engine() = default;
@@ -166,7 +184,8 @@ std::string Engine::validate(const GenerationRequest& r) const {
     if (id < 0 || id >= c.vocab_size) return "logit_bias token id " + std::to_string(id) + " is outside the vocabulary";
   for (const int32_t id : r.sampling.allowed_token_ids)
     if (id < 0 || id >= c.vocab_size) return "allowed_token_ids token id " + std::to_string(id) + " is outside the vocabulary";
-  if (r.max_tokens < 1) return "max_tokens must be >= 1";
+  if (r.max_tokens < 0) return "max_tokens must be >= 0";
+  if (r.sampling.min_tokens < 0 || r.sampling.min_tokens > r.max_tokens) return "min_tokens must be in [0, max_tokens]";
   if (r.n < 1 || r.n > options_.max_num_seqs)
     return "n must be in [1, " + std::to_string(options_.max_num_seqs) + "] (--max-num-seqs)";
   const int64_t total = static_cast<int64_t>(r.prompt_tokens.size()) + r.max_tokens;
@@ -204,6 +223,12 @@ void Engine::add_request(GenerationRequest request, OutputSink sink) {
   if (request.arrival == std::chrono::steady_clock::time_point{}) request.arrival = std::chrono::steady_clock::now();
   RequestState state;
   state.num_unfinished = request.n;
+  if (request.num_prompt_logprobs >= 0) state.prompt_logprobs.resize(request.prompt_tokens.size() - 1);
+  if (request.sampling.min_tokens > 0) {  // vLLM's MinTokensLogitsProcessor: EOS (unless ignored) and stop ids
+    std::vector<int32_t>& banned = request.sampling.min_tokens_banned;
+    if (!request.ignore_eos) banned = stop_ids_;
+    banned.insert(banned.end(), request.stop_token_ids.begin(), request.stop_token_ids.end());
+  }
   const uint64_t seed = request.sampling.seed.value_or(seed_rng_());
   for (int i = 0; i < request.n; ++i) {
     const SeqId seq_id = next_seq_id_++;
@@ -217,7 +242,8 @@ void Engine::add_request(GenerationRequest request, OutputSink sink) {
     if (request.grammar) it->second.matcher = std::make_unique<grammar::GrammarMatcher>(request.grammar, !request.ignore_eos);
   }
   const std::vector<SeqId> forks(state.seq_ids.begin() + 1, state.seq_ids.end());
-  scheduler_->add(state.seq_ids.front(), request.prompt_tokens, forks);
+  // Prompt logprobs need logits at every prompt position: no prefix-cache hit for them.
+  scheduler_->add(state.seq_ids.front(), request.prompt_tokens, forks, request.num_prompt_logprobs < 0);
   state.request = std::move(request);
   state.sink = std::move(sink);
   requests_.emplace(id, std::move(state));
@@ -272,12 +298,16 @@ void Engine::on_token(SeqId id, const SampleResult& sample) {
   const GenerationRequest& r = request.request;
   ++seq.num_generated;
   RequestOutput out;
+  attach_prompt_logprobs(seq, out);
   out.new_tokens.push_back(sample.token);
   if (r.sampling.num_logprobs >= 0) out.logprobs.push_back(sample);
 
+  // min_tokens: the sampler masked EOS and the stop ids until then; stop strings are looked for
+  // once this token reaches it (vLLM's check_stop).
+  const bool may_stop = seq.num_generated >= r.sampling.min_tokens;
   const bool is_eos = !r.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), sample.token) != stop_ids_.end();
   const bool is_stop_id = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), sample.token) != r.stop_token_ids.end();
-  if (is_eos || is_stop_id) {
+  if (may_stop && (is_eos || is_stop_id)) {
     // The stop token's own text is not emitted; what was held back before it is (but not a
     // character the sequence ended inside).
     seq.detokenizer.finish();
@@ -285,7 +315,7 @@ void Engine::on_token(SeqId id, const SampleResult& sample) {
     finish_seq(id, out, FinishReason::stop);
     return;
   }
-  const StopChecker::Result text = seq.stop_checker.push(seq.detokenizer.push(sample.token));
+  const StopChecker::Result text = seq.stop_checker.push(seq.detokenizer.push(sample.token), may_stop);
   out.text_delta = text.emit;
   if (text.stopped) {
     finish_seq(id, out, FinishReason::stop);
@@ -338,6 +368,7 @@ void Engine::run_step(const StepPlan& plan) {
   query_start_loc_.assign(1, 0);
   context_lens_.clear();
   sample_rows_.clear();
+  scorer_.clear();
   calibrate_.clear();
   fp8_lens_.clear();
   spill_starts_.clear();
@@ -358,6 +389,7 @@ void Engine::run_step(const StepPlan& plan) {
       if (request.queue_s < 0)
         request.queue_s = std::chrono::duration<double>(step_start - request.request.arrival).count();
     }
+    add_score_rows(s, static_cast<int32_t>(token_ids_.size()));
     const std::span<const int32_t> tokens = blocks_->tokens(s.id);
     for (int p = s.start; p < s.start + s.num_tokens; ++p) {
       token_ids_.push_back(tokens[static_cast<std::size_t>(p)]);
@@ -369,7 +401,9 @@ void Engine::run_step(const StepPlan& plan) {
     if (window) {
       fp8_lens_.push_back(blocks_->fp8_len_after(s.id, s.start + s.num_tokens, s.fp8_floor));
       spill_starts_.push_back(blocks_->num_fp8_tokens(s.id));
-      tail_slots_.push_back(blocks_->tail_ring(s.id));
+      // A sequence without a ring reads nothing from the tail (its fp8_len is its context):
+      // ring 0 only keeps the slot in range.
+      tail_slots_.push_back(std::max(0, blocks_->tail_ring(s.id)));
     }
     if (s.samples) sample_rows_.push_back(static_cast<int32_t>(token_ids_.size()) - 1);
     calibrate_.push_back(s.calibrate ? 1 : 0);
@@ -400,8 +434,11 @@ void Engine::run_step(const StepPlan& plan) {
   batch.fp8_lens = fp8_lens_;
   batch.spill_starts = spill_starts_;
   batch.tail_slots = tail_slots_;
+  batch.score_rows = scorer_.rows();
   std::fill(step_counts_.begin(), step_counts_.end(), KvWriteCounts{});
-  transformer_->forward(batch, logits_, step_counts_);
+  transformer_->forward(batch, logits_, step_counts_, [this](int64_t first, int64_t n, std::span<const float> logits) {
+    scorer_.score(first, n, logits, device_.pool.get());
+  });
   for (int layer = 0; layer < num_layers; ++layer) saturation_.add(layer, step_counts_[static_cast<std::size_t>(layer)]);
 
   // Calibrated scales go to the block manager before on_step_done freezes them.
@@ -419,7 +456,8 @@ void Engine::run_step(const StepPlan& plan) {
   if (window) {  // a fork owns a ring of its own: the parent's window, copied
     tail_copies_.clear();
     for (const ScheduledSeq& s : plan.seqs) {
-      for (const SeqId child : s.forks) tail_copies_.push_back({blocks_->tail_ring(s.id), blocks_->tail_ring(child)});
+      for (const SeqId child : s.forks)
+        if (blocks_->tail_ring(child) >= 0) tail_copies_.push_back({blocks_->tail_ring(s.id), blocks_->tail_ring(child)});
     }
     transformer_->copy_tail_rings(tail_copies_);
   }
@@ -436,12 +474,23 @@ void Engine::run_step(const StepPlan& plan) {
   };
   std::vector<Pending> pending;
   std::size_t row = 0;
+  std::vector<SeqId> scored_only;  // max_tokens 0: the prompt is scored, nothing sampled
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.samples) continue;
-    if (const auto it = seqs_.find(s.id); it != seqs_.end())
-      pending.push_back({s.id, row, s.forks.empty() && !it->second.matcher, {}});
-    for (const SeqId child : s.forks) pending.push_back({child, row, false, {}});
+    const auto it = seqs_.find(s.id);
+    if (it != seqs_.end() && requests_.at(it->second.request_id).request.max_tokens == 0) {
+      scored_only.push_back(s.id);
+      scored_only.insert(scored_only.end(), s.forks.begin(), s.forks.end());
+    } else {
+      if (it != seqs_.end()) pending.push_back({s.id, row, s.forks.empty() && !it->second.matcher, {}});
+      for (const SeqId child : s.forks) pending.push_back({child, row, false, {}});
+    }
     ++row;
+  }
+  for (const SeqId id : scored_only) {
+    RequestOutput out;
+    attach_prompt_logprobs(seqs_.at(id), out);
+    finish_seq(id, out, FinishReason::length);
   }
   std::vector<std::size_t> parallel;
   for (std::size_t i = 0; i < pending.size(); ++i)
@@ -500,6 +549,28 @@ void Engine::run_step(const StepPlan& plan) {
   }
 }
 
+void Engine::add_score_rows(const ScheduledSeq& s, int32_t first_row) {
+  SeqState& seq = seqs_.at(s.id);
+  RequestState& request = requests_.at(seq.request_id);
+  const GenerationRequest& r = request.request;
+  if (r.num_prompt_logprobs < 0) return;
+  // Positions whose next token is a prompt token and that no earlier step scored.
+  const int begin = std::max(s.start, request.num_scored);
+  const int end = std::min(s.start + s.num_tokens, static_cast<int>(r.prompt_tokens.size()) - 1);
+  for (int p = begin; p < end; ++p) {
+    scorer_.add(first_row + (p - s.start), {&request.prompt_logprobs, p, r.prompt_tokens[static_cast<std::size_t>(p + 1)],
+                                            r.num_prompt_logprobs});
+  }
+  request.num_scored = std::max(request.num_scored, end);  // the forward pass below fills them
+}
+
+void Engine::attach_prompt_logprobs(SeqState& seq, RequestOutput& out) {
+  if (seq.prompt_logprobs_sent) return;
+  seq.prompt_logprobs_sent = true;
+  const RequestState& request = requests_.at(seq.request_id);
+  if (request.request.num_prompt_logprobs >= 0) out.prompt_logprobs = request.prompt_logprobs;
+}
+
 int64_t Engine::token_budget(const SeqState& seq) const {
   const GenerationRequest& r = requests_.at(seq.request_id).request;
   const int64_t by_length = static_cast<int64_t>(options_.max_model_len) - static_cast<int64_t>(r.prompt_tokens.size()) - seq.num_generated;
@@ -543,6 +614,7 @@ EngineStats Engine::stats() const {
   if (const int rings = blocks_->num_tail_rings(); rings > 0) {
     s.kv_tail_usage = static_cast<double>(rings - blocks_->num_free_tail_rings()) / rings;
   }
+  s.kv_ringless_seqs = blocks_->num_seqs_without_ring();
   s.num_preemptions = scheduler_->num_preemptions();
   const PrefixCacheStats prefix = blocks_->prefix_cache_stats();
   s.prefix_queries = prefix.num_queried_tokens;

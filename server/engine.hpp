@@ -29,6 +29,7 @@
 #include "server/api/engine_client.hpp"
 #include "server/device.hpp"
 #include "server/engine_api.hpp"
+#include "server/prompt_scoring.hpp"
 #include "server/sampling.hpp"
 #include "server/scheduler.hpp"
 #include "server/stop_checker.hpp"
@@ -43,6 +44,9 @@ struct EngineOptions {
   bool quantize_lm_head = false;       // with it, the LM head too (--fp8-lm-head)
   int kv_bf16_window = 64;             // --kv-bf16-window tokens (FP8 pool only; 0 = off)
   bool kv_bf16_window_values = false;  // --kv-bf16-window-tensors kv (true) or k (false)
+  // --kv-bf16-window-share: the most of the KV budget the window's rings may take; as many rings
+  // as fit are made, sequences beyond them run as pure FP8.
+  double max_tail_share = kDefaultKvBf16WindowShare;
   int block_size = 16;
   // Bytes of K + V pool, the bf16 window's tail pool included; 0 = derive: on a GPU
   // gpu_memory_utilization of its memory minus what the weights and buffers took, on the CPU
@@ -107,6 +111,10 @@ class Engine {
     std::vector<SeqId> seq_ids;  // per choice
     int num_unfinished = 0;
     double queue_s = -1;  // set when one of its sequences is first scheduled
+    // Prompt logprobs (num_prompt_logprobs >= 0): [prompt tokens - 1], filled in prefill;
+    // positions [0, num_scored) are done (a recompute after preemption skips them).
+    std::vector<SampleResult> prompt_logprobs;
+    int num_scored = 0;
   };
   struct SeqState {
     std::string request_id;
@@ -118,12 +126,17 @@ class Engine {
     bool scheduled = false;  // has run in a step (its request's queue time is then known)
     std::unique_ptr<grammar::GrammarMatcher> matcher;  // structured output, else null
     bool closing = false;  // the token budget left only suffices to finish the document
+    bool prompt_logprobs_sent = false;  // with the choice's first output
   };
 
   void reject(const GenerationRequest& request, const OutputSink& sink, const std::string& message);
   std::string validate(const GenerationRequest& request) const;
   void run_step(const StepPlan& plan);
   void on_token(SeqId id, const SampleResult& sample);
+  // The step's rows that score prompt tokens, into scorer_ (before the forward pass).
+  void add_score_rows(const ScheduledSeq& s, int32_t first_row);
+  // A request's prompt logprobs go out with each choice's first output.
+  void attach_prompt_logprobs(SeqState& seq, RequestOutput& out);
   // Masks `row` to the tokens the sequence's grammar allows; false when none is (a dead end).
   // With `budget` tokens left (this one included) and no more than the document needs to be
   // finished, only the shortest way to finish it is allowed.
@@ -151,6 +164,7 @@ class Engine {
   std::vector<int32_t> fp8_lens_, spill_starts_, tail_slots_;
   std::vector<BlockCopy> tail_copies_;
   std::vector<int32_t> sample_rows_;
+  PromptScorer scorer_;
   std::vector<int64_t> slot_mapping_;
   std::vector<float> k_scales_, v_scales_, logits_, row_;
   std::vector<uint64_t> token_mask_;

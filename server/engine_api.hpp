@@ -22,7 +22,14 @@ struct GenerationRequest {
   std::string request_id;               // unique per request
   std::vector<int32_t> prompt_tokens;   // already tokenized (chat template applied)
   SamplingParams sampling;
-  int max_tokens = 16;                  // completion tokens, >= 1
+  int max_tokens = 16;                  // completion tokens; 0: the prompt is only scored (prefill, no token)
+  // (vLLM's min_tokens is sampling.min_tokens: until that many tokens are generated, EOS and
+  // stop_token_ids are masked out of sampling and stop strings are not looked for.)
+  // Prompt logprobs (completions' echo with logprobs, vLLM's prompt_logprobs): -1 none; N >= 0:
+  // the logprob of every prompt token after the first, and the N most likely tokens at each of
+  // those positions. Computed in prefill from the same forward pass that fills the KV cache;
+  // such a request maps no prefix-cache blocks (vLLM does the same), so every position is run.
+  int num_prompt_logprobs = -1;
   std::vector<std::string> stop;        // stop strings, matched on text, not emitted unless
   bool include_stop_str_in_output = false;  // ... this is set
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
@@ -45,6 +52,9 @@ struct RequestOutput {
   std::vector<int32_t> new_tokens;
   std::string text_delta;
   std::vector<SampleResult> logprobs;   // one per new token, when requested
+  // With num_prompt_logprobs >= 0, on each choice's first output: prompt tokens 1 .. n-1 (the
+  // first token has no logprob), each with its top num_prompt_logprobs.
+  std::vector<SampleResult> prompt_logprobs;
   std::optional<FinishReason> finish;   // set on the last output of this choice
   std::string error;                    // when finish == error: what went wrong
   int prompt_tokens = 0;

@@ -17,6 +17,9 @@ namespace fp8serve {
 int run_generate(const Config& config) {
   using Clock = std::chrono::steady_clock;
   EngineOptions options = engine_options_from_config(config);
+  // One sequence: the per-sequence reservations (the bf16 window's rings, the sampled rows'
+  // buffers) for one, not for --max-num-seqs.
+  options.max_num_seqs = 1;
   LoadedModel model = load_model(config.model);
   const std::vector<int32_t> prompt = model.tokenizer->encode(config.prompt, /*add_special_tokens=*/true);
   Engine engine(std::move(model), options);

@@ -54,6 +54,8 @@ void Sampler::apply_logit_processors(std::span<float> logits) const {
     for (size_t i = 0; i < kept.size(); ++i) logits[params_.allowed_token_ids[i]] = kept[i];
   }
   for (const auto& [token, bias] : params_.logit_bias) logits[token] += bias;
+  if (num_generated_ < params_.min_tokens)
+    for (const int32_t token : params_.min_tokens_banned) logits[token] = -std::numeric_limits<float>::infinity();
 }
 
 void Sampler::apply_penalties(std::span<float> logits) const {
@@ -157,12 +159,15 @@ SampleResult Sampler::sample(std::span<float> logits) {
   result.token = draw(logits);
   if (params_.num_logprobs >= 0) result.logprob = raw_logprobs(raw, result.token, params_.num_logprobs, result.top_logprobs);
   ++output_counts_[result.token];
+  ++num_generated_;
   return result;
 }
 
 void Sampler::forget(int32_t token) {
   const auto it = output_counts_.find(token);
-  if (it != output_counts_.end() && --it->second == 0) output_counts_.erase(it);
+  if (it == output_counts_.end()) return;
+  --num_generated_;
+  if (--it->second == 0) output_counts_.erase(it);
 }
 
 float raw_logprobs(std::span<const float> logits, int32_t token, int n, std::vector<TokenLogprob>& top) {

@@ -2,7 +2,7 @@
 // Host-side sampling of the next token from one row of logits, with OpenAI/vLLM semantics.
 //
 // Order of processing (vLLM's): allowed_token_ids (every other token masked out), logit_bias
-// (added), repetition penalty (prompt + output tokens), frequency and presence penalties
+// (added), min_tokens (EOS and stop ids masked), repetition penalty (prompt + output tokens), frequency and presence penalties
 // (output tokens), temperature, top-k, top-p, min-p, then a draw from the sequence's own RNG. temperature == 0 is greedy (ties go to the lowest id). Log-probabilities
 // reported to the client are those of the raw model distribution (log_softmax of the logits as
 // the model produced them), as vLLM reports by default.
@@ -28,6 +28,10 @@ struct SamplingParams {
   int num_logprobs = -1;           // -1: none; 0: the chosen token's; N: and the top N
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token, added to its logit), ids distinct
   std::vector<int32_t> allowed_token_ids;             // non-empty: sample only among these
+  // vLLM's min_tokens: these ids (the engine fills in EOS and stop_token_ids) are masked out
+  // while fewer than min_tokens tokens have been sampled.
+  int min_tokens = 0;
+  std::vector<int32_t> min_tokens_banned;
 };
 
 struct TokenLogprob {
@@ -39,6 +43,7 @@ struct SampleResult {
   int32_t token = 0;
   float logprob = 0.0f;                   // of the chosen token (when num_logprobs >= 0)
   std::vector<TokenLogprob> top_logprobs; // the num_logprobs most likely, best first
+  int rank = 0;                           // prompt logprobs: 1 + tokens with a higher logit
 };
 
 // One sequence's sampler: owns its RNG and the counts its penalties need.
@@ -67,6 +72,7 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<int32_t> prompt_tokens_;                // distinct, for the repetition penalty
   std::unordered_map<int32_t, int32_t> output_counts_;  // token -> times generated
+  int num_generated_ = 0;
   std::vector<int32_t> order_;                        // scratch: candidate ids
   std::vector<double> weights_;                       // scratch: exp((l - l_max) / T) per id
 };

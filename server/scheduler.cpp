@@ -19,7 +19,7 @@ Scheduler::Sequence& Scheduler::seq(SeqId id) {
   return it->second;
 }
 
-void Scheduler::add(SeqId id, std::span<const int32_t> prompt, std::span<const SeqId> fork_ids) {
+void Scheduler::add(SeqId id, std::span<const int32_t> prompt, std::span<const SeqId> fork_ids, bool prefix_cache) {
   if (prompt.empty()) throw std::logic_error("Scheduler::add: empty prompt");
   if (seqs_.count(id) != 0) throw std::logic_error("Scheduler::add: sequence id in use");
   for (const SeqId f : fork_ids)
@@ -28,6 +28,7 @@ void Scheduler::add(SeqId id, std::span<const int32_t> prompt, std::span<const S
   s.tokens.assign(prompt.begin(), prompt.end());
   s.num_prompt_tokens = static_cast<int>(prompt.size());
   s.pending_forks.assign(fork_ids.begin(), fork_ids.end());
+  s.prefix_cache = prefix_cache;
   s.num_cached_tokens = -1;  // not admitted yet
   seqs_.emplace(id, std::move(s));
   waiting_.push_back(id);
@@ -114,9 +115,11 @@ StepPlan Scheduler::schedule() {
     Sequence& s = seq(id);
     const int group = 1 + static_cast<int>(s.pending_forks.size());
     if (static_cast<int>(running_.size()) + group > options_.max_num_seqs && !running_.empty()) break;
-    const int max_cached = s.fp8_steps.empty() ? kNoCap : replay_hit_limit(s);
-    if (!blocks_.can_allocate(s.tokens, max_cached)) break;
-    const AllocateResult allocated = blocks_.allocate(id, s.tokens, max_cached);
+    const int max_cached = !s.prefix_cache ? 0 : s.fp8_steps.empty() ? kNoCap : replay_hit_limit(s);
+    const int need_rings = s.had_ring ? group : 0;
+    if (!blocks_.can_allocate(s.tokens, max_cached, need_rings)) break;
+    const AllocateResult allocated = blocks_.allocate(id, s.tokens, max_cached, group);
+    s.had_ring = blocks_.tail_ring(id) >= 0;
     s.num_computed_tokens = allocated.num_cached_tokens;
     if (s.num_cached_tokens < 0) s.num_cached_tokens = allocated.num_cached_tokens;
     if (blocks_.window().enabled() && s.fp8_steps.empty() && allocated.num_cached_tokens > 0) {
@@ -161,6 +164,7 @@ void Scheduler::on_step_done(const StepPlan& plan) {
       c.num_computed_tokens = s.num_computed_tokens;
       c.num_cached_tokens = s.num_cached_tokens;
       c.fp8_steps = s.fp8_steps;
+      c.had_ring = blocks_.tail_ring(child) >= 0;
       c.running = true;
       seqs_.emplace(child, std::move(c));
       running_.push_back(child);

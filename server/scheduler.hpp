@@ -69,8 +69,9 @@ class Scheduler {
   Scheduler(const SchedulerOptions& options, BlockManager& block_manager);
 
   // Queues a sequence. fork_ids: extra sequences (n > 1 sampling) that share its prompt
-  // blocks once its prefill is done. PRECOND: ids unused, prompt not empty.
-  void add(SeqId id, std::span<const int32_t> prompt, std::span<const SeqId> fork_ids = {});
+  // blocks once its prefill is done. prefix_cache false: map no cached block, compute every
+  // position (prompt logprobs need their logits). PRECOND: ids unused, prompt not empty.
+  void add(SeqId id, std::span<const int32_t> prompt, std::span<const SeqId> fork_ids = {}, bool prefix_cache = true);
 
   StepPlan schedule();
   void on_step_done(const StepPlan& plan);
@@ -101,6 +102,10 @@ class Scheduler {
     int num_computed_tokens = 0;
     int num_cached_tokens = 0;
     bool running = false;
+    bool prefix_cache = true;  // may map cached blocks at admission
+    // bf16 window: ran with a tail ring. A recompute replays what its steps read, so it waits
+    // for a ring; a sequence that ran as pure FP8 replays exactly with or without one.
+    bool had_ring = false;
     std::vector<SeqId> pending_forks;
     std::optional<KvScales> saved_scales;  // frozen scales kept across a preemption
     std::vector<Fp8Step> fp8_steps;        // bf16 window: what a recompute replays

@@ -26,13 +26,17 @@ StopChecker::StopChecker(std::vector<std::string> stops, bool include_stop) : in
     if (!s.empty()) stops_.push_back(std::move(s));
 }
 
-StopChecker::Result StopChecker::push(std::string_view text) {
+StopChecker::Result StopChecker::push(std::string_view text, bool match) {
   Result result;
   if (stopped_) {
     result.stopped = true;
     return result;
   }
   pending_.append(text);
+  if (!match) {
+    result.emit.swap(pending_);
+    return result;
+  }
   // The earliest stop occurrence wins; among stops starting at the same place, the shortest.
   size_t first = std::string::npos;
   size_t length = 0;

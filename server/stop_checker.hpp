@@ -19,7 +19,9 @@ class StopChecker {
   };
 
   // Adds newly decoded text (valid UTF-8). After a stop, further calls emit nothing.
-  Result push(std::string_view text);
+  // match = false (vLLM's min_tokens not reached yet): no stop string is looked for, and this
+  // text with what was held back is emitted at once.
+  Result push(std::string_view text, bool match = true);
   // End of generation without a stop: releases the text held back.
   std::string flush();
 

@@ -17,6 +17,7 @@ struct EngineStats {
   double kv_usage = 0.0;            // fraction of KV blocks in use, [0, 1]
   double kv_tail_usage = 0.0;       // bf16 window: fraction of tail rings owned by sequences, [0, 1]
   uint64_t kv_tail_tokens = 0;      // bf16 window: tokens its rings hold now
+  uint64_t kv_ringless_seqs = 0;    // bf16 window: sequences that ran as pure FP8 for want of a ring
   uint64_t num_preemptions = 0;
   uint64_t prefix_queries = 0;      // prompt tokens looked up in the prefix cache
   uint64_t prefix_hits = 0;         // of those, found

@@ -288,6 +288,10 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
     // Unset: 16 for completions (OpenAI's default), the rest of the context for chat (vLLM's).
     const int wanted = r.max_tokens.value_or(kind == ApiKind::completion ? 16 : std::max(1, max_len - prompt_len));
     if (static_cast<int64_t>(prompt_len) + wanted > max_len) return error_reply(context_exceeded(max_len, prompt_len, wanted, kind));
+    if (r.sampling.min_tokens > wanted)
+      return error_reply(bad_request("'min_tokens' (" + std::to_string(r.sampling.min_tokens) + ") must not exceed max_tokens (" +
+                                         std::to_string(wanted) + ").",
+                                     "min_tokens"));
     if (model_->max_pool_tokens > 0 && static_cast<int64_t>(prompt_len) + wanted > model_->max_pool_tokens)
       return error_reply(bad_request("The prompt plus max_tokens (" + std::to_string(prompt_len + wanted) +
                                          " tokens) exceeds what the whole KV cache holds (" +
@@ -317,6 +321,12 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
   meta.tokens_as_ids = r.return_tokens_as_token_ids;
   meta.tool_parser = tools.parse;
   if (r.echo) meta.echo_texts = texts;
+  // Prompt logprobs: echo with logprobs (in the logprobs object) and vLLM's prompt_logprobs
+  // (their own field) are computed once, with the larger of the two top-N.
+  meta.echo_logprobs = r.echo && r.sampling.num_logprobs >= 0;
+  meta.num_prompt_logprobs = r.prompt_logprobs.value_or(-1);
+  const int num_prompt_logprobs = std::max(meta.num_prompt_logprobs, meta.echo_logprobs ? r.sampling.num_logprobs : -1);
+  if (num_prompt_logprobs >= 0) meta.prompt_ids = prompts;
   for (const auto& p : prompts) meta.prompt_tokens.push_back(static_cast<int>(p.size()));
 
   GenerationJob job;
@@ -335,6 +345,7 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
     g.prompt_tokens = std::move(prompts[p]);
     g.sampling = sampling;
     g.max_tokens = max_tokens[p];
+    g.num_prompt_logprobs = num_prompt_logprobs;
     g.stop = r.stop;
     g.include_stop_str_in_output = r.include_stop_str_in_output;
     g.stop_token_ids = r.stop_token_ids;

@@ -209,7 +209,9 @@ ApiRequest parse_fields(const Json& body, ApiKind kind, const ApiLimits& limits)
 
   // max_completion_tokens is the newer chat name; it wins when both are given.
   constexpr int64_t kMaxTokens = 1 << 24;
-  if (auto v = f.integer("max_tokens", 1, kMaxTokens)) r.max_tokens = static_cast<int>(*v);
+  // max_tokens 0 with echo scores the prompt and generates nothing (OpenAI's legacy API and
+  // vLLM allow it; evaluation harnesses use it).
+  if (auto v = f.integer("max_tokens", r.echo ? 0 : 1, kMaxTokens)) r.max_tokens = static_cast<int>(*v);
   if (kind == ApiKind::chat)
     if (auto v = f.integer("max_completion_tokens", 1, kMaxTokens)) r.max_tokens = static_cast<int>(*v);
 
@@ -239,8 +241,11 @@ ApiRequest parse_fields(const Json& body, ApiKind kind, const ApiLimits& limits)
     if (top && *top > 0 && !want) reject("top_logprobs", "'top_logprobs' needs 'logprobs': true.");
     if (want) s.num_logprobs = static_cast<int>(top.value_or(0));
   }
-  if (r.echo && s.num_logprobs >= 0)
-    reject("echo", "'echo' together with 'logprobs' (prompt logprobs) is not supported by this server.");
+  if (auto v = f.integer("prompt_logprobs", 0, limits.max_logprobs)) r.prompt_logprobs = static_cast<int>(*v);
+  s.min_tokens = static_cast<int>(f.integer("min_tokens", 0, kMaxTokens).value_or(0));
+  if (r.max_tokens && s.min_tokens > *r.max_tokens)
+    reject("min_tokens", "'min_tokens' (" + std::to_string(s.min_tokens) + ") must not exceed 'max_tokens' (" +
+                             std::to_string(*r.max_tokens) + ").");
   r.return_tokens_as_token_ids = f.boolean("return_tokens_as_token_ids").value_or(false);
 
   r.stop = parse_stop(f.find("stop"), limits);
@@ -255,6 +260,9 @@ ApiRequest parse_fields(const Json& body, ApiKind kind, const ApiLimits& limits)
     reject("best_of", "'best_of' greater than 'n' cannot be streamed: which choices are best is known only when all "
                       "are done.");
   parse_stream_options(f, r);
+  if (r.stream && r.prompt_logprobs)
+    reject("prompt_logprobs", "'prompt_logprobs' is not available with 'stream': true (as in vLLM); echo with logprobs "
+                              "streams the prompt's logprobs in the first chunk.");
   if (const Json* format = f.find("response_format")) r.response_format = *format;
   r.ignore_eos = f.boolean("ignore_eos").value_or(false);
   r.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);

@@ -53,7 +53,8 @@ struct ApiRequest {
   bool continue_final_message = false;      // chat: the prompt ends inside the last message
   std::optional<bool> add_special_tokens;   // unset: true for completions, false for chat
   std::optional<int> truncate_prompt_tokens;  // keep the prompt's last N tokens
-  std::optional<int> max_tokens;            // unset: completion 16, chat the rest of the context
+  std::optional<int> max_tokens;            // unset: completion 16, chat the rest of the context; 0 only with echo
+  std::optional<int> prompt_logprobs;       // vLLM: each prompt token's logprob and the top N
   SamplingParams sampling;                  // logit_bias / allowed_token_ids ids not yet checked against the vocabulary
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
@@ -62,7 +63,8 @@ struct ApiRequest {
   int best_of = 1;                          // >= n: choices generated; the n best are returned
   bool stream = false;
   bool include_usage = false;               // stream_options.include_usage
-  bool echo = false;                        // completion: prepend the prompt to the text
+  bool echo = false;                        // completion: prepend the prompt to the text (and,
+                                            // with logprobs, the prompt tokens' logprobs)
   bool ignore_eos = false;
   bool skip_special_tokens = true;
   bool return_tokens_as_token_ids = false;  // logprobs tokens as "token_id:N"

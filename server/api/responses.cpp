@@ -135,6 +135,58 @@ Json ResponseBuilder::logprobs_delta(Choice& choice, const RequestOutput& output
   return delta;
 }
 
+Json ResponseBuilder::echo_logprobs(Choice& choice, int prompt_index, const RequestOutput& output) {
+  const std::vector<int32_t>& ids = meta_.prompt_ids.at(static_cast<std::size_t>(prompt_index));
+  Json delta = {{"tokens", Json::array()}, {"token_logprobs", Json::array()}, {"top_logprobs", Json::array()},
+                {"text_offset", Json::array()}};
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const std::string bytes = token_bytes_(ids[i]);
+    delta["tokens"].push_back(token_text(ids[i], bytes));
+    delta["text_offset"].push_back(choice.text_offset);
+    choice.text_offset += static_cast<int>(bytes.size());
+    const SampleResult* s = i > 0 && i - 1 < output.prompt_logprobs.size() ? &output.prompt_logprobs[i - 1] : nullptr;
+    if (s == nullptr) {  // the first token: nothing came before it to predict it
+      delta["token_logprobs"].push_back(nullptr);
+      delta["top_logprobs"].push_back(nullptr);
+      continue;
+    }
+    delta["token_logprobs"].push_back(s->logprob);
+    if (meta_.num_logprobs == 0) {
+      delta["top_logprobs"].push_back(nullptr);
+      continue;
+    }
+    Json top = Json::object();
+    for (std::size_t k = 0; k < s->top_logprobs.size() && k < static_cast<std::size_t>(meta_.num_logprobs); ++k) {
+      const TokenLogprob& t = s->top_logprobs[k];
+      const std::string key = token_text(t.token, token_bytes_(t.token));
+      if (!top.contains(key)) top[key] = t.logprob;
+    }
+    delta["top_logprobs"].push_back(std::move(top));
+  }
+  return delta;
+}
+
+Json ResponseBuilder::vllm_prompt_logprobs(int prompt_index, const RequestOutput& output) const {
+  const std::vector<int32_t>& ids = meta_.prompt_ids.at(static_cast<std::size_t>(prompt_index));
+  Json list = Json::array();
+  list.push_back(nullptr);
+  for (std::size_t i = 1; i < ids.size() && i - 1 < output.prompt_logprobs.size(); ++i) {
+    const SampleResult& s = output.prompt_logprobs[i - 1];
+    // vLLM's order: the prompt token, then the top N by rank (a dict: the token keeps its place).
+    Json entry = Json::object();
+    auto add = [&](int32_t token, float logprob, int rank) {
+      const std::string key = std::to_string(token);
+      if (entry.contains(key)) return;
+      entry[key] = {{"logprob", logprob}, {"rank", rank}, {"decoded_token", token_text(token, token_bytes_(token))}};
+    };
+    add(s.token, s.logprob, s.rank);
+    for (std::size_t k = 0; k < s.top_logprobs.size() && k < static_cast<std::size_t>(meta_.num_prompt_logprobs); ++k)
+      add(s.top_logprobs[k].token, s.top_logprobs[k].logprob, static_cast<int>(k) + 1);
+    list.push_back(std::move(entry));
+  }
+  return list;
+}
+
 void ResponseBuilder::append_logprobs(Json& into, const Json& delta, ApiKind kind) {
   if (delta.is_null()) return;
   if (into.is_null()) {
@@ -159,7 +211,17 @@ std::vector<std::string> ResponseBuilder::on_output(int prompt_index, const Requ
   cached_tokens_[prompt_index] = std::max(cached_tokens_[prompt_index], output.cached_tokens);
   choice.completion_tokens = std::max(choice.completion_tokens, output.completion_tokens);
 
-  Json lp = logprobs_delta(choice, output);
+  Json lp;
+  std::string echo_text;  // echo with logprobs: the prompt text goes out with its logprobs
+  if (!choice.started) {
+    choice.started = true;
+    if (meta_.echo_logprobs) {
+      lp = echo_logprobs(choice, prompt_index, output);
+      if (meta_.stream) echo_text = meta_.echo_texts[static_cast<std::size_t>(prompt_index)];
+    }
+    if (meta_.num_prompt_logprobs >= 0) choice.prompt_logprobs = vllm_prompt_logprobs(prompt_index, output);
+  }
+  append_logprobs(lp, logprobs_delta(choice, output), meta_.kind);
   if (output.finish) {
     choice.finish = output.finish;
     ++num_finished_;
@@ -172,7 +234,7 @@ std::vector<std::string> ResponseBuilder::on_output(int prompt_index, const Requ
   }
   // An error or an abort ends the stream without a normal final chunk.
   if (output.finish && (*output.finish == FinishReason::error || *output.finish == FinishReason::abort)) return events;
-  if (output.text_delta.empty() && output.logprobs.empty() && !output.finish) return events;
+  if (output.text_delta.empty() && lp.is_null() && !output.finish) return events;
 
   Json c;
   c["index"] = choice_index;
@@ -187,7 +249,7 @@ std::vector<std::string> ResponseBuilder::on_output(int prompt_index, const Requ
   } else if (meta_.kind == ApiKind::chat) {
     c["delta"] = output.text_delta.empty() ? Json::object() : Json{{"content", output.text_delta}};
   } else {
-    c["text"] = output.text_delta;
+    c["text"] = echo_text + output.text_delta;
   }
   c["logprobs"] = std::move(lp);
   c["finish_reason"] = finish_json(output.finish);
@@ -206,7 +268,7 @@ std::vector<std::string> ResponseBuilder::stream_head() const {
     c["index"] = i;
     if (meta_.kind == ApiKind::chat) {
       c["delta"] = {{"role", "assistant"}, {"content", ""}};
-    } else if (!meta_.echo_texts.empty()) {
+    } else if (!meta_.echo_texts.empty() && !meta_.echo_logprobs) {  // else with its logprobs, in the first chunk
       c["text"] = meta_.echo_texts[static_cast<size_t>(i / meta_.best_of)];
     } else {
       continue;  // completions have no role chunk
@@ -294,9 +356,13 @@ Json ResponseBuilder::final_body() const {
       }
       c["logprobs"] = choice.logprobs;
       c["finish_reason"] = std::move(finish);
+      if (meta_.kind == ApiKind::completion && meta_.num_prompt_logprobs >= 0) c["prompt_logprobs"] = choice.prompt_logprobs;
       body["choices"].push_back(std::move(c));
     }
   }
+  // vLLM puts a chat request's prompt logprobs at the top level (one prompt for every choice).
+  if (meta_.kind == ApiKind::chat && meta_.num_prompt_logprobs >= 0 && !choices_.empty())
+    body["prompt_logprobs"] = choices_.front().prompt_logprobs;
   body["usage"] = usage_json();
   return body;
 }

@@ -42,6 +42,9 @@ struct ResponseMeta {
   int num_logprobs = -1;      // -1: logprobs not requested
   bool tokens_as_ids = false; // logprobs tokens as "token_id:N" (vLLM's return_tokens_as_token_ids)
   std::vector<std::string> echo_texts;  // completion echo: the prompt text of each prompt
+  bool echo_logprobs = false;           // echo with logprobs: the prompt's tokens lead the logprobs object
+  int num_prompt_logprobs = -1;         // vLLM's prompt_logprobs: -1 not requested
+  std::vector<std::vector<int32_t>> prompt_ids;  // per prompt, when either of the two is asked for
   std::vector<int> prompt_tokens;       // per prompt
   std::optional<ToolCallFormat> tool_parser;  // chat with tools: calls are read out of the text
 };
@@ -85,10 +88,17 @@ class ResponseBuilder {
     int text_offset = 0;              // completion logprobs: bytes of token text so far
     double cumulative_logprob = 0;    // of the chosen tokens (best_of ranks by it)
     std::shared_ptr<ToolCallStream> tools;  // streaming with a tool parser
+    bool started = false;             // an output arrived (the first carries the prompt logprobs)
+    nlohmann::ordered_json prompt_logprobs;  // vLLM's prompt_logprobs list, or null
   };
 
   nlohmann::ordered_json chunk_base() const;
   nlohmann::ordered_json logprobs_delta(Choice& choice, const RequestOutput& output);
+  // The prompt's tokens in the completions logprobs format (echo with logprobs), from the first
+  // output of a choice; the text offsets of the generated tokens continue after them.
+  nlohmann::ordered_json echo_logprobs(Choice& choice, int prompt_index, const RequestOutput& output);
+  // vLLM's prompt_logprobs: [null, {"id": {"logprob", "rank", "decoded_token"}, ...}, ...].
+  nlohmann::ordered_json vllm_prompt_logprobs(int prompt_index, const RequestOutput& output) const;
   static void append_logprobs(nlohmann::ordered_json& into, const nlohmann::ordered_json& delta, ApiKind kind);
   nlohmann::ordered_json usage_json() const;
   std::string token_text(int32_t token, const std::string& bytes) const;

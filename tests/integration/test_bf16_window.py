@@ -1,9 +1,14 @@
 """The bf16 recent window on the real server: it starts with the tail pool reported, serves a
 streaming request while /metrics shows the tail in use, gives every ring back afterwards, and
-n > 1 choices (forked rings) equal the single greedy output."""
+n > 1 choices (forked rings) equal the single greedy output. Small KV budgets start: the rings
+get a capped share, sequences beyond them run as pure FP8 (counted), generate sizes for one."""
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
 import openai
 
-from conftest import TINY_QWEN3, Server
+from conftest import DEFAULT_MODEL, TINY_QWEN3, Server, binary
 
 
 def test_window_tail_in_use_while_streaming_and_released_after(tmp_path):
@@ -34,3 +39,48 @@ def test_window_tail_in_use_while_streaming_and_released_after(tmp_path):
         assert s.metrics()["fp8serve:kv_bf16_tail_usage_perc"] == 0
     finally:
         assert s.stop() == 0, s.log_text()
+
+
+def test_small_budgets_start_with_capped_rings_and_ringless_sequences_run_pure_fp8(tmp_path):
+    # 8 MiB on the default model: 64 K-only rings would take 56 MiB. The rings get at most an
+    # eighth of the budget (1 MiB: one ring of 0.88 MiB), the FP8 pool the rest; sequences beyond
+    # the ring run as pure FP8 and are counted.
+    s = Server(DEFAULT_MODEL, "--kv-cache-memory", "8MiB", "--served-model-name", "m", "--max-num-seqs", 4,
+               "--max-model-len", 512, tmp_path=tmp_path)
+    try:
+        log = s.startup_log()
+        assert "bf16 window 64 tokens (K only): 1 rings x 5 blocks" in log, log
+        assert "rings for 1 of --max-num-seqs 4 sequences" in log and "pure FP8" in log, log
+        # The split: the FP8 pool holds twice the tokens bf16 KV would in its bytes.
+        split = re.search(r"KV split: FP8 pool [\d.]+ MiB = (\d+) tokens \(bf16 KV would hold (\d+) in those bytes\)",
+                          log)
+        assert split and int(split[1]) >= 2 * int(split[2]) > 0, log
+        client = openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0, timeout=300)
+        prompts = ["the weather today", "count the colours of the rainbow", "a story about a ship", "hello"]
+        before = s.metrics()["fp8serve:kv_bf16_window_ringless_seqs_total"]
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda p: client.completions.create(
+                model="m", prompt=p, max_tokens=40, temperature=0, extra_body={"ignore_eos": True}), prompts))
+        assert all(a.usage.completion_tokens == 40 for a in answers)
+        assert s.metrics()["fp8serve:kv_bf16_window_ringless_seqs_total"] - before >= 1
+        assert s.wait_kv_idle() == 0
+        assert s.metrics()["fp8serve:kv_bf16_tail_usage_perc"] == 0
+    finally:
+        assert s.stop() == 0, s.log_text()
+
+
+def test_k_and_v_window_starts_on_64_mib_and_generate_sizes_rings_for_one(tmp_path):
+    s = Server(DEFAULT_MODEL, "--kv-cache-memory", "64MiB", "--kv-bf16-window-tensors", "kv", "--served-model-name", "m",
+               tmp_path=tmp_path)
+    try:
+        log = s.startup_log()
+        assert "bf16 window 64 tokens (K+V): 4 rings x 5 blocks" in log, log
+        status, _, body = s.post("/v1/completions", {"prompt": "hello", "max_tokens": 4})
+        assert status == 200, body
+    finally:
+        assert s.stop() == 0, s.log_text()
+    # generate runs one sequence: one ring, whatever --max-num-seqs serve would use.
+    run = subprocess.run([str(binary()), "generate", str(DEFAULT_MODEL), "--prompt", "hello", "--max-tokens", "4",
+                          "--kv-cache-memory", "8MiB"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "1 rings x 5 blocks" in run.stderr and "a ring for each of --max-num-seqs 1 sequences" in run.stderr, run.stderr

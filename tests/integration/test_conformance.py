@@ -174,7 +174,9 @@ def test_unknown_response_format_type_is_always_a_400(tiny):
     (C, "use_beam_search", True, 400, "unsupported_parameter"),
     (C, "guided_json", {"type": "object"}, 400, "unsupported_parameter"),
     (H, "guided_choice", ["a"], 400, "unsupported_parameter"),
-    (C, "min_tokens", 3, 400, "unsupported_parameter"),
+    (C, "min_tokens", 3, 400, None),                           # more than max_tokens (2)
+    (C, "min_tokens", 1, 200, None),                           # implemented (test_prompt_logprobs.py)
+    (H, "prompt_logprobs", 1, 200, None),
     (H, "cache_salt", "s", 400, "unsupported_parameter"),
     (H, "store", True, 400, "unsupported_parameter"),
     (H, "reasoning_effort", "low", 400, "unsupported_parameter"),

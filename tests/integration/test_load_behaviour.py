@@ -50,10 +50,12 @@ def test_preemption_with_a_pool_of_a_few_blocks(tmp_path):
     # tiny-qwen3 with FP8 K/V: 3 layers x 2 KV heads x 32 dims x 2 (K, V) = 384 bytes per token,
     # 6144 per 16-token block; 12 blocks hold two of these 70-token requests at a time. The bf16
     # window of 32 tokens takes its tail pool off the budget first: 16 rings of 3 blocks of 16
-    # tokens of 768 bytes (K and V in bf16: the window's tensors named, since the default is K only).
+    # tokens of 768 bytes (K and V in bf16: the window's tensors named, since the default is K only)
+    # - 89% of this budget, so the rings' share is raised from its default 1/8: every sequence,
+    # alone or together, then has a ring (one without would differ by more than rounding).
     tail = 16 * 3 * 16 * 768
     s = Server(TINY_QWEN3, "--kv-cache-memory", 12 * 6144 + tail, "--kv-bf16-window", 32, "--kv-bf16-window-tensors", "kv",
-               "--max-num-seqs", 16, "--served-model-name", "tiny", tmp_path=tmp_path)
+               "--kv-bf16-window-share", 0.9, "--max-num-seqs", 16, "--served-model-name", "tiny", tmp_path=tmp_path)
     try:
         client = openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0, timeout=120)
         prompts = PROMPTS[:16]

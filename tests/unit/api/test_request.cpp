@@ -132,7 +132,10 @@ TEST_CASE("400 matrix: each deterministic input error names its parameter") {
       {R"({"prompt": "x", "stream": "yes"})", C, "stream"},
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", C, "stream_options"},
       {R"({"prompt": "x", "stream": true, "stream_options": 3})", C, "stream_options"},
-      {R"({"prompt": "x", "echo": true, "logprobs": 1})", C, "echo"},
+      {R"({"prompt": "x", "prompt_logprobs": 21})", C, "prompt_logprobs"},
+      {R"({"prompt": "x", "prompt_logprobs": 1, "stream": true})", C, "prompt_logprobs"},
+      {R"({"prompt": "x", "max_tokens": 3, "min_tokens": 4})", C, "min_tokens"},
+      {R"({"prompt": "x", "min_tokens": -1})", C, "min_tokens"},
       {R"({"prompt": "x", "seed": 1.5})", C, "seed"},
       {R"({"prompt": "x", "suffix": "tail"})", C, "suffix"},
       {R"({"prompt": "x", "temprature": 0})", C, "temprature"},  // a typo is not silently ignored
@@ -263,6 +266,13 @@ TEST_CASE("vLLM's extensions that are implemented land in the request") {
   CHECK(r.sampling.allowed_token_ids == std::vector<int32_t>{4, 5});
   CHECK(r.add_special_tokens == false);
   CHECK(r.return_tokens_as_token_ids);
+  auto scoring = ok(R"({"prompt": "x", "echo": true, "logprobs": 2, "max_tokens": 0, "min_tokens": 0, "prompt_logprobs": 3})");
+  CHECK(scoring.echo);
+  CHECK(scoring.max_tokens == 0);  // with echo: the prompt is scored, nothing generated
+  CHECK(scoring.sampling.num_logprobs == 2);
+  CHECK(scoring.prompt_logprobs == 3);
+  CHECK(ok(R"({"prompt": "x", "max_tokens": 6, "min_tokens": 6})").sampling.min_tokens == 6);
+  CHECK(ok(R"({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 0})", ApiKind::chat).prompt_logprobs == 0);
   auto c = ok(R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
                   "continue_final_message": true, "documents": [{"title": "t", "text": "d"}]})",
               ApiKind::chat);

@@ -222,3 +222,51 @@ TEST_CASE("return_tokens_as_token_ids: logprobs tokens are token_id:N") {
   CHECK(lp["top_logprobs"][0]["token"] == "token_id:42");
   CHECK(lp["bytes"] == Json::array({'t', '4', '2'}));
 }
+
+TEST_CASE("echo with logprobs: the prompt's tokens lead the logprobs object; prompt_logprobs in vLLM's shape") {
+  ResponseMeta meta;
+  meta.id = "cmpl-e";
+  meta.model = "m";
+  meta.num_logprobs = 1;
+  meta.echo_texts = {"t7t8t9"};
+  meta.echo_logprobs = true;
+  meta.num_prompt_logprobs = 1;
+  meta.prompt_ids = {{7, 8, 9}};
+  for (const bool stream : {false, true}) {
+    meta.stream = stream;
+    ResponseBuilder b(meta, fake_bytes);
+    RequestOutput first = out(0, {4}, "t4");
+    first.prompt_logprobs = {{8, -0.5f, {{8, -0.5f}}, 1}, {9, -2.0f, {{3, -0.25f}}, 4}};
+    first.logprobs = {{4, -0.125f, {{4, -0.125f}}, 0}};
+    auto events = b.on_output(0, first);
+    RequestOutput last = out(0, {}, "", FinishReason::length, 1);
+    for (auto& e : b.on_output(0, last)) events.push_back(e);
+    Json lp, choice;
+    std::string text;
+    if (!stream) {
+      CHECK(events.empty());
+      choice = b.final_body()["choices"][0];
+      lp = choice["logprobs"];
+      text = choice["text"];
+      // vLLM's prompt_logprobs: null, then the prompt token first with its rank, then the top N.
+      const Json& pl = choice["prompt_logprobs"];
+      REQUIRE(pl.size() == 3);
+      CHECK(pl[0].is_null());
+      CHECK(pl[1].dump() == R"({"8":{"logprob":-0.5,"rank":1,"decoded_token":"t8"}})");
+      CHECK(pl[2].dump() ==
+            R"({"9":{"logprob":-2.0,"rank":4,"decoded_token":"t9"},"3":{"logprob":-0.25,"rank":1,"decoded_token":"t3"}})");
+    } else {
+      for (const auto& head : b.stream_head()) CHECK(parse_event(head)["choices"][0].value("text", "") != "t7t8t9");
+      REQUIRE(!events.empty());
+      const Json c = parse_event(events[0])["choices"][0];
+      lp = c["logprobs"];
+      text = c["text"];  // the echo comes with its logprobs, in the first chunk
+    }
+    CHECK(text == "t7t8t9t4");
+    CHECK(lp["tokens"] == Json::array({"t7", "t8", "t9", "t4"}));
+    CHECK(lp["token_logprobs"].dump() == "[null,-0.5,-2.0,-0.125]");
+    CHECK(lp["top_logprobs"][0].is_null());
+    CHECK(lp["top_logprobs"][2].dump() == R"({"t3":-0.25})");
+    CHECK(lp["text_offset"] == Json::array({0, 2, 4, 6}));
+  }
+}

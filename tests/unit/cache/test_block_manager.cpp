@@ -322,7 +322,8 @@ TEST_CASE("bf16 window: the FP8 rule, one tail ring per live sequence, none left
   m.allocate(2, iota_tokens(20, 500));
   CHECK(m.tail_ring(2) == 1);
   CHECK(m.fp8_len_after(2, 20) == 12);  // [0, 12) straight into FP8, [12, 20) into the tail
-  CHECK_FALSE(m.can_allocate(iota_tokens(3)));  // blocks to spare, but no ring
+  CHECK_FALSE(m.can_allocate(iota_tokens(3), fp8serve::kNoCap, /*need_rings=*/1));  // blocks to spare, but no ring
+  CHECK(m.can_allocate(iota_tokens(3)));  // ... which a new sequence does without: pure FP8
   calibrate_and_commit(m, 2, 0.5f, 0.25f, 20);
   CHECK(m.num_fp8_tokens(2) == 12);
 
@@ -456,4 +457,75 @@ TEST_CASE("bf16 window, K only: every V is in the pool, so shared blocks are cop
   m.free(1);
   m.free(2);
   CHECK(m.num_free_blocks() == 32);
+}
+
+TEST_CASE("bf16 window: a sequence admitted with no free ring runs as pure FP8, and so do its forks", "[cache][window]") {
+  // Window 8, blocks of 4, one ring.
+  BlockManager m(BlockManagerOptions{4, 2, 40, true, fp8serve::KvWindow{8, true, 4}, 1});
+  m.allocate(1, iota_tokens(10));
+  CHECK(m.tail_ring(1) == 0);
+  calibrate_and_commit(m, 1, 0.5f, 0.25f, 10);
+  CHECK(m.num_seqs_without_ring() == 0);
+
+  // No ring left: sequence 2 (with one fork to come) is admitted without one, counted twice.
+  m.allocate(2, iota_tokens(10, 300), fp8serve::kNoCap, /*group=*/2);
+  CHECK(m.tail_ring(2) == -1);
+  CHECK(m.num_seqs_without_ring() == 2);
+  CHECK(m.fp8_len_after(2, 10) == 10);  // every computed position is FP8, as without a window
+  calibrate_and_commit(m, 2, 0.5f, 0.25f, 10);
+  CHECK(m.num_fp8_tokens(2) == 10);
+  m.fork(2, 3);
+  CHECK(m.tail_ring(3) == -1);
+  m.check_integrity();
+  // Its full blocks are final at once: offered to the prefix cache like any FP8 block.
+  CHECK(m.num_cached_prefix_tokens(iota_tokens(30, 300)) == 8);
+  // It decodes as without a window: the new token's slot is in the pool (a shared partial
+  // block is copied on write), nothing spills.
+  const AppendResult a = m.append_slot(3, 7);
+  CHECK(a.copy.has_value());
+  CHECK_FALSE(a.spill_copy.has_value());
+  m.mark_computed(3, 11);
+  CHECK(m.num_fp8_tokens(3) == 11);
+  m.check_integrity();
+
+  // The ring frees: the next sequence gets it; a group larger than the free rings gets none.
+  m.free(1);
+  m.allocate(4, iota_tokens(5, 700), fp8serve::kNoCap, /*group=*/2);
+  CHECK(m.tail_ring(4) == -1);
+  m.free(4);
+  m.allocate(5, iota_tokens(5, 700));
+  CHECK(m.tail_ring(5) == 0);
+  m.check_integrity();
+  m.free(2);
+  m.free(3);
+  m.free(5);
+  CHECK(m.num_free_tail_rings() == 1);
+  m.check_integrity();
+}
+
+TEST_CASE("bf16 window: a group's rings are reserved at admission for its forks", "[cache][window]") {
+  BlockManager m(BlockManagerOptions{4, 2, 40, false, fp8serve::KvWindow{8, true, 4}, 3});
+  m.allocate(1, iota_tokens(6), fp8serve::kNoCap, /*group=*/3);
+  CHECK(m.tail_ring(1) >= 0);
+  CHECK(m.num_free_tail_rings() == 0);  // two held for the forks
+  m.allocate(2, iota_tokens(6, 300));  // a newcomer meanwhile: pure FP8, the forks keep theirs
+  CHECK(m.tail_ring(2) == -1);
+  calibrate_and_commit(m, 1, 0.5f, 0.25f, 6);
+  m.fork(1, 3);
+  m.fork(1, 4);
+  CHECK(m.tail_ring(3) >= 0);
+  CHECK(m.tail_ring(4) >= 0);
+  CHECK(m.tail_ring(3) != m.tail_ring(4));
+  m.check_integrity();
+  m.free(1);
+  m.free(3);
+  m.free(4);
+  m.free(2);
+  CHECK(m.num_free_tail_rings() == 3);
+  // Freed before forking: the reserved rings come back too.
+  m.allocate(5, iota_tokens(6), fp8serve::kNoCap, /*group=*/2);
+  CHECK(m.num_free_tail_rings() == 1);
+  m.free(5);
+  CHECK(m.num_free_tail_rings() == 3);
+  m.check_integrity();
 }

@@ -119,3 +119,31 @@ TEST_CASE("saturation counters accumulate per layer", "[cache][scales]") {
   CHECK_THROWS_AS(counters.layer(-1), std::out_of_range);
   CHECK_THROWS_AS(fp8serve::KvSaturationCounters(0), std::invalid_argument);
 }
+
+TEST_CASE("a KV budget split: the rings take at most their share, the pool the rest", "[cache][spec][window]") {
+  // SmolLM2-135M's geometry: 30 layers, 3 KV heads, head_dim 64; window 64 tokens, K only: a
+  // ring of 5 blocks x 16 tokens x 5760 bytes = 921600; an FP8 block 184320 bytes.
+  KvCacheSpec spec;
+  spec.num_layers = 30;
+  spec.num_kv_heads = 3;
+  spec.head_dim = 64;
+  spec.window = fp8serve::KvWindow{64, false, 16};
+  REQUIRE(spec.tail_bytes(1) == 921600);
+  const auto split = [&](uint64_t budget, int max_rings, double share) { return spec.split_budget(budget, max_rings, share); };
+  auto s = split(8ull << 20, 64, 0.125);  // 1 MiB for rings: one
+  CHECK(s.num_rings == 1);
+  CHECK(s.window.enabled());
+  CHECK(s.num_blocks == static_cast<int>(((8ull << 20) - 921600) / 184320));
+  CHECK(split(64ull << 20, 64, 0.125).num_rings == 9);
+  CHECK(split(1ull << 30, 64, 0.125).num_rings == 64);  // capped by --max-num-seqs: 5.5% of the budget
+  CHECK(split(1ull << 30, 4, 0.125).num_rings == 4);
+  s = split(4ull << 20, 64, 0.125);  // 0.5 MiB: no ring fits - no window, the pool takes it all
+  CHECK(s.num_rings == 0);
+  CHECK_FALSE(s.window.enabled());
+  CHECK(s.num_blocks == static_cast<int>((4ull << 20) / 184320));
+  CHECK(split(100000, 64, 0.125).num_blocks == 0);  // not one block: the engine refuses it
+  spec.window = fp8serve::KvWindow{};
+  s = split(8ull << 20, 64, 0.125);  // no window asked: nothing for rings
+  CHECK(s.num_rings == 0);
+  CHECK(s.num_blocks == static_cast<int>((8ull << 20) / 184320));
+}

@@ -59,6 +59,8 @@ TEST_CASE("bad values name the flag and the accepted range", "[config]") {
   CHECK(message_of({"serve", "m", "--kv-bf16-window-tensors", "v"}) ==
         "--kv-bf16-window-tensors: must be one of k, kv, got 'v'");
   CHECK(message_of({"serve", "m", "--kv-scale-margin", "nan"}).rfind("--kv-scale-margin: expected a number", 0) == 0);
+  CHECK(message_of({"serve", "m", "--kv-bf16-window-share", "0.95"}) == "--kv-bf16-window-share: must be in [0.01, 0.9], got 0.95");
+  CHECK(message_of({"serve", "m", "--kv-bf16-window-share", "0.5"}) == "no error");
   CHECK(message_of({"serve", "m", "--bogus"}) == "unknown flag --bogus (see fp8serve --help)");
   CHECK(message_of({"serve"}) == "missing MODEL: a Hugging Face model folder or a .gguf file");
   CHECK(message_of({"train", "m"}) == "unknown command 'train': expected inspect, generate or serve");

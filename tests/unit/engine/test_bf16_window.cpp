@@ -265,6 +265,7 @@ TEST_CASE("bf16 window: preemption and recompute give the same tokens and, at la
       EngineOptions tiny = roomy;
       const uint64_t block_bytes = 2ull * 2 * 2 * 16 * 16;  // layers, K+V, kv heads, head_dim, tokens: FP8
       tiny.kv_cache_memory = 10 * block_bytes + tail_bytes_of(*reference);
+      tiny.max_tail_share = 1.0;  // every ring next to the 10 blocks (the default caps the rings at 1/8)
       auto engine = make_engine(fixture("models/tiny-llama"), tiny);
       REQUIRE(engine->block_manager().num_blocks() == 10);
       Outputs expected, got;
@@ -421,7 +422,26 @@ TEST_CASE("bf16 window: the tail pool comes out of the KV budget and shows in th
   run_to_completion(*engine);
   CHECK(engine->stats().kv_tail_usage == 0.0);
 
-  options.kv_cache_memory = tail;  // nothing left for the FP8 pool
+  // A budget the size of those 16 rings: the rings get an eighth of it (2 rings), the FP8 pool
+  // the rest - the window never makes a budget fail that the pool alone serves.
+  options.kv_cache_memory = tail;
+  auto small = make_engine(fixture("models/tiny-llama"), options);
+  CHECK(small->block_manager().num_tail_rings() == 2);
+  CHECK(small->kv_tail_bytes() == tail / 8);
+  CHECK(small->block_manager().num_blocks() == static_cast<int>((tail - tail / 8) / block_bytes));
+  // Four requests at once: two get a ring, two run as pure FP8 (counted), all finish.
+  for (int i = 0; i < 4; ++i) small->add_request(greedy_request(std::to_string(i), eight_prompts()[i], 4), collect(out));
+  run_to_completion(*small);
+  CHECK(small->stats().kv_ringless_seqs == 2);
+  CHECK(small->block_manager().num_free_tail_rings() == 2);
+  // A share too small for one ring: no window at all, the pool takes the budget.
+  options.max_tail_share = 0.01;
+  auto none = make_engine(fixture("models/tiny-llama"), options);
+  CHECK_FALSE(none->block_manager().window().enabled());
+  CHECK(none->kv_tail_bytes() == 0);
+  CHECK(none->block_manager().num_blocks() == static_cast<int>(tail / block_bytes));
+  // Only a budget without room for one block fails.
+  options.kv_cache_memory = block_bytes - 1;
   CHECK_THROWS_AS(make_engine(fixture("models/tiny-llama"), options), std::invalid_argument);
 }
 
@@ -438,6 +458,7 @@ TEST_CASE("bf16 window: a sequence preempted after decoding across several block
     auto reference = make_engine(fixture("models/tiny-llama"), roomy);
     EngineOptions tiny = roomy;
     tiny.kv_cache_memory = 14 * 2ull * 2 * 2 * 16 * 16 + tail_bytes_of(*reference);
+    tiny.max_tail_share = 1.0;  // every ring next to the 14 blocks
     auto engine = make_engine(fixture("models/tiny-llama"), tiny);
     REQUIRE(engine->block_manager().num_blocks() == 14);
     const auto prompts = eight_prompts();

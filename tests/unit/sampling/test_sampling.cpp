@@ -223,3 +223,22 @@ TEST_CASE("allowed_token_ids: only those are ever drawn, greedy or not", "[sampl
   CHECK(seen.count(7) == 1);
   CHECK(seen.count(8) == 1);
 }
+
+TEST_CASE("min_tokens masks the stop ids until that many tokens were sampled; logprobs stay raw", "[sampling]") {
+  SamplingParams p;
+  p.temperature = 0;
+  p.num_logprobs = 1;
+  p.min_tokens = 2;
+  p.min_tokens_banned = {1, 2};  // the best two (3.0, 2.5)
+  Sampler s(p, {}, 1);
+  std::vector<float> row = kLogits;
+  const SampleResult first = s.sample(row);
+  CHECK(first.token == 5);  // 2.5, the best left
+  CHECK(first.top_logprobs[0].token == 1);  // reported from the unmasked distribution
+  row = kLogits;
+  s.forget(s.sample(row).token);  // refused by the caller: does not count towards min_tokens
+  row = kLogits;
+  CHECK(s.sample(row).token == 5);
+  row = kLogits;
+  CHECK(s.sample(row).token == 1);  // two tokens sampled: no mask
+}

@@ -66,3 +66,18 @@ TEST_CASE("include_stop_str_in_output: the text ends with the stop string that m
   StopChecker both({"abcd", "ab"}, true);
   CHECK(both.push("xxabcd").emit == "xxab");
 }
+
+TEST_CASE("text pushed without matching (min_tokens not reached) goes out whole, stops looked for after", "[stop]") {
+  StopChecker checker({"ab"});
+  auto r = checker.push("xa", /*match=*/false);
+  CHECK(r.emit == "xa");
+  CHECK_FALSE(r.stopped);
+  r = checker.push("ab a", /*match=*/false);  // a stop string, not looked for yet
+  CHECK(r.emit == "ab a");
+  r = checker.push("b", /*match=*/true);  // "a" + "b" across the switch: not a match (the "a" went out)
+  CHECK(r.emit == "b");
+  CHECK_FALSE(r.stopped);
+  r = checker.push("c ab", /*match=*/true);
+  CHECK(r.emit == "c ");
+  CHECK(r.stopped);
+}

@@ -331,3 +331,44 @@ TEST_CASE("bf16 window: a recompute replays the original steps' FP8 lengths, fro
     CHECK(blocks.num_fp8_tokens(1) == 16);  // the step ending at 21 reads [0, 16): the decode's rule
   }
 }
+
+TEST_CASE("a sequence added without the prefix cache computes its whole prompt", "[scheduler][prefix]") {
+  BlockManager blocks = make_blocks(64, /*prefix_caching=*/true);
+  Scheduler scheduler({8, 64}, blocks);
+  FakeEngine engine{blocks, scheduler, {{0, 1}, {1, 1}, {2, 1}}, {}, {}};
+  scheduler.add(0, make_prompt(20, 1));
+  engine.step();  // prefilled, sampled, finished: its 4 full blocks stay cached
+  scheduler.add(1, make_prompt(20, 1));
+  CHECK(engine.step().seqs.at(0).start == 16);  // a hit of 16 tokens
+  scheduler.add(2, make_prompt(20, 1), {}, /*prefix_cache=*/false);  // prompt logprobs: no hit
+  const StepPlan plan = engine.step();
+  CHECK(plan.seqs.at(0).start == 0);
+  CHECK(plan.seqs.at(0).num_tokens == 20);
+  CHECK(plan.seqs.at(0).calibrate);  // its own scales, from its own first chunk
+}
+
+TEST_CASE("bf16 window: rings for a whole group or none, reserved for its forks", "[scheduler][window]") {
+  BlockManagerOptions options;
+  options.block_size = 4;
+  options.num_layers = 2;
+  options.num_blocks = 64;
+  options.window = KvWindow{4, true, 4};
+  options.num_tail_rings = 3;
+  BlockManager blocks(options);
+  Scheduler scheduler({8, 64}, blocks);
+  FakeEngine engine{blocks, scheduler, {{0, 4}, {1, 4}, {2, 4}, {3, 4}, {4, 4}}, {}, {}};
+  scheduler.add(0, make_prompt(6, 1), std::vector<SeqId>{1, 2});  // n = 3: three rings
+  scheduler.add(3, make_prompt(6, 100));  // none left: pure FP8
+  engine.step();
+  CHECK(blocks.tail_ring(0) >= 0);
+  CHECK(blocks.tail_ring(1) >= 0);
+  CHECK(blocks.tail_ring(2) >= 0);
+  CHECK(blocks.tail_ring(3) == -1);
+  CHECK(blocks.num_seqs_without_ring() == 1);
+  CHECK(blocks.fp8_len_after(3, 7) == 7);  // every position FP8
+  while (scheduler.has_work()) engine.step();
+  CHECK(engine.generated[1].size() == 4);
+  CHECK(engine.generated[3].size() == 4);
+  CHECK(blocks.num_free_tail_rings() == 3);
+  CHECK(blocks.num_free_blocks() == blocks.num_blocks());
+}
