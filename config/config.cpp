@@ -208,6 +208,10 @@ const std::vector<FlagSpec>& flag_specs() {
     s.push_back(bool_flag("no-enable-prefix-caching", "do not reuse prefix blocks", &Config::enable_prefix_caching, false));
     s.push_back(bool_flag("enforce-eager", "CUDA: run every step op by op, without CUDA graphs for decode",
                           &Config::enforce_eager, true));
+    s.push_back(bool_flag("lazy-graph-capture",
+                          "CUDA: capture each decode graph when its batch size is first met, not at start-up "
+                          "(a faster start; a pause on first use)",
+                          &Config::lazy_graph_capture, true));
     s.push_back(integer_flag("threads", "CPU threads (0 = all cores)", 0, 1024, &Config::threads));
     s.push_back(text_flag("host", "listen address", &Config::host));
     s.push_back(integer_flag("port", "listen port", 1, 65535, &Config::port));

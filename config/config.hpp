@@ -47,6 +47,7 @@ struct Config {
   bool enable_prefix_caching = true;
   int threads = 0;                        // 0 = all cores
   bool enforce_eager = false;             // CUDA: every step op by op, no CUDA graphs
+  bool lazy_graph_capture = false;        // CUDA: capture a decode graph on first use, not at start-up
 
   // Server.
   std::string host = "127.0.0.1";

@@ -69,7 +69,9 @@ class Backend {
   // Host memory that the copies above move directly: pinned on CUDA, so a copy to or from it is
   // one asynchronous DMA with no staging through the backend's own buffer; plain memory
   // elsewhere. Zeroed, 64-byte aligned; throws std::bad_alloc; free_host(nullptr) is a no-op.
-  // For buffers a step copies every time (the logits, the step's metadata).
+  // For buffers a step copies every time (the logits, the step's metadata). Unlike other host
+  // memory, a copy_to_device from it reads it when the stream gets there: leave it unchanged
+  // until synchronize(stream) has returned.
   virtual void* allocate_host(std::size_t bytes);
   virtual void free_host(void* ptr);
   // Waits until all work queued on the stream has finished (a no-op on the CPU). A device

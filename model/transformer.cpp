@@ -106,7 +106,9 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
                                                    options.block_size);
   const std::size_t meta_bytes = step_layout(rows, seqs, max_blocks, rows).end;
   step_meta_ = DeviceBuffer(backend_, meta_bytes);
+  step_host_ = HostArray<std::byte>(backend_);
   step_host_.resize(meta_bytes);
+  score_logits_ = HostArray<float>(backend_);
 
   // The attention's workspace for the largest step is taken now, before the engine sizes the
   // KV pool from the device memory left.
@@ -374,6 +376,31 @@ void Transformer::score_rows(const ForwardBatch& b, const StepLayout& layout, co
     backend_.synchronize(stream_);
     score(first, n, out);
   }
+}
+
+int Transformer::capture_decode_graphs() {
+  if (options_.graphs != TransformerOptions::Graphs::on) return 0;
+  // graph_key's widths: the powers of two below the widest table, and the widest.
+  const int32_t max_blocks = (options_.max_model_len + options_.block_size - 1) / options_.block_size;
+  std::vector<int32_t> widths;
+  for (int32_t w = 1; w < max_blocks; w *= 2) widths.push_back(w);
+  widths.push_back(max_blocks);
+  const uint64_t before = graphs_captured_;
+  for (const int32_t bucket : graph_buckets_) {
+    for (const int32_t width : widths) {
+      if (graphs_.count({bucket, width}) != 0) continue;
+      // Padding sequences only, shaped as a real decode step of this key is (the window's arrays
+      // included), so the captured launches are the ones a real step replays.
+      HostBatch padding = pad_decode(ForwardBatch{}, GraphKey{bucket, width}, config_.num_layers);
+      if (options_.window.enabled()) {
+        padding.fp8_lens.assign(static_cast<std::size_t>(bucket), 1);
+        padding.spill_starts.assign(static_cast<std::size_t>(bucket), 1);
+        padding.tail_slots.assign(static_cast<std::size_t>(bucket), 0);
+      }
+      forward_graphed(padding.view(), bucket, width, {}, {});
+    }
+  }
+  return static_cast<int>(graphs_captured_ - before);
 }
 
 void Transformer::forward_graphed(const ForwardBatch& b, int32_t num_seqs, int32_t width, std::span<float> logits,

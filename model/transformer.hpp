@@ -134,6 +134,11 @@ class Transformer {
 
   const ModelConfig& config() const { return config_; }
   const TransformerOptions& options() const { return options_; }
+  // Captures now the decode graph of every (batch-size bucket, block-table width) a step can
+  // replay (graphs on), each after running its step op by op with inert padding sequences, so
+  // that no step later pauses to capture one. Returns how many it captured. PRECOND: the KV cache
+  // is allocated; no sequence is running (padding reads block 0, writes nothing).
+  int capture_decode_graphs();
   // Decode steps run through graphs: how many graphs were captured, how many steps replayed one.
   uint64_t graphs_captured() const { return graphs_captured_; }
   uint64_t graph_replays() const { return graph_replays_; }
@@ -235,11 +240,11 @@ class Transformer {
   DeviceBuffer sampled_;        // [max_seqs, hidden] the residual stream's rows that sample
   DeviceBuffer sampled_delta_;  // [max_seqs, hidden] the last block's output on those rows
   DeviceBuffer logits_;         // [max_seqs, vocab]
-  std::vector<float> score_logits_;  // host: [max_seqs, vocab] one group of score rows
+  HostArray<float> score_logits_;  // host, pinned on a GPU: [max_seqs, vocab] one group of score rows
 
   // Step metadata (StepLayout): one device buffer sized for the largest step, and its host image.
   DeviceBuffer step_meta_;
-  std::vector<std::byte> step_host_;
+  HostArray<std::byte> step_host_;  // pinned on a GPU: the metadata moves with one DMA each way
 
   // Decode graphs by (padded batch size, block-table width).
   std::vector<int32_t> graph_buckets_;

@@ -35,6 +35,7 @@ EngineOptions engine_options_from_config(const Config& config) {
   options.enable_prefix_caching = config.enable_prefix_caching;
   options.threads = config.threads;
   options.enforce_eager = config.enforce_eager;
+  options.lazy_graph_capture = config.lazy_graph_capture;
   return options;
 }
 
@@ -48,6 +49,7 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   if (options_.max_model_len <= 0) throw std::invalid_argument("the model declares no context length: set --max-model-len");
   device_ = make_device(options_.device, options_.threads);
   Backend& backend = *device_.backend;
+  logits_ = HostArray<float>(backend);
 
   KvCacheSpec spec;
   spec.block_size = options_.block_size;
@@ -134,11 +136,20 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
                  cpu::cpu_isa_name(cpu::resolve_cpu_isa(cpu::CpuIsa::best, c.head_dim)), c.head_dim);
   }
   if (backend.supports_graphs()) {
-    spdlog::info("CUDA graphs: {}", options_.enforce_eager
-                                        ? std::string("off (--enforce-eager)")
-                                        : "decode steps of up to " +
-                                              std::to_string(std::min({options_.max_num_seqs, options_.max_num_batched_tokens, 256})) +
-                                              " sequences, captured per batch-size bucket on first use");
+    const std::string steps = "decode steps of up to " +
+                              std::to_string(std::min({options_.max_num_seqs, options_.max_num_batched_tokens, 256})) +
+                              " sequences";
+    if (options_.enforce_eager) {
+      spdlog::info("CUDA graphs: off (--enforce-eager)");
+    } else if (options_.lazy_graph_capture) {
+      spdlog::info("CUDA graphs: {}, each captured on first use (--lazy-graph-capture)", steps);
+    } else {
+      // Every (batch-size bucket, block-table width) now, so that serving never stops to capture.
+      const auto start = std::chrono::steady_clock::now();
+      const int captured = transformer_->capture_decode_graphs();
+      spdlog::info("CUDA graphs: {}: {} captured at start-up in {:.1f} s (--lazy-graph-capture: on first use)", steps,
+                   captured, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
   }
   const std::string checkpoint = c.quantization.fp8 ? ", FP8 checkpoint (" + c.quantization.method + ")" : "";
   spdlog::info("model: {} ({}, {}, {} layers{}), weights {}", model_.name, model_.format, family_name(c.family),
@@ -436,7 +447,7 @@ void Engine::run_step(const StepPlan& plan) {
   batch.tail_slots = tail_slots_;
   batch.score_rows = scorer_.rows();
   std::fill(step_counts_.begin(), step_counts_.end(), KvWriteCounts{});
-  transformer_->forward(batch, logits_, step_counts_, [this](int64_t first, int64_t n, std::span<const float> logits) {
+  transformer_->forward(batch, logits_.span(), step_counts_, [this](int64_t first, int64_t n, std::span<const float> logits) {
     scorer_.score(first, n, logits, device_.pool.get());
   });
   for (int layer = 0; layer < num_layers; ++layer) saturation_.add(layer, step_counts_[static_cast<std::size_t>(layer)]);

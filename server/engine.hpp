@@ -59,6 +59,7 @@ struct EngineOptions {
   bool enable_prefix_caching = true;
   int threads = 0;                        // CPU threads, 0 = all cores
   bool enforce_eager = false;             // no CUDA graphs (decode steps replay them otherwise)
+  bool lazy_graph_capture = false;        // capture decode graphs on first use, not at start-up
 };
 
 constexpr uint64_t kDefaultCpuKvCacheMemory = 1ull << 30;
@@ -166,7 +167,8 @@ class Engine {
   std::vector<int32_t> sample_rows_;
   PromptScorer scorer_;
   std::vector<int64_t> slot_mapping_;
-  std::vector<float> k_scales_, v_scales_, logits_, row_;
+  std::vector<float> k_scales_, v_scales_, row_;
+  HostArray<float> logits_;  // the sampled rows' logits: pinned on a GPU, one DMA per step
   std::vector<uint64_t> token_mask_;
   double grammar_mask_seconds_ = 0;
   int64_t grammar_mask_count_ = 0;

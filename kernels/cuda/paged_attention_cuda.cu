@@ -119,6 +119,10 @@ std::size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaLimits&
          static_cast<std::size_t>(slots * attn::decode_slot_floats(group, limits.head_dim)) * sizeof(float);
 }
 
+int32_t paged_attention_cuda_decode_grid(int32_t group, int32_t head_dim, int32_t num_seqs, int32_t sms) {
+  return attn::decode_grid(group, head_dim, num_seqs, sms);
+}
+
 void paged_attention_cuda(const PagedAttentionParams& params, void* workspace, std::size_t workspace_bytes,
                           cudaStream_t stream) {
   paged_attention_cuda(params, workspace, workspace_bytes, stream, PagedAttentionCudaOptions{});

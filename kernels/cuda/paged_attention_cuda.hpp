@@ -52,6 +52,10 @@ std::size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaLimits&
 void paged_attention_cuda(const PagedAttentionParams& params, void* workspace, std::size_t workspace_bytes,
                           cudaStream_t stream);
 
+// The decode kernel's persistent grid for these shapes on the current device (its occupancy
+// times `sms`): what paged_attention_cuda() launches, for tests and benchmarks.
+int32_t paged_attention_cuda_decode_grid(int32_t group, int32_t head_dim, int32_t num_seqs, int32_t sms);
+
 // Knobs for tests and benchmarks; the defaults are what paged_attention_cuda() runs.
 struct PagedAttentionCudaOptions {
   enum class PrefillMath : uint8_t {

@@ -37,6 +37,7 @@ struct Run {
   std::vector<std::vector<float>> logits;  // per step: [sampled rows, vocab]
   uint64_t captured = 0;
   uint64_t replays = 0;
+  int at_startup = 0;  // captured by capture_decode_graphs() before the schedule
 };
 
 // Step 0 prefills every sequence; then decode steps over the active sets below.
@@ -44,7 +45,8 @@ const std::vector<std::vector<int32_t>> kActive{
     {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {0, 2}, {0, 2}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2, 3, 4}, {0, 2}, {0, 1, 2, 3, 4},
     {1, 3, 4}, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}};
 
-Run run_schedule(const LoadedModel& model, KvDtype dtype, KvWindow window, TransformerOptions::Graphs graphs) {
+Run run_schedule(const LoadedModel& model, KvDtype dtype, KvWindow window, TransformerOptions::Graphs graphs,
+               bool capture_at_startup = false) {
   Run run;
   std::unique_ptr<Backend> backend = cuda_backend_or_skip();
   if (!backend) return run;
@@ -59,6 +61,7 @@ Run run_schedule(const LoadedModel& model, KvDtype dtype, KvWindow window, Trans
   options.window = window;
   options.graphs = graphs;
   Transformer transformer(c, model.weights, *backend, options);
+  if (capture_at_startup) run.at_startup = transformer.capture_decode_graphs();
 
   const int32_t num_seqs = 5;
   const std::vector<int32_t> prompt_lens{30, 14, 47, 3, 16};
@@ -187,4 +190,23 @@ TEST_CASE("decode graphs replay exactly the padded step, and the padded step is 
 TEST_CASE("decode graphs with the bf16 window: blocks leave the window during replays [gpu]", "[gpu]") {
   check_model("tiny-qwen2", KvDtype::fp8_e4m3, KvWindow{16, false, kBlockSize});
   check_model("tiny-llama", KvDtype::fp8_e4m3, KvWindow{16, true, kBlockSize});
+}
+
+TEST_CASE("decode graphs captured at start-up: the schedule captures nothing more and replays the same [gpu]",
+          "[gpu]") {
+  const LoadedModel model = load_model(std::string(FP8SERVE_FIXTURES_DIR) + "/models/tiny-qwen2");
+  const KvWindow window{16, false, kBlockSize};  // the window's arrays shape the captured launches too
+  const Run lazy = run_schedule(model, KvDtype::fp8_e4m3, window, TransformerOptions::Graphs::on);
+  if (lazy.logits.empty()) return;  // no device
+  const Run eager = run_schedule(model, KvDtype::fp8_e4m3, window, TransformerOptions::Graphs::on, true);
+  // Buckets 1, 2, 4, 8 (max_num_seqs 8) x widths 1, 2, 4, 8, 16 (256 tokens of 16-token blocks).
+  CHECK(eager.at_startup == 4 * 5);
+  CHECK(eager.captured == static_cast<uint64_t>(eager.at_startup));  // serving captured none
+  CHECK(eager.replays == kActive.size());
+  REQUIRE(eager.logits.size() == lazy.logits.size());
+  for (std::size_t step = 0; step < lazy.logits.size(); ++step) {
+    INFO("step " << step);
+    CHECK(std::memcmp(eager.logits[step].data(), lazy.logits[step].data(), lazy.logits[step].size() * sizeof(float)) ==
+          0);
+  }
 }

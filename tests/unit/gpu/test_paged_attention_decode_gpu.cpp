@@ -12,7 +12,6 @@
 // bf16 in both), so only fp32 sums over at most a few thousand keys remain, ~1e-6 (measured on
 // the emulator: <= 4e-8). Limit 1e-4. A wrong scale, partition merge, mask or tail slot is off by
 // O(1) (or leaves an output NaN: every output starts as NaN).
-#include "kernels/cuda/paged_attention_kernels.hpp"
 #include "tests/unit/gpu/paged_attention_cuda_case.hpp"
 
 using namespace fp8serve;
@@ -95,12 +94,12 @@ TEST_CASE("the decode grid is the device's occupancy: an H200's in the emulator"
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   // Llama-3-8B shapes (GQA 4, head_dim 128): ptxas gives the <128, 4> build 162 registers on
   // sm_90a, which lets an SM hold 3 of its 128-thread CTAs (kernels/cuda/emu/kernel_resources.inc).
-  const int32_t grid = cuda::attn::decode_grid(4, 128, 64, sms);
+  const int32_t grid = cuda::paged_attention_cuda_decode_grid(4, 128, 64, sms);
   INFO("decode grid " << grid << " on " << sms << " SMs");
 #if defined(FP8SERVE_CUDA_EMU) && FP8SERVE_CUDA_EMU
   CHECK(grid == 132 * 3);
 #else
   CHECK(grid % sms == 0);
 #endif
-  CHECK(cuda::attn::decode_grid(1, 64, 64, sms) >= grid);  // fewer registers: at least as many CTAs
+  CHECK(cuda::paged_attention_cuda_decode_grid(1, 64, 64, sms) >= grid);  // fewer registers: at least as many CTAs
 }
