@@ -143,17 +143,19 @@ check_deps() {
   fact deps "$deps"
 }
 
-unpack_deps() {  # a phase: dpkg-deb takes a minute on a loaded machine
+unpack_deps() {  # a phase: on a loaded machine, removing an old prefix alone takes a minute
   local prefix=/tmp/fp8serve-deps multiarch
-  rm -rf "$prefix"
   # shellcheck disable=SC2016  # $0 and $@ belong to the inner shell
-  phase deps 180 5 bash -c 'for deb; do dpkg-deb -x "$deb" "$0" || exit; done' "$prefix" "$root"/.gpu-deps/*.deb ||
-    return 1
+  phase deps 180 5 bash -c 'rm -rf "$0"; for deb; do dpkg-deb -x "$deb" "$0" || exit; done' "$prefix" \
+    "$root"/.gpu-deps/*.deb || return 1
   multiarch=$(gcc -print-multiarch 2> /dev/null)
   multiarch=${multiarch:-x86_64-linux-gnu}
   export PKG_CONFIG_SYSROOT_DIR=$prefix
   export PKG_CONFIG_LIBDIR=$prefix/usr/lib/$multiarch/pkgconfig:$prefix/usr/share/pkgconfig
   export LD_LIBRARY_PATH=$prefix/usr/lib/$multiarch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # OpenSSL's configuration header is under the multiarch folder, which GCC searches by itself
+  # only in /usr/include.
+  export CPLUS_INCLUDE_PATH=$prefix/usr/include/$multiarch${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}
   cmake_deps=(-DCMAKE_PREFIX_PATH="$prefix/usr" -DOPENSSL_ROOT_DIR="$prefix/usr"
     -DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf")
 }
