@@ -48,7 +48,7 @@ def facts(work):
         *parents, leaf = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
-        node[leaf] = number(value) if parents == ["run"] else value
+        node[leaf] = number(value) if parents in (["run"], ["build"]) else value
     return out
 
 

@@ -69,6 +69,7 @@ def whole_run(tmp, build):
     check(s["machine"]["gpu"] == "NVIDIA H200" and s["machine"]["arch"] == "90a", f"an H200 gives sm_90a: {s['machine']}")
     check(isinstance(s["missing"], list) and isinstance(s["budget_s"], int) and s["budget_s"] == 540, "missing list, budget 540 s")
     check(all(p["status"] == "passed" for n, p in phases.items() if n != "test_gpu"), "every other phase passed")
+    check(s["build"] == {"warnings": 0}, f"the build's warnings counted: {s['build']}")
     check(phases["build"]["timeout_s"] <= 540 - 10, "the build's limit leaves the reserve and the SIGKILL grace")
 
     failed = s["tests"]["test_gpu"]["failed"]
