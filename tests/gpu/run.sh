@@ -1,117 +1,246 @@
 #!/usr/bin/env bash
-# tests/gpu/run.sh OUT_DIR - everything that needs a real NVIDIA GPU, as one short script:
-#   1. a Release build with the CUDA backend for this GPU's architecture
-#   2. every Catch2 test tagged [gpu] (kernels against their host references, the device FP8
-#      codec, the engine on CUDA against the CPU engine - greedy tokens, bf16 and FP8 KV)
-#   3. the GPU benchmarks: bench_forward (Llama-3-8B-shaped model with random weights: decode
-#      at batch 1-64, prefill, sequences that fit, FP8 vs bf16 KV) and the decode attention
-#      bandwidth bench when it is built
-#   4. OUT_DIR/summary.json with every result, plus the logs
-# It needs nothing from the network: models are random weights made on the machine (and the
-# default model when .models/ holds it). Where the build's Debian headers are missing (a CUDA
-# image without them), carry .gpu-deps/ made by tests/gpu/fetch-deps.sh; they are unpacked into
-# a private prefix. Budget: under 8 minutes on an H200 (16 cores), most of it the build.
+# tests/gpu/run.sh [--dry-run] [--budget SECONDS] [--build-dir DIR] OUT_DIR
+# Everything that needs a real NVIDIA GPU, as one call on a bare machine without network, that
+# returns useful results however it ends. Phases, in order of value:
+#   preflight   versions of nvcc, g++, cmake, ninja, pkg-config, the driver; the GPU; what is missing
+#   configure   Release, CUDA for this GPU's architecture, no emulator, warnings not errors (the
+#   build       host GCC is not CI's); only the GPU tests' and benchmarks' targets, and the A/B
+#               bench over the portable twins (FP8SERVE_CUDA_FAST_PATHS=0), whose kernels compile
+#               on the cores the longest kernel file leaves idle
+#   test_gpu, test_engine   the [gpu] Catch2 cases; the failing ones by name, from their JUnit
+#   bench_attention_cuda, bench_forward (Llama-3-8B shapes, random weights)
+#   bench_attention_cuda_fast_paths_0   the decode attention A/B: cvt against the bit-trick decode
+# OUT_DIR/summary.json is rewritten when each phase starts and ends, so a run cut short still
+# returns one (tests/gpu/summary.py says what it holds). OUT_DIR holds at most 5 files (summary.json,
+# run.log, build.log, tests.log, bench.log): the device tool brings back 8.
+# Time: each phase gets min(its cap, what is left of the budget) and is skipped, and recorded so,
+# when less than its minimum is left. Budget: --budget or FP8SERVE_GPU_BUDGET_S, default 540 s
+# (a device call runs 600 s at most).
+# --dry-run (CI, tests/gpu/dry/test_dry_run.py): a stand-in nvidia-smi, the real configure, a fake
+# build (tests/gpu/dry/fake-build.sh) whose executables are stand-ins; every phase's bookkeeping.
+# Debian headers or pkg-config missing (a bare CUDA image): carry .gpu-deps/ (tests/gpu/fetch-deps.sh).
 set -uo pipefail
-out=${1:?usage: tests/gpu/run.sh OUT_DIR}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-cd "$(dirname "$0")/../.."
-start=$SECONDS
-status=0
-note() { echo "== $* ($((SECONDS - start)) s)" | tee -a "$out/run.log"; }
 
-note "machine"
-nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader | tee -a "$out/run.log"
-cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
-case "$cap" in
-  90) arch=90a ;;  # Hopper: the arch-specific target, so Hopper-only instructions are allowed
-  "") echo "no NVIDIA GPU visible (nvidia-smi)"; exit 1 ;;
-  *) arch=$cap ;;
-esac
+usage() {
+  echo "usage: tests/gpu/run.sh [--dry-run] [--budget SECONDS] [--build-dir DIR] OUT_DIR" >&2
+  exit 2
+}
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+dry=0 budget=${FP8SERVE_GPU_BUDGET_S:-540} build=$root/build-gpu out=
+while (($#)); do
+  case "$1" in
+    --dry-run) dry=1 ;;
+    --budget) budget=${2:-}; shift ;;
+    --build-dir) build=${2:-}; shift ;;
+    -*) usage ;;
+    *) out=$1 ;;
+  esac
+  shift
+done
+[[ -n "$out" && -n "$build" && "$budget" =~ ^[0-9]+$ ]] || usage
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+rm -f "$out"/summary.json "$out"/run.log "$out"/build.log "$out"/tests.log "$out"/bench.log
+work=$(mktemp -d "${TMPDIR:-/tmp}/fp8serve-gpu.XXXXXX")  # state, raw logs, JUnit: never in OUT_DIR
+trap 'rm -rf "$work"' EXIT
+deadline=$((SECONDS + budget))
+reserve=5  # seconds kept for the last summary
+grace=5    # seconds between a phase's SIGTERM (Catch2 writes its JUnit then) and SIGKILL
+targets=(test_gpu test_engine bench_attention_cuda bench_forward bench_attention_cuda_fast_paths_0)
+((dry)) && export PATH=$here/dry:$PATH  # the stand-in nvidia-smi
 
-# Build dependencies from a private prefix when the system lacks them.
-cmake_extra=()
-if [ ! -f /usr/include/boost/version.hpp ] && [ -d .gpu-deps ]; then
-  note "unpacking .gpu-deps into /tmp/fp8serve-deps"
-  prefix=/tmp/fp8serve-deps
-  for deb in .gpu-deps/*.deb; do dpkg -x "$deb" "$prefix"; done
-  multiarch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+note() { echo "== $((SECONDS)) s: $*" | tee -a "$out/run.log"; }
+fact() { printf '%s\t%s\n' "$1" "$2" >> "$work/facts.tsv"; }
+summarize() {
+  command -v python3 > /dev/null || return 0  # preflight wrote the fallback summary
+  python3 "$here/summary.py" write "$work" "$out" || note "summary.py failed"
+}
+record() {  # record NAME STATUS [SECONDS TIMEOUT_S RC NOTE]: a phase's state, then a new summary
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "${3:-}" "${4:-}" "${5:-}" "${6:-}" >> "$work/phases.tsv"
+  note "$1: $2${3:+ in $3 s}${6:+ ($6)}"
+  summarize
+}
+
+# phase NAME CAP MIN COMMAND...: COMMAND with a limit of min(CAP, time left), its output in
+# $work/NAME.log; skipped when under MIN seconds are left. Returns COMMAND's status (124 on a
+# time-out, 125 when skipped).
+phase() {
+  local name=$1 cap=$2 min=$3 left limit rc status t0
+  shift 3
+  left=$((deadline - SECONDS - reserve - grace))
+  limit=$((cap < left ? cap : left))
+  if ((limit < min)); then
+    record "$name" skipped "" "" "" "needs $min s, $left s left"
+    return 125
+  fi
+  record "$name" running "" "$limit"
+  t0=$SECONDS
+  timeout -k "$grace" "$limit" "$@" > "$work/$name.log" 2>&1
+  rc=$?
+  case $rc in 0) status=passed ;; 124 | 137) status=timed_out ;; *) status=failed ;; esac
+  record "$name" "$status" $((SECONDS - t0)) "$limit" "$rc"
+  return "$rc"
+}
+
+tool_version() {  # tool_version NAME COMMAND...: the highest dotted number COMMAND prints
+  local name=$1 path version
+  path=$(command -v "$2") || { fact "tools.$name" missing; fact missing "$name"; return 1; }
+  version=$(timeout 5 "${@:2}" 2>&1 | grep -v Copyright | grep -Eo '[0-9]+(\.[0-9]+)+' | sort -V | tail -1)
+  fact "tools.$name" "${version:-unknown} ($path)"
+}
+
+preflight() {
+  fact run.mode "$( ((dry)) && echo dry || echo device)"
+  fact run.budget_s "$budget"
+  fact run.started "$(date +%s)"
+  command -v python3 > /dev/null ||
+    printf '{"status": "failed", "error": "no python3: run.log has what ran"}\n' > "$out/summary.json"
+  tool_version nvcc nvcc --version
+  tool_version g++ g++ -dumpfullversion
+  tool_version cmake cmake --version
+  tool_version ninja ninja --version
+  tool_version pkg-config pkg-config --version
+  tool_version python3 python3 --version
+  local gpu=()
+  IFS=, read -ra gpu < <(timeout 5 nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version \
+    --format=csv,noheader 2> /dev/null | head -1)
+  gpu=("${gpu[@]# }")
+  fact machine.gpu "${gpu[0]:-none}"
+  fact machine.compute_cap "${gpu[1]:-}"
+  fact machine.memory "${gpu[2]:-}"
+  fact tools.driver "${gpu[3]:-missing}"
+  [ -n "${gpu[3]:-}" ] || fact missing "nvidia-smi (driver)"
+  fact machine.cpus "$(nproc)"
+  fact machine.load "$(cut -d' ' -f1-3 /proc/loadavg)"
+  fact machine.commit "$(git -C "$root" rev-parse --short HEAD 2> /dev/null || echo unknown)"
+  cap=${gpu[1]:-}
+  cap=${cap//./}
+  case "$cap" in
+    90) arch=90a ;;  # Hopper: the arch-specific target, so Hopper-only instructions assemble
+    *) arch=$cap ;;
+  esac
+  fact machine.arch "${arch:-none}"
+  check_deps
+}
+
+# The build's Debian headers and pkg-config: the system's, else the .deb files of .gpu-deps/
+# (tests/gpu/fetch-deps.sh) unpacked into a private prefix, never into /.
+cmake_deps=()
+deps=system
+check_deps() {
+  local header
+  for header in boost/version.hpp nlohmann/json.hpp spdlog/spdlog.h catch2/catch.hpp \
+    sentencepiece_processor.h pcre2.h openssl/ssl.h; do
+    [ -f "/usr/include/$header" ] || [ -f "/usr/local/include/$header" ] ||
+      { fact missing "header $header"; deps=absent; }
+  done
+  command -v pkg-config > /dev/null || deps=absent
+  if [ $deps = absent ] && ! compgen -G "$root/.gpu-deps/*.deb" > /dev/null; then
+    deps="missing: carry .gpu-deps (tests/gpu/fetch-deps.sh)"
+  elif [ $deps = absent ]; then
+    deps=".gpu-deps, unpacked into /tmp/fp8serve-deps"
+  fi
+  fact deps "$deps"
+}
+
+unpack_deps() {  # a phase: on a loaded machine, removing an old prefix alone takes a minute
+  local prefix=/tmp/fp8serve-deps multiarch
+  # shellcheck disable=SC2016  # $0 and $@ belong to the inner shell
+  phase deps 180 5 bash -c 'rm -rf "$0"; for deb; do dpkg-deb -x "$deb" "$0" || exit; done' "$prefix" \
+    "$root"/.gpu-deps/*.deb || return 1
+  multiarch=$(gcc -print-multiarch 2> /dev/null)
+  multiarch=${multiarch:-x86_64-linux-gnu}
   export PKG_CONFIG_SYSROOT_DIR=$prefix
   export PKG_CONFIG_LIBDIR=$prefix/usr/lib/$multiarch/pkgconfig:$prefix/usr/share/pkgconfig
   export LD_LIBRARY_PATH=$prefix/usr/lib/$multiarch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  cmake_extra+=(-DCMAKE_PREFIX_PATH="$prefix/usr" -DOPENSSL_ROOT_DIR="$prefix/usr")
-fi
+  # OpenSSL's configuration header is under the multiarch folder, which GCC searches by itself
+  # only in /usr/include.
+  export CPLUS_INCLUDE_PATH=$prefix/usr/include/$multiarch${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}
+  cmake_deps=(-DCMAKE_PREFIX_PATH="$prefix/usr" -DOPENSSL_ROOT_DIR="$prefix/usr"
+    -DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf")
+}
 
-note "build (Release, CUDA sm_$arch)"
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP8SERVE_CUDA=ON -DFP8SERVE_CUDA_EMU=OFF \
-  -DCMAKE_CUDA_ARCHITECTURES="$arch" "${cmake_extra[@]}" > "$out/build.log" 2>&1 &&
-  cmake --build build-gpu -j"$(nproc)" >> "$out/build.log" 2>&1
-if [ $? -ne 0 ]; then
-  tail -40 "$out/build.log"
-  echo '{"build": "failed"}' > "$out/summary.json"
-  exit 1
-fi
-
-note "[gpu] tests"
-: > "$out/tests.log"
-for exe in build-gpu/tests/test_*; do
-  [ -x "$exe" ] || continue
-  name=$(basename "$exe")
-  case "$name" in *_emu) continue ;; esac  # emulated builds of the same tests (CI runs them)
-  # -r junit gives the counts the summary reads; a failing executable runs again with the
-  # console reporter, whose text says what failed.
-  "$exe" "[gpu]" -r junit -o "$out/junit-$name.xml" > /dev/null 2>&1
-  rc=$?
-  echo "$name rc=$rc" | tee -a "$out/run.log"
-  if [ $rc -ne 0 ]; then
-    status=1
-    { echo "== $name"; "$exe" "[gpu]"; } >> "$out/tests.log" 2>&1
+build_phases() {
+  local generator=Ninja keep_going=(-k 0) jobs
+  command -v ninja > /dev/null || generator="Unix Makefiles" keep_going=(-k)
+  jobs=$(nproc)
+  phase configure 120 10 cmake -S "$root" -B "$build" -G "$generator" -DCMAKE_BUILD_TYPE=Release \
+    -DFP8SERVE_CUDA=ON -DFP8SERVE_CUDA_EMU=OFF -DFP8SERVE_WARNINGS_AS_ERRORS=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" "${cmake_deps[@]}"
+  local rc=$?
+  keep_log configure build.log 60
+  ((rc == 0)) || return 1
+  # Keep going past a failed object: what did build still runs.
+  if ((dry)); then
+    phase build 100000 10 "$here/dry/fake-build.sh" "$build" "${targets[@]}"
+  else
+    phase build 100000 10 cmake --build "$build" -j "$jobs" --target "${targets[@]}" -- "${keep_going[@]}"
   fi
-done
+  [ -f "$work/build.log" ] || return 1
+  fact build.warnings "$(grep -c 'warning' "$work/build.log")"
+  { echo "== build: its first warnings and errors"; grep -E 'warning|error|FAILED' "$work/build.log" | head -60; } >> "$out/build.log"
+  keep_log build build.log 40
+}
 
-note "bench_forward (llama3-8b, random weights)"
-timeout 300 build-gpu/tests/bench/bench_forward --device cuda --shape llama3-8b > "$out/bench_forward.txt" 2>&1 || status=1
-cat "$out/bench_forward.txt"
-if [ -x build-gpu/tests/bench/bench_attention_cuda ]; then
-  note "bench_attention_cuda"
-  timeout 200 build-gpu/tests/bench/bench_attention_cuda > "$out/bench_attention_cuda.txt" 2>&1 || status=1
-  cat "$out/bench_attention_cuda.txt"
-fi
+keep_log() {  # keep_log PHASE OUT_FILE LINES: the end of a phase's output, into one of OUT_DIR's logs
+  [ -f "$work/$1.log" ] || return 0
+  { echo "== $1 (last $3 lines)"; tail -n "$3" "$work/$1.log"; } >> "$out/$2"
+}
 
-note "summary"
-python3 - "$out" "$status" "$((SECONDS - start))" <<'PY'
-import glob, json, os, re, sys
-import xml.etree.ElementTree as ET
-out, status, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-summary = {"status": "passed" if status == 0 else "failed", "seconds": seconds, "tests": {}, "bench": {}}
-for path in sorted(glob.glob(os.path.join(out, "junit-*.xml"))):
-    name = os.path.basename(path)[len("junit-"):-len(".xml")]
-    try:
-        root = ET.parse(path).getroot()
-        suites = [root] if root.tag == "testsuite" else list(root)
-        tests = sum(int(s.get("tests", 0)) for s in suites)
-        failures = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
-        summary["tests"][name] = {"cases": tests, "failures": failures}
-    except Exception as e:  # an aborted run leaves no or half a file
-        summary["tests"][name] = {"error": str(e)}
-    os.remove(path)  # the device tool brings back at most 8 files
-rows = []
-bench = os.path.join(out, "bench_forward.txt")
-if os.path.exists(bench):
-    for line in open(bench):
-        m = re.match(r"(bf16|fp8)\s+(decode|prefill)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s*([\d.]*)", line)
-        if m:
-            rows.append({"kv": m[1], "phase": m[2], "batch": int(m[3]), "context": int(m[4]),
-                         "ms_per_step": float(m[5]), "tokens_per_s": float(m[6]),
-                         "percent_of_bound": float(m[7]) if m[7] else None})
-        m = re.match(r"(bf16|fp8)\s+fits\s+(\d+) sequences", line)
-        if m:
-            summary["bench"].setdefault("fits_8k", {})[m[1]] = int(m[2])
-        m = re.match(r"bandwidth: ([\d.]+) GB/s", line)
-        if m:
-            summary["bench"]["copy_bandwidth_gb_s"] = float(m[1])
-summary["bench"]["forward"] = rows
-json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
-print(json.dumps({k: summary[k] for k in ("status", "seconds", "tests")}, indent=1))
-PY
-exit $status
+built() {  # built TARGET: its executable's path in $exe, or the phase recorded as skipped
+  exe=$build/tests/$1
+  [[ $1 == bench_* ]] && exe=$build/tests/bench/$1
+  [ -x "$exe" ] && return 0
+  record "$1" skipped "" "" "" "not built (build.log)"
+  return 1
+}
+
+test_phases() {
+  local name cap
+  for name in test_gpu test_engine; do
+    built "$name" || continue
+    cap=180
+    [ "$name" = test_engine ] && cap=120  # one case: the engine on CUDA against the CPU engine
+    phase "$name" "$cap" 10 "$exe" "[gpu]" -r junit -o "$work/junit-$name.xml"
+    [ "$?" -eq 125 ] || python3 "$here/summary.py" junit "$work" "$name" "$work/junit-$name.xml"
+    keep_log "$name" tests.log 80
+    summarize
+  done
+}
+
+# bench NAME CAP MIN FULL_S ARGS...: NAME's full sweep when FULL_S seconds are left, else --quick.
+bench() {
+  local name=$1 cap=$2 min=$3 full=$4 line=()
+  shift 4
+  built "$name" || return 1
+  command -v stdbuf > /dev/null && line=(stdbuf -oL)  # rows reach the log before a time-out
+  (((deadline - SECONDS - reserve - grace) >= full)) || set -- "$@" --quick
+  fact "args.$name" "$*"
+  phase "$name" "$cap" "$min" "${line[@]}" "$exe" "$@"
+  keep_log "$name" bench.log 200
+}
+
+main() {
+  note "tests/gpu/run.sh$( ((dry)) && echo ' --dry-run'): budget $budget s, output $out, build $build"
+  preflight
+  record preflight "$( [ -n "$arch" ] && echo passed || echo failed)" "$SECONDS" "" "" \
+    "$( [ -n "$arch" ] || echo 'no GPU: nvidia-smi answered nothing')"
+  if [ -n "$arch" ] && { [[ $deps != .gpu-deps* ]] || unpack_deps; } && build_phases; then
+    test_phases
+    bench bench_attention_cuda 120 20 90
+    bench bench_forward 180 30 150 --device cuda --shape llama3-8b
+    # The A/B: the same sweep as the first run when it fits, so every cell has both figures.
+    local args=()
+    grep -q 'args.bench_attention_cuda	.*--quick' "$work/facts.tsv" && args=(--quick)
+    bench bench_attention_cuda_fast_paths_0 120 20 90 "${args[@]}"
+  else
+    for name in "${targets[@]}"; do record "$name" skipped "" "" "" "no build"; done
+  fi
+  fact run.finished 1
+  summarize
+  note "done: $out/summary.json"
+  python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["status"] != "passed")' "$out/summary.json"
+}
+
+arch='' exe='' name=''
+main; exit  # one line: bash reads a script as it runs, so nothing is read after main returns
