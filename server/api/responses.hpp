@@ -44,6 +44,7 @@ struct ResponseMeta {
   std::vector<std::string> echo_texts;  // completion echo: the prompt text of each prompt
   std::vector<int> prompt_tokens;       // per prompt
   std::optional<ToolCallFormat> tool_parser;  // chat with tools: calls are read out of the text
+  int max_tool_calls = 0;                     // 1 with parallel_tool_calls: false; 0 any number
 };
 
 struct Usage {
