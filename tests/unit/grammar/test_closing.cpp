@@ -322,3 +322,37 @@ TEST_CASE("budget walks: complete within the budget, exactly at the fewest, unch
   CHECK(same > 100);
   CHECK(tight > 100);
 }
+
+TEST_CASE("the first token: SentencePiece's variant without its space counts as what it writes there") {
+  // A vocabulary whose " {\"name\":\"" writes {"name":" as the first token of a text.
+  std::vector<std::string> bytes;
+  for (int32_t id = 0; id < small_vocab()->mask_size(); ++id)
+    bytes.emplace_back(small_vocab()->usable(id) ? std::string(small_vocab()->bytes(id)) : std::string("<eos>"));
+  const auto eos = small_vocab()->end_tokens().front();
+  const auto variant = static_cast<int32_t>(bytes.size());
+  bytes.push_back(" {\"name\":\"");
+  std::vector<uint8_t> usable(bytes.size(), 1);
+  for (size_t id = 0; id < usable.size(); ++id) usable[id] = small_vocab()->usable(static_cast<int32_t>(id)) || id == static_cast<size_t>(variant);
+  auto vocab = std::make_shared<TokenVocabulary>(bytes, usable, std::vector<int32_t>{eos}, variant + 1);
+  vocab->set_first_token_variants({{variant, "{\"name\":\""}});
+  const auto g = compile(Json::parse(R"({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                                         "required": ["name", "age"], "additionalProperties": false})"),
+                         vocab);
+  GrammarMatcher m(g);
+  int32_t brace = -1;
+  for (int32_t id = 0; id < variant; ++id)
+    if (vocab->usable(id) && vocab->bytes(id) == "{") brace = id;
+  REQUIRE(brace >= 0);
+  // {"name":" "," age ": 0 } in six tokens with the variant; seven without ({ "name":" ...).
+  CHECK(m.fits_after(variant, 5));
+  CHECK_FALSE(m.fits_after(brace, 5));
+  CHECK(m.fits_after(brace, 6));
+  std::vector<uint64_t> mask(static_cast<size_t>(vocab->mask_words()));
+  CHECK(m.fill_budget_bitmask(mask, 5));
+  CHECK(bitmask_test(mask, variant));
+  CHECK_FALSE(bitmask_test(mask, brace));
+  REQUIRE(m.accept_token(variant));
+  CHECK(m.tokens_to_end(10) == 5);
+  // Past the first token it writes its usual bytes again, which do not continue the text here.
+  CHECK_FALSE(m.fits_after(variant, 100));
+}
