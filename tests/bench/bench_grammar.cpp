@@ -1,7 +1,7 @@
 // bench_grammar: structured outputs' costs against the decode step they ride on (issue 16's
 // targets: mask time per step under 5% of the step at batch 1 and 16, compile under 50 ms).
 //
-//   bench_grammar [--vocab smollm2|qwen3] [--engine] [--threads N]
+//   bench_grammar [--vocab smollm2|qwen3] [--engine] [--threads N] [--per-schema]
 //
 //   vocabulary   building the token trie for the model's vocabulary (once per server)
 //   compile      each of the 50 fixture schemas: JSON Schema -> grammar -> DFAs (median, max)
@@ -19,7 +19,6 @@
 //                also at a max_tokens of 16 that makes most documents close early
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -154,7 +153,7 @@ void print_times(const char* what, const std::vector<double>& us) {
               percentile(us, 0.99), percentile(us, 1.0));
 }
 
-void bench_closing(const Loaded& l, const Json& cases) {
+void bench_closing(const Loaded& l, const Json& cases, bool per_schema) {
   std::vector<double> roomy_us, cold_us, warm_us, mask_cold_us, mask_warm_us, ratio;
   std::vector<uint64_t> mask(static_cast<size_t>(l.vocab->mask_words()));
   ClosingGraph::Stats total;
@@ -193,7 +192,7 @@ void bench_closing(const Loaded& l, const Json& cases) {
     total.gave_up += st.gave_up;
     total.bytes = std::max(total.bytes, st.bytes);
     total.resets += st.resets;
-    if (std::getenv("BENCH_GRAMMAR_VERBOSE"))
+    if (per_schema)
       std::printf("  %-20s nodes %lld walks %lld (%.0f ms) searches %lld gave up %lld resets %lld bytes %.1f MiB\n",
                   c["name"].get<std::string>().c_str(), (long long)st.nodes, (long long)st.expansions, st.expand_seconds * 1e3,
                   (long long)st.searches, (long long)st.gave_up, (long long)st.resets, st.bytes / 1048576.0);
@@ -315,17 +314,19 @@ void bench_engine(const Json& cases, int threads) {
 int main(int argc, char** argv) {
   std::string which = "smollm2";
   bool engine = false;
+  bool per_schema = false;  // the closing graph of each schema: states, walks, searches
   int threads = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--vocab" && i + 1 < argc) which = argv[++i];
     if (a == "--engine") engine = true;
+    if (a == "--per-schema") per_schema = true;
     if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
   }
   const Json cases = fixture_schemas();
   const Loaded l = load_vocab(which);
   bench_masks(l, cases);
-  bench_closing(l, cases);
+  bench_closing(l, cases, per_schema);
   bench_wide_objects();
   if (engine) bench_engine(cases, threads);
   return 0;
