@@ -332,16 +332,17 @@ void Engine::on_token(SeqId id, const SampleResult& sample) {
     finish_seq(id, out, FinishReason::stop);
     return;
   }
-  if (seq.matcher && (seq.matcher->is_terminated() || (seq.closing && seq.matcher->can_end()))) {
-    // The structured output is complete and nothing may follow (or the budget says stop): end
-    // here, without waiting for an EOS the mask would force.
+  const int total = static_cast<int>(r.prompt_tokens.size()) + seq.num_generated;
+  const bool out_of_budget = seq.num_generated >= r.max_tokens || total >= options_.max_model_len;
+  if (seq.matcher && (seq.matcher->is_terminated() || (out_of_budget && seq.matcher->can_end()))) {
+    // The structured output is complete, and nothing may follow it (or the budget is spent on
+    // a complete document): end here, without waiting for an EOS the mask would force.
     seq.detokenizer.finish();  // a complete document ends on a whole character: nothing is held
     out.text_delta += seq.stop_checker.flush();
-    finish_seq(id, out, seq.closing ? FinishReason::length : FinishReason::stop);
+    finish_seq(id, out, FinishReason::stop);
     return;
   }
-  const int total = static_cast<int>(r.prompt_tokens.size()) + seq.num_generated;
-  if (seq.num_generated >= r.max_tokens || total >= options_.max_model_len) {
+  if (out_of_budget) {
     finish_seq(id, out, FinishReason::length);
     return;
   }
@@ -528,35 +529,11 @@ void Engine::run_step(const StepPlan& plan) {
     SeqState& seq = it->second;
     // Forks and structured outputs (which may sample twice) sample from a copy of the row.
     row_.assign(logits.begin(), logits.end());
-    const int64_t budget = seq.matcher ? token_budget(seq) : 0;
-    if (seq.matcher && !apply_grammar(seq, budget, row_)) {
-      RequestOutput out;
-      out.error = "structured output: no token can continue the text the schema requires";
-      finish_seq(id, out, FinishReason::error);
-      continue;
+    if (!seq.matcher) {
+      on_token(id, seq.sampler.sample(row_));
+    } else if (const std::optional<SampleResult> sample = sample_structured(id, seq, logits)) {
+      on_token(id, *sample);
     }
-    SampleResult sample = seq.sampler.sample(row_);
-    if (seq.matcher && !seq.closing && !seq.matcher->can_finish_after(sample.token, budget - 1)) {
-      // That token would open more than the budget can close: take the shortest way to the
-      // end instead, so the document still completes.
-      seq.sampler.forget(sample.token);
-      seq.closing = true;
-      if (seq.matcher->can_end()) {  // already complete: the budget ends it here
-        RequestOutput out;
-        finish_seq(id, out, FinishReason::length);
-        continue;
-      }
-      row_.assign(logits.begin(), logits.end());
-      apply_grammar(seq, budget, row_);
-      sample = seq.sampler.sample(row_);
-    }
-    if (seq.matcher && !seq.matcher->accept_token(sample.token)) {
-      RequestOutput out;  // a masked token was sampled: a bug, not the client's doing
-      out.error = "structured output: the sampler chose a token the grammar does not allow";
-      finish_seq(id, out, FinishReason::error);
-      continue;
-    }
-    on_token(id, sample);
   }
 }
 
@@ -582,28 +559,55 @@ void Engine::attach_prompt_logprobs(SeqState& seq, RequestOutput& out) {
   if (request.request.num_prompt_logprobs >= 0) out.prompt_logprobs = request.prompt_logprobs;
 }
 
+std::optional<SampleResult> Engine::sample_structured(SeqId id, SeqState& seq, std::span<const float> logits) {
+  grammar::GrammarMatcher& matcher = *seq.matcher;
+  auto fail = [&](const char* message) {
+    RequestOutput out;
+    out.error = message;
+    finish_seq(id, out, FinishReason::error);
+    return std::nullopt;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  token_mask_.resize(static_cast<size_t>(matcher.grammar().vocab().mask_words()));
+  matcher.fill_next_token_bitmask(token_mask_);
+  const bool any = grammar::bitmask_count(token_mask_) > 0;
+  grammar::apply_token_bitmask(token_mask_, row_);
+  grammar_mask_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++grammar_mask_count_;
+  if (!any) return fail("structured output: no token can continue the text the schema requires");
+  SampleResult sample = seq.sampler.sample(row_);
+  const auto t1 = std::chrono::steady_clock::now();
+  const int64_t budget = token_budget(seq);  // this token included
+  if (!seq.budget_free && !matcher.fits_after(sample.token, budget - 1)) {
+    // That token would leave more to write than the budget allows: sample again among the
+    // tokens after which the document can still end in time (only its shortest ways once the
+    // budget equals the fewest tokens left).
+    const bool settled = matcher.fill_budget_bitmask(token_mask_, budget - 1);
+    if (grammar::bitmask_count(token_mask_) > 0) {
+      seq.sampler.forget(sample.token);
+      row_.assign(logits.begin(), logits.end());
+      grammar::apply_token_bitmask(token_mask_, row_);
+      sample = seq.sampler.sample(row_);
+    } else if (matcher.can_end()) {  // complete, and only the end token it may not write would fit
+      RequestOutput out;
+      finish_seq(id, out, FinishReason::stop);
+      return std::nullopt;
+    } else if (settled) {
+      // No complete document fits in max_tokens: the model writes on, and the budget cuts the
+      // text ("length"), as OpenAI does.
+      seq.budget_free = true;
+    }  // else no way is known within the search's work: the model's token stands
+  }
+  grammar_budget_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  if (!matcher.accept_token(sample.token))  // a masked token was sampled: a bug, not the client's doing
+    return fail("structured output: the sampler chose a token the grammar does not allow");
+  return sample;
+}
+
 int64_t Engine::token_budget(const SeqState& seq) const {
   const GenerationRequest& r = requests_.at(seq.request_id).request;
   const int64_t by_length = static_cast<int64_t>(options_.max_model_len) - static_cast<int64_t>(r.prompt_tokens.size()) - seq.num_generated;
   return std::min<int64_t>(r.max_tokens - seq.num_generated, by_length);
-}
-
-bool Engine::apply_grammar(SeqState& seq, int64_t budget, std::span<float> row) {
-  const auto t0 = std::chrono::steady_clock::now();
-  token_mask_.resize(static_cast<size_t>(seq.matcher->grammar().vocab().mask_words()));
-  // A structured output is never cut short when the budget can finish it: once what is left
-  // only just suffices, decoding takes the shortest way to the end (reported as "length").
-  if (!seq.closing && seq.matcher->bytes_to_end() >= budget) seq.closing = true;
-  if (seq.closing) {
-    seq.matcher->fill_closing_bitmask(token_mask_);
-  } else {
-    seq.matcher->fill_next_token_bitmask(token_mask_);
-  }
-  const bool any = grammar::bitmask_count(token_mask_) > 0;
-  grammar::apply_token_bitmask(token_mask_, row);
-  grammar_mask_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ++grammar_mask_count_;
-  return any;
 }
 
 void Engine::fail_all(const std::string& message) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -103,6 +104,8 @@ class Engine {
   const std::vector<int32_t>& stop_token_ids() const { return stop_ids_; }
   // Time spent computing and applying token masks (structured outputs), and how many.
   double grammar_mask_seconds() const { return grammar_mask_seconds_; }
+  // Budget checks of structured outputs (token-level shortest closing), summed over steps.
+  double grammar_budget_seconds() const { return grammar_budget_seconds_; }
   int64_t grammar_mask_count() const { return grammar_mask_count_; }
 
  private:
@@ -126,8 +129,8 @@ class Engine {
     int num_generated = 0;
     bool scheduled = false;  // has run in a step (its request's queue time is then known)
     std::unique_ptr<grammar::GrammarMatcher> matcher;  // structured output, else null
-    bool closing = false;  // the token budget left only suffices to finish the document
     bool prompt_logprobs_sent = false;  // with the choice's first output
+    bool budget_free = false;  // no complete document fits in the budget: it cuts the text
   };
 
   void reject(const GenerationRequest& request, const OutputSink& sink, const std::string& message);
@@ -138,10 +141,10 @@ class Engine {
   void add_score_rows(const ScheduledSeq& s, int32_t first_row);
   // A request's prompt logprobs go out with each choice's first output.
   void attach_prompt_logprobs(SeqState& seq, RequestOutput& out);
-  // Masks `row` to the tokens the sequence's grammar allows; false when none is (a dead end).
-  // With `budget` tokens left (this one included) and no more than the document needs to be
-  // finished, only the shortest way to finish it is allowed.
-  bool apply_grammar(SeqState& seq, int64_t budget, std::span<float> row);
+  // A structured output's next token, sampled from row_ (a copy of `logits`) among those the
+  // grammar allows and the token budget can still finish; the accepted token, or nullopt once
+  // the sequence has finished (complete, or an error).
+  std::optional<SampleResult> sample_structured(SeqId id, SeqState& seq, std::span<const float> logits);
   int64_t token_budget(const SeqState& seq) const;  // tokens the sequence may still generate
   void finish_seq(SeqId id, RequestOutput& out, FinishReason reason);
   void fail_all(const std::string& message);
@@ -171,6 +174,7 @@ class Engine {
   HostArray<float> logits_;  // the sampled rows' logits: pinned on a GPU, one DMA per step
   std::vector<uint64_t> token_mask_;
   double grammar_mask_seconds_ = 0;
+  double grammar_budget_seconds_ = 0;
   int64_t grammar_mask_count_ = 0;
   std::vector<uint8_t> calibrate_;
   std::vector<KvWriteCounts> step_counts_;

@@ -8,7 +8,7 @@
 namespace fp8serve::grammar {
 
 CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocabulary> vocab)
-    : grammar_(std::move(grammar)), vocab_(std::move(vocab)) {
+    : grammar_(std::move(grammar)), vocab_(std::move(vocab)), closing_graph_(grammar_, *vocab_) {
   cache_.resize(grammar_.rules.size());
   plain_capacity_.resize(grammar_.rules.size());
   for (size_t r = 0; r < grammar_.rules.size(); ++r) {

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <vector>
 
+#include "model/grammar/closing_graph.hpp"
 #include "model/grammar/grammar.hpp"
 #include "model/grammar/token_vocab.hpp"
 
@@ -47,6 +48,10 @@ class CompiledGrammar {
   };
   CacheStats cache_stats() const;
 
+  // The states met while closing documents within max_tokens, and their distances in tokens
+  // to the end: shared by every matcher of this grammar (it locks itself).
+  ClosingGraph& closing_graph() const { return closing_graph_; }
+
   static constexpr size_t kMaxCacheBytes = size_t{256} << 20;
 
  private:
@@ -61,6 +66,7 @@ class CompiledGrammar {
   mutable std::vector<std::vector<std::shared_ptr<const StateMasks>>> cache_;  // [rule][state]
   mutable std::vector<std::vector<int8_t>> plain_capacity_;                    // [rule][state], -1 unknown
   mutable CacheStats stats_;
+  mutable ClosingGraph closing_graph_;
 };
 
 }  // namespace fp8serve::grammar

@@ -15,17 +15,17 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar, b
   machine_.set_committing(false);
 }
 
-bool GrammarMatcher::check_bytes(std::string_view bytes) {
-  if (bytes.empty()) return false;
+const StackSet* GrammarMatcher::run_bytes(std::string_view bytes) {
+  if (bytes.empty()) return nullptr;
   const StackSet* cur = &state_;
   StackSet* next = &scratch_a_;
   for (size_t i = 0; i < bytes.size(); ++i) {
     machine_.step(*cur, static_cast<uint8_t>(bytes[i]), *next);
-    if (next->tops.empty()) return i + 1 == bytes.size() && next->can_end;
+    if (next->tops.empty()) return i + 1 == bytes.size() && next->can_end ? next : nullptr;
     cur = next;
     next = next == &scratch_a_ ? &scratch_b_ : &scratch_a_;
   }
-  return true;
+  return cur;
 }
 
 bool GrammarMatcher::advance(std::string_view bytes) {
@@ -46,6 +46,15 @@ bool GrammarMatcher::advance(std::string_view bytes) {
 
 bool GrammarMatcher::accept_bytes(std::string_view bytes) { return advance(bytes); }
 
+std::string_view GrammarMatcher::token_bytes(int32_t id) const {
+  const TokenVocabulary& vocab = grammar_->vocab();
+  if (first_token_) {
+    for (const auto& [variant_id, variant] : vocab.first_token_variants())
+      if (variant_id == id) return variant;
+  }
+  return vocab.bytes(id);
+}
+
 bool GrammarMatcher::accept_token(int32_t id) {
   const TokenVocabulary& vocab = grammar_->vocab();
   if (ended_) return false;
@@ -55,12 +64,7 @@ bool GrammarMatcher::accept_token(int32_t id) {
     return true;
   }
   if (!vocab.usable(id)) return false;
-  std::string_view bytes = vocab.bytes(id);
-  if (first_token_) {
-    for (const auto& [variant_id, variant] : vocab.first_token_variants())
-      if (variant_id == id) bytes = variant;
-  }
-  if (!advance(bytes)) return false;
+  if (!advance(token_bytes(id))) return false;
   first_token_ = false;
   return true;
 }
@@ -85,12 +89,12 @@ void GrammarMatcher::fill_next_token_bitmask(std::span<uint64_t> mask) {
   }
   const TokenVocabulary& vocab = grammar_->vocab();
   for (const int32_t id : candidates_)
-    if (!bitmask_test(mask, id) && check_bytes(vocab.bytes(id))) bitmask_set(mask, id);
+    if (!bitmask_test(mask, id) && run_bytes(vocab.bytes(id))) bitmask_set(mask, id);
   if (first_token_) {
     // SentencePiece's first piece loses its leading space: those tokens write other bytes.
     for (const auto& [id, bytes] : vocab.first_token_variants()) {
       mask[static_cast<size_t>(id) >> 6] &= ~(1ull << (id & 63));
-      if (check_bytes(bytes)) bitmask_set(mask, id);
+      if (run_bytes(bytes)) bitmask_set(mask, id);
     }
   }
   if (allow_end_tokens_ && state_.can_end)
@@ -98,62 +102,96 @@ void GrammarMatcher::fill_next_token_bitmask(std::span<uint64_t> mask) {
   machine_.truncate(pool_mark);
 }
 
-int64_t GrammarMatcher::bytes_to_end(const StackSet& set) const {
-  if (set.can_end) return 0;
-  const Grammar& g = grammar_->grammar();
-  int64_t best = INT64_MAX;
-  for (const Frame& top : set.tops) {
-    int64_t d = g.min_bytes[static_cast<size_t>(top.rule)][static_cast<size_t>(top.state)];
-    for (int32_t p = top.parent; p >= 0;) {
-      const Frame& f = machine_.node(p);
-      d += g.min_bytes[static_cast<size_t>(f.rule)][static_cast<size_t>(f.state)];
-      p = f.parent;
-    }
-    best = std::min(best, d);
-  }
-  return best;
-}
+int64_t GrammarMatcher::bytes_to_end(const StackSet& set) const { return set.can_end ? 0 : machine_.bytes_to_end(set.tops); }
 
 int64_t GrammarMatcher::bytes_to_end() const { return ended_ ? 0 : bytes_to_end(state_); }
 
-void GrammarMatcher::fill_closing_bitmask(std::span<uint64_t> mask) {
-  std::fill(mask.begin(), mask.end(), 0);
-  if (ended_) return;
-  const TokenVocabulary& vocab = grammar_->vocab();
-  if (state_.can_end) {
-    if (allow_end_tokens_)
-      for (const int32_t id : vocab.end_tokens()) bitmask_set(mask, id);
-    return;
+namespace {
+
+int32_t clamp_budget(int64_t budget) { return static_cast<int32_t>(std::clamp<int64_t>(budget, -1, INT32_MAX / 4)); }
+
+}  // namespace
+
+int32_t GrammarMatcher::graph_frame(ClosingGraph& graph, int32_t pool_id) {
+  if (graph_frames_.size() < machine_.pool_size()) graph_frames_.resize(machine_.pool_size(), -1);
+  // The committed pool never changes below its top, so each frame is copied in once.
+  std::vector<int32_t> chain;
+  int32_t id = pool_id;
+  while (id >= 0 && graph_frames_[static_cast<size_t>(id)] < 0) {
+    chain.push_back(id);
+    id = machine_.node(id).parent;
   }
-  const int64_t now = bytes_to_end(state_);
-  const size_t pool_mark = machine_.mark();
-  for (int b = 0; b < 256; ++b) {
-    const int32_t id = vocab.byte_token(static_cast<uint8_t>(b));
-    if (id < 0) continue;
-    machine_.step(state_, static_cast<uint8_t>(b), scratch_a_);
-    if ((!scratch_a_.tops.empty() || scratch_a_.can_end) && bytes_to_end(scratch_a_) == now - 1) bitmask_set(mask, id);
+  int32_t below = id < 0 ? id : graph_frames_[static_cast<size_t>(id)];
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    const Frame& f = machine_.node(*it);
+    below = graph.intern(Frame{below, f.rule, f.state});
+    graph_frames_[static_cast<size_t>(*it)] = below;
   }
-  machine_.truncate(pool_mark);
+  return below;
 }
 
-bool GrammarMatcher::can_finish_after(int32_t token, int64_t budget) {
-  const TokenVocabulary& vocab = grammar_->vocab();
-  if (vocab.is_end_token(token)) return true;
-  if (!vocab.usable(token)) return false;
-  const std::string_view bytes = vocab.bytes(token);
-  const size_t pool_mark = machine_.mark();
-  const StackSet* cur = &state_;
-  StackSet* next = &scratch_a_;
-  bool ok = true;
-  for (size_t i = 0; i < bytes.size() && ok; ++i) {
-    machine_.step(*cur, static_cast<uint8_t>(bytes[i]), *next);
-    ok = !next->tops.empty() || (i + 1 == bytes.size() && next->can_end);
-    cur = next;
-    next = next == &scratch_a_ ? &scratch_b_ : &scratch_a_;
+int32_t GrammarMatcher::graph_node(ClosingGraph& graph) {
+  if (graph_generation_ != graph.generation()) {
+    graph_frames_.clear();
+    graph_generation_ = graph.generation();
   }
-  ok = ok && bytes_to_end(*cur) <= budget;
-  machine_.truncate(pool_mark);
-  return ok;
+  std::vector<Frame> tops;
+  tops.reserve(state_.tops.size());
+  for (const Frame& f : state_.tops) tops.push_back(Frame{graph_frame(graph, f.parent), f.rule, f.state});
+  return graph.node_of(std::move(tops), state_.can_end);
+}
+
+int64_t GrammarMatcher::tokens_to_end(int64_t limit) {
+  if (ended_ || state_.can_end) return 0;
+  ClosingGraph& graph = grammar_->closing_graph();
+  const auto lock = graph.lock();
+  return graph.distance(graph_node(graph), clamp_budget(limit));
+}
+
+bool GrammarMatcher::fits_after(int32_t token, int64_t budget) {
+  const TokenVocabulary& vocab = grammar_->vocab();
+  if (ended_) return false;
+  if (vocab.is_end_token(token)) return allow_end_tokens_ && state_.can_end;
+  if (!vocab.usable(token) || budget < 0) return false;
+  const std::string_view bytes = token_bytes(token);
+  ClosingGraph& graph = grammar_->closing_graph();
+  if (graph.bytes_are_tokens()) {
+    // The common case, a budget with room: the bytes still needed then fit one token each.
+    const size_t pool_mark = machine_.mark();
+    const StackSet* after = run_bytes(bytes);
+    const bool roomy = after != nullptr && bytes_to_end(*after) <= budget;
+    machine_.truncate(pool_mark);
+    if (after == nullptr) return false;
+    if (roomy) return true;
+  }
+  const auto lock = graph.lock();
+  const int32_t to = graph.step(graph_node(graph), bytes);
+  if (to < 0) return false;
+  return graph.fits(to, clamp_budget(budget)) == ClosingGraph::Fit::yes;
+}
+
+bool GrammarMatcher::fill_budget_bitmask(std::span<uint64_t> mask, int64_t budget) {
+  std::fill(mask.begin(), mask.end(), 0);
+  if (ended_ || budget < 0) return true;
+  const TokenVocabulary& vocab = grammar_->vocab();
+  if (allow_end_tokens_ && state_.can_end)
+    for (const int32_t id : vocab.end_tokens()) bitmask_set(mask, id);
+  ClosingGraph& graph = grammar_->closing_graph();
+  const auto lock = graph.lock();
+  const int32_t now = graph_node(graph);
+  const int32_t limit = clamp_budget(budget);
+  bool settled = graph.fill_within(now, limit, mask);
+  if (first_token_) {
+    for (const auto& [id, bytes] : vocab.first_token_variants()) {
+      mask[static_cast<size_t>(id) >> 6] &= ~(1ull << (id & 63));
+      const int32_t to = graph.step(now, bytes);
+      if (to < 0) continue;
+      const ClosingGraph::Fit fit = graph.fits(to, limit);
+      if (fit == ClosingGraph::Fit::yes) bitmask_set(mask, id);
+      settled = settled && fit != ClosingGraph::Fit::unknown;
+    }
+  }
+  return settled;
 }
 
 void apply_token_bitmask(std::span<const uint64_t> mask, std::span<float> logits) {

@@ -37,12 +37,24 @@ class GrammarMatcher {
 
   // The fewest bytes that complete the text from here (0 when it may end now).
   int64_t bytes_to_end() const;
-  // Budget-aware closing: only single-byte tokens on a shortest way to the end (and the end
-  // tokens once complete). Following it, the text completes in exactly bytes_to_end() tokens.
-  void fill_closing_bitmask(std::span<uint64_t> mask);
-  // Whether, after `token` (which the mask allowed), the text can still be completed within
-  // `budget` more tokens (one byte each at worst).
-  bool can_finish_after(int32_t token, int64_t budget);
+
+  // Budgets in tokens (max_tokens). The shortest completion in tokens is searched over the
+  // vocabulary (ClosingGraph, shared by the grammar's matchers), so closing takes the model's
+  // multi-byte tokens wherever they reach the end as soon, never bytes counted as tokens.
+  //
+  // The fewest tokens that complete the text from here (0 when it may end now) when at most
+  // `limit`, otherwise limit + 1 (ClosingGraph::distance(): where free-form JSON has too many
+  // states to search, a real completion's length instead). A first token that SentencePiece
+  // writes without its space counts with its usual bytes here.
+  int64_t tokens_to_end(int64_t limit);
+  // Whether, after `token` (one the mask allowed), the text can still be completed within
+  // `budget` more tokens: a way found (false also when the search ran out of work first).
+  bool fits_after(int32_t token, int64_t budget);
+  // The allowed tokens after which the text can still be completed within `budget` more
+  // tokens, and the end tokens once it is complete; with budget + 1 == tokens_to_end(), only
+  // the shortest ways. Returns false when some token's answer was not settled (the search ran
+  // out of work): an empty mask then does not prove that no document fits.
+  bool fill_budget_bitmask(std::span<uint64_t> mask, int64_t budget);
 
   bool can_end() const { return state_.can_end; }
   // Complete, and no byte may follow: the sequence should end now.
@@ -52,10 +64,16 @@ class GrammarMatcher {
   const CompiledGrammar& grammar() const { return *grammar_; }
 
  private:
-  // Runs `bytes` from the current state without committing; true when they are a valid prefix.
-  bool check_bytes(std::string_view bytes);
+  // Runs `bytes` from the current state without committing (the caller truncates the pool):
+  // the state after them (in scratch), or null when they are not a valid prefix.
+  const StackSet* run_bytes(std::string_view bytes);
   int64_t bytes_to_end(const StackSet& set) const;
   bool advance(std::string_view bytes);
+  // What token `id` writes here (the first token may write other bytes).
+  std::string_view token_bytes(int32_t id) const;
+  // This state as a node of the closing graph, whose lock the caller holds.
+  int32_t graph_node(ClosingGraph& graph);
+  int32_t graph_frame(ClosingGraph& graph, int32_t pool_id);
 
   std::shared_ptr<const CompiledGrammar> grammar_;
   bool allow_end_tokens_;
@@ -65,6 +83,8 @@ class GrammarMatcher {
   std::vector<int32_t> candidates_;
   bool ended_ = false;
   bool first_token_ = true;
+  std::vector<int32_t> graph_frames_;  // [pool node]: the same frame in the closing graph, or -1
+  uint64_t graph_generation_ = 0;      // of the closing graph when graph_frames_ was filled
 };
 
 inline bool bitmask_test(std::span<const uint64_t> mask, int32_t id) {

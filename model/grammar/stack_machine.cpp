@@ -1,6 +1,7 @@
 #include "model/grammar/stack_machine.hpp"
 
 #include <algorithm>
+#include <climits>
 
 namespace fp8serve::grammar {
 
@@ -72,6 +73,19 @@ void StackMachine::step(const StackSet& in, uint8_t byte, StackSet& out) {
     if (next >= 0) seeds_.push_back({f.parent, f.rule, next});
   }
   closure(seeds_, out);
+}
+
+int64_t StackMachine::bytes_to_end(std::span<const Frame> tops) const {
+  int64_t best = INT64_MAX;
+  for (const Frame& top : tops) {
+    int64_t d = grammar_.min_bytes[static_cast<size_t>(top.rule)][static_cast<size_t>(top.state)];
+    for (int32_t p = top.parent; p >= 0; p = pool_[static_cast<size_t>(p)].parent) {
+      const Frame& f = pool_[static_cast<size_t>(p)];
+      d += grammar_.min_bytes[static_cast<size_t>(f.rule)][static_cast<size_t>(f.state)];
+    }
+    best = std::min(best, d);
+  }
+  return best;
 }
 
 }  // namespace fp8serve::grammar

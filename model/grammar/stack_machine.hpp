@@ -57,6 +57,17 @@ class StackMachine {
   void set_committing(bool committing) { committing_ = committing; }
   size_t pool_size() const { return pool_.size(); }
   const Frame& node(int32_t id) const { return pool_[static_cast<size_t>(id)]; }
+  // The pool node for a return frame (interned when committing): how a stack built elsewhere
+  // is copied in, frame by frame from its bottom.
+  int32_t push_frame(const Frame& f) { return push_return(f.parent, f.rule, f.state); }
+  // The fewest bytes that end the cheapest of these stacks: each frame's min_bytes, summed
+  // down its return frames.
+  int64_t bytes_to_end(std::span<const Frame> tops) const;
+  // Forgets every pool node, committed ones too.
+  void clear() {
+    pool_.clear();
+    interned_.clear();
+  }
 
  private:
   int32_t push_return(int32_t parent, RuleId rule, int32_t state);

@@ -320,6 +320,7 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
   meta.num_logprobs = r.sampling.num_logprobs;
   meta.tokens_as_ids = r.return_tokens_as_token_ids;
   meta.tool_parser = tools.parse;
+  meta.max_tool_calls = r.parallel_tool_calls ? 0 : 1;
   if (r.echo) meta.echo_texts = texts;
   // Prompt logprobs: echo with logprobs (in the logprobs object) and vLLM's prompt_logprobs
   // (their own field) are computed once, with the larger of the two top-N.

@@ -87,7 +87,7 @@ const RequestFieldSpec kFields[] = {
      R"("tools": )" "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]" R"(, "tool_choice": "required")",
      R"("tool_choice": "sometimes")"},
     {"parallel_tool_calls", H, OK, Refuse::never, BOOL, "OpenAI, vLLM",
-     "default true; false makes tool_choice required produce exactly one call", R"("parallel_tool_calls": false)",
+     "default true; false: at most one call (required writes exactly one; with auto, only the first call written is returned)", R"("parallel_tool_calls": false)",
      R"("parallel_tool_calls": "x")"},
     {"functions", H, NO, Refuse::any_value, ARR, "OpenAI", "deprecated function calling is not supported",
      R"("functions": null)", R"("functions": [{"name": "f"}])"},

@@ -62,6 +62,13 @@ std::string printable(const std::string& bytes) {
   return out;
 }
 
+// "tool_calls" whenever the answer holds calls and none was cut: ended by the model or the
+// grammar, or by max_tokens in text after the calls.
+bool calls_finished(const ToolCallStream& parser, const std::optional<FinishReason>& finish) {
+  if (parser.num_calls() == 0 || !finish) return false;
+  return *finish == FinishReason::stop || (*finish == FinishReason::length && !parser.ended_inside_call());
+}
+
 Json finish_json(const std::optional<FinishReason>& finish) {
   if (!finish || *finish == FinishReason::error) return nullptr;
   return finish_reason_name(*finish);
@@ -78,7 +85,8 @@ ResponseBuilder::ResponseBuilder(ResponseMeta meta, TokenBytesFn token_bytes)
   for (size_t i = 0; i < choices_.size(); ++i) {
     choices_[i].logprobs = nullptr;
     if (meta_.stream && meta_.tool_parser)
-      choices_[i].tools = std::make_shared<ToolCallStream>(*meta_.tool_parser, meta_.id + ":" + std::to_string(i));
+      choices_[i].tools =
+          std::make_shared<ToolCallStream>(*meta_.tool_parser, meta_.id + ":" + std::to_string(i), meta_.max_tool_calls);
   }
   for (int p = 0; p < meta_.num_prompts && !meta_.echo_texts.empty(); ++p)
     for (int i = 0; i < meta_.best_of; ++i) choices_[p * meta_.best_of + i].text = meta_.echo_texts[p];
@@ -253,7 +261,7 @@ std::vector<std::string> ResponseBuilder::on_output(int prompt_index, const Requ
   }
   c["logprobs"] = std::move(lp);
   c["finish_reason"] = finish_json(output.finish);
-  if (choice.tools && choice.tools->num_calls() > 0 && output.finish == FinishReason::stop) c["finish_reason"] = "tool_calls";
+  if (choice.tools && calls_finished(*choice.tools, output.finish)) c["finish_reason"] = "tool_calls";
   Json chunk = chunk_base();
   chunk["choices"].push_back(std::move(c));
   if (meta_.include_usage) chunk["usage"] = nullptr;
@@ -340,14 +348,14 @@ Json ResponseBuilder::final_body() const {
       Json finish = finish_json(choice.finish);
       if (meta_.kind == ApiKind::chat && meta_.tool_parser) {
         // The same parser as streaming, over the whole text.
-        ToolCallStream parser(*meta_.tool_parser, meta_.id + ":" + std::to_string(i));
+        ToolCallStream parser(*meta_.tool_parser, meta_.id + ":" + std::to_string(i), meta_.max_tool_calls);
         parser.push(choice.text);
         parser.finish();
         c["message"] = {{"role", "assistant"}, {"content", parser.content()}};
         if (parser.num_calls() > 0) {
           if (parser.content().empty()) c["message"]["content"] = nullptr;
           c["message"]["tool_calls"] = parser.tool_calls();
-          if (choice.finish == FinishReason::stop) finish = "tool_calls";
+          if (calls_finished(parser, choice.finish)) finish = "tool_calls";
         }
       } else if (meta_.kind == ApiKind::chat) {
         c["message"] = {{"role", "assistant"}, {"content", choice.text}};

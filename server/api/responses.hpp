@@ -47,6 +47,7 @@ struct ResponseMeta {
   std::vector<std::vector<int32_t>> prompt_ids;  // per prompt, when either of the two is asked for
   std::vector<int> prompt_tokens;       // per prompt
   std::optional<ToolCallFormat> tool_parser;  // chat with tools: calls are read out of the text
+  int max_tool_calls = 0;                     // 1 with parallel_tool_calls: false; 0 any number
 };
 
 struct Usage {

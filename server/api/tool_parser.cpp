@@ -149,8 +149,15 @@ void ToolCallDelta::append(ToolCallDelta other) {
   for (auto& item : other.tool_calls) tool_calls.push_back(std::move(item));
 }
 
-ToolCallStream::ToolCallStream(ToolCallFormat format, std::string id_seed)
-    : format_(format), id_seed_(std::move(id_seed)), mode_(format == ToolCallFormat::hermes ? Mode::content : Mode::undecided) {}
+ToolCallStream::ToolCallStream(ToolCallFormat format, std::string id_seed, int max_calls)
+    : format_(format), id_seed_(std::move(id_seed)), mode_(format == ToolCallFormat::hermes ? Mode::content : Mode::undecided),
+      max_calls_(max_calls) {}
+
+int ToolCallStream::num_calls() const {
+  int n = 0;
+  for (const Call& c : calls_) n += !c.dropped;
+  return n;
+}
 
 ToolCallDelta ToolCallStream::push(std::string_view text) {
   buffer_.append(text);
@@ -161,7 +168,11 @@ ToolCallDelta ToolCallStream::push(std::string_view text) {
 
 ToolCallDelta ToolCallStream::finish() {
   ToolCallDelta out;
+  const size_t calls_before = calls_.size();
+  const bool was_inside = mode_ == Mode::call;
   step(out, true);
+  // Still inside a call, or one given up at the end (its text went back to the content).
+  ended_inside_call_ = mode_ == Mode::call || (was_inside && calls_.size() < calls_before);
   // What is left is text, unless it is the rest of a call already announced (cut by max_tokens:
   // the call keeps the arguments written so far).
   if (!buffer_.empty() && !(mode_ == Mode::call && calls_.back().header_sent)) emit_content(out, buffer_);
@@ -184,6 +195,7 @@ void ToolCallStream::emit_content(ToolCallDelta& out, std::string_view text) {
 
 void ToolCallStream::open_call() {
   Call c;
+  c.dropped = max_calls_ > 0 && num_calls() >= max_calls_;
   const uint64_t a = fnv1a(id_seed_ + "#" + std::to_string(calls_.size()));
   char id[32];
   std::snprintf(id, sizeof id, "call_%016llx%08llx", static_cast<unsigned long long>(a),
@@ -258,12 +270,14 @@ bool ToolCallStream::step_call(ToolCallDelta& out, bool at_end) {
     if (call.header_sent || !scan.name) return;
     call.name = *scan.name;
     call.header_sent = true;
+    if (call.dropped) return;
     out.tool_calls.push_back({{"index", index}, {"id", call.id}, {"type", "function"},
                               {"function", {{"name", call.name}, {"arguments", ""}}}});
   };
   auto send_arguments = [&](std::string_view more) {
     if (more.empty()) return;
     call.arguments.append(more);
+    if (call.dropped) return;
     out.tool_calls.push_back({{"index", index}, {"function", {{"arguments", std::string(more)}}}});
   };
   send_header();
@@ -324,7 +338,7 @@ std::string ToolCallStream::content() const {
 Json ToolCallStream::tool_calls() const {
   Json out = Json::array();
   for (const Call& c : calls_) {
-    if (!c.header_sent) continue;
+    if (!c.header_sent || c.dropped) continue;
     out.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
   }
   return out;

@@ -31,14 +31,17 @@ struct ToolCallDelta {
 
 class ToolCallStream {
  public:
-  // `id_seed` makes the call ids unique (the response id and choice index).
-  ToolCallStream(ToolCallFormat format, std::string id_seed);
+  // `id_seed` makes the call ids unique (the response id and choice index). `max_calls` > 0
+  // keeps only that many calls (parallel_tool_calls: false): later ones are read and dropped.
+  ToolCallStream(ToolCallFormat format, std::string id_seed, int max_calls = 0);
 
   ToolCallDelta push(std::string_view text);
   // End of generation: what was held back (a partial tag, an unfinished call) is released.
   ToolCallDelta finish();
 
-  int num_calls() const { return static_cast<int>(calls_.size()); }
+  int num_calls() const;
+  // After finish(): the text ended inside a call (max_tokens cut it).
+  bool ended_inside_call() const { return ended_inside_call_; }
   // After finish(): the text outside the calls (trimmed when there are calls), and the calls.
   std::string content() const;
   nlohmann::ordered_json tool_calls() const;
@@ -49,6 +52,7 @@ class ToolCallStream {
     std::string id, name;
     std::string arguments;     // streamed so far
     bool header_sent = false;  // the delta naming the call went out
+    bool dropped = false;      // beyond max_calls: read, never sent
   };
 
   void step(ToolCallDelta& out, bool at_end);
@@ -64,6 +68,8 @@ class ToolCallStream {
   std::string content_;       // all content emitted
   std::string held_spaces_;   // whitespace after a call, emitted only if more text follows
   std::vector<Call> calls_;
+  int max_calls_;
+  bool ended_inside_call_ = false;
 };
 
 }  // namespace fp8serve

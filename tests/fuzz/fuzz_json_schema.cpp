@@ -1,7 +1,7 @@
 // libFuzzer target: any byte string as a JSON Schema. Compiling may refuse it (GrammarError);
 // whatever compiles must then run: a walk of the matcher over a byte vocabulary, where every
-// mask has a token, every masked-in token is accepted, and the closing mask always finishes the
-// document, without crashing, hanging or tripping ASan/UBSan. Limits are small so each input
+// mask has a token, every masked-in token is accepted, and a document that fits in the budget
+// always ends complete, without crashing, hanging or tripping ASan/UBSan. Limits are small so each input
 // runs fast.
 #include <cstddef>
 #include <cstdint>
@@ -64,26 +64,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < size; ++i) h = (h ^ data[i]) * 1099511628211ull;
   const int64_t budget = 48;
+  const int64_t fewest = m.tokens_to_end(budget);
   for (int64_t used = 0; used < budget && !m.is_terminated(); ++used) {
-    const bool closing = m.bytes_to_end() >= budget - used;
-    if (closing) {
-      m.fill_closing_bitmask(mask);
-    } else {
-      m.fill_next_token_bitmask(mask);
-    }
+    m.fill_next_token_bitmask(mask);
     std::vector<int32_t> allowed;
     for (int32_t id = 0; id < 257; ++id)
       if (bitmask_test(mask, id)) allowed.push_back(id);
-    if (allowed.empty()) {
-      if (closing && m.can_end()) break;
-      __builtin_trap();  // a trimmed grammar never strands the matcher
-    }
+    if (allowed.empty()) __builtin_trap();  // a trimmed grammar never strands the matcher
     h = h * 6364136223846793005ull + 1442695040888963407ull;
     int32_t pick = allowed[(h >> 33) % allowed.size()];
-    if (!closing && !m.can_finish_after(pick, budget - used - 1)) continue;
+    if (!m.fits_after(pick, budget - used - 1)) {
+      // As the engine does: choose again among the tokens the budget can still finish.
+      m.fill_budget_bitmask(mask, budget - used - 1);
+      allowed.clear();
+      for (int32_t id = 0; id < 257; ++id)
+        if (bitmask_test(mask, id)) allowed.push_back(id);
+      if (allowed.empty()) break;  // no complete document fits in the budget
+      pick = allowed[(h >> 17) % allowed.size()];
+    }
     if (!m.accept_token(pick)) __builtin_trap();
     if (m.ended()) break;
-    if (closing && m.can_end()) break;
   }
+  if (fewest <= budget && !m.can_end()) __builtin_trap();  // it fitted, so it must have ended complete
   return 0;
 }

@@ -142,6 +142,24 @@ def smol(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def structured_server(tmp_path_factory):
+    """The default model with room for 16 sequences, shared by the structured-output tests."""
+    if not DEFAULT_MODEL.exists():
+        pytest.skip(f"default model absent ({DEFAULT_MODEL}): run .ci/fetch-model")
+    server = Server(DEFAULT_MODEL, "--kv-cache-memory", 256_000_000, "--max-model-len", 2048, "--max-num-seqs", 16,
+                    tmp_path=tmp_path_factory.mktemp("structured"))
+    yield server
+    assert server.wait_kv_idle() == 0, "KV blocks leaked"
+    assert server.stop() == 0, server.log_text()
+
+
+@pytest.fixture(scope="session")
+def structured_client(structured_server):
+    import openai
+    return openai.OpenAI(base_url=structured_server.base + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+@pytest.fixture(scope="session")
 def openai_client(tiny):
     import openai
     return openai.OpenAI(base_url=tiny.base + "/v1", api_key="unused", max_retries=0, timeout=60)

@@ -8,11 +8,10 @@ import time
 from typing import Literal, Optional
 
 import jsonschema
-import openai
 import pydantic
 import pytest
 
-from conftest import DEFAULT_MODEL, ROOT, Server
+from conftest import ROOT
 
 SCHEMAS = json.loads((ROOT / "tests" / "fixtures" / "grammar" / "schemas.json").read_text())
 CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
@@ -24,19 +23,13 @@ def validate(schema, value):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    if not DEFAULT_MODEL.exists():
-        pytest.skip(f"default model absent ({DEFAULT_MODEL}): run .ci/fetch-model")
-    s = Server(DEFAULT_MODEL, "--kv-cache-memory", 256_000_000, "--max-model-len", 2048, "--max-num-seqs", 16,
-               tmp_path=tmp_path_factory.mktemp("structured"))
-    yield s
-    assert s.wait_kv_idle() == 0, "KV blocks leaked"
-    assert s.stop() == 0, s.log_text()
+def server(structured_server):
+    return structured_server
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=600)
+def client(structured_client):
+    return structured_client
 
 
 def schema_format(name, schema):
@@ -51,17 +44,17 @@ def test_fifty_schemas_every_output_parses_and_validates(server, client):
                       {"role": "user", "content": f"Give an example of a {case['name'].replace('_', ' ')} as JSON matching "
                                                   f"this schema: {json.dumps(case['schema'])}"}],
             response_format=schema_format(case["name"], case["schema"]))
-        return case, r.choices[0]
+        return case, r.choices[0], r.usage.completion_tokens
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         results = list(pool.map(run, SCHEMAS))
     assert len(results) == 50
     finished = 0
-    for case, choice in results:
-        # "length": max_tokens closed the document on its shortest way; it is still complete.
-        assert choice.finish_reason in ("stop", "length"), case["name"]
+    for case, choice, used in results:
+        # Complete whatever ended it: the model, or max_tokens closing it within its budget.
+        assert choice.finish_reason == "stop", case["name"]
         validate(case["schema"], json.loads(choice.message.content))
-        finished += choice.finish_reason == "stop"
+        finished += used < 400
     assert finished >= 30, f"only {finished} of 50 ended on their own"
     assert server.wait_kv_idle() == 0
 

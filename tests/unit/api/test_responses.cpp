@@ -270,3 +270,40 @@ TEST_CASE("echo with logprobs: the prompt's tokens lead the logprobs object; pro
     CHECK(lp["text_offset"] == Json::array({0, 2, 4, 6}));
   }
 }
+
+TEST_CASE("tool calls: finish_reason tool_calls whenever the calls are complete, one call with max_tool_calls 1") {
+  const std::string call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>";
+  auto answer = [&](bool stream, const std::string& text, FinishReason finish, int max_calls) {
+    ResponseMeta meta;
+    meta.kind = ApiKind::chat;
+    meta.id = "chatcmpl-t";
+    meta.stream = stream;
+    meta.tool_parser = ToolCallFormat::hermes;
+    meta.max_tool_calls = max_calls;
+    ResponseBuilder b(meta, fake_bytes);
+    std::vector<std::string> events = b.on_output(0, out(0, {1}, text));
+    for (std::string& e : b.on_output(0, out(0, {}, "", finish, 9))) events.push_back(std::move(e));
+    if (!stream) {
+      const Json body = b.final_body();
+      return std::pair{body["choices"][0]["finish_reason"], body["choices"][0]["message"].value("tool_calls", Json::array()).size()};
+    }
+    Json reason;
+    size_t calls = 0;
+    for (const std::string& e : events) {
+      const Json c = parse_event(e)["choices"][0];
+      if (!c["finish_reason"].is_null()) reason = c["finish_reason"];
+      if (c["delta"].contains("tool_calls"))
+        for (const Json& d : c["delta"]["tool_calls"]) calls += d.contains("id");
+    }
+    return std::pair{reason, calls};
+  };
+  for (const bool stream : {false, true}) {
+    INFO("stream " << stream);
+    CHECK(answer(stream, call + "\n" + call, FinishReason::stop, 0) == std::pair{Json("tool_calls"), size_t{2}});
+    CHECK(answer(stream, call + "\n" + call, FinishReason::stop, 1) == std::pair{Json("tool_calls"), size_t{1}});
+    // Cut by max_tokens after the calls: they are complete. Cut inside one: "length".
+    CHECK(answer(stream, call + "\nDone, I ha", FinishReason::length, 0) == std::pair{Json("tool_calls"), size_t{1}});
+    CHECK(answer(stream, call + "\n<tool_call>\n{\"name\": \"f\", \"argu", FinishReason::length, 0).first == "length");
+    CHECK(answer(stream, "No call here", FinishReason::length, 0) == std::pair{Json("length"), size_t{0}});
+  }
+}

@@ -17,14 +17,14 @@ struct Parsed {
   Json streamed_calls = Json::array();  // rebuilt from the deltas, as a client does
 };
 
-Parsed parse(ToolCallFormat format, const std::string& text, size_t chunk) {
+Parsed parse(ToolCallFormat format, const std::string& text, size_t chunk, int max_calls = 0) {
   Parsed p;
-  ToolCallStream whole(format, "seed");
+  ToolCallStream whole(format, "seed", max_calls);
   whole.push(text);
   whole.finish();
   p.content = whole.content();
   p.calls = whole.tool_calls();
-  ToolCallStream stream(format, "seed");
+  ToolCallStream stream(format, "seed", max_calls);
   auto apply = [&](const ToolCallDelta& d) {
     p.streamed_content += d.content;
     for (const Json& item : d.tool_calls) {
@@ -119,4 +119,35 @@ TEST_CASE("llama3_json: one or more calls, python_tag, plain text") {
   const Parsed object = parse(ToolCallFormat::llama3_json, R"({"answer": 4})", 1);  // JSON, but not a call
   CHECK(object.calls.empty());
   CHECK(object.content == R"({"answer": 4})");
+}
+
+TEST_CASE("max_calls (parallel_tool_calls: false) keeps the first call, streamed or not; the rest is dropped") {
+  const std::string hermes =
+      "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": {}}\n</tool_call>";
+  const std::string llama = R"({"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}})";
+  for (const auto& [format, text] : {std::pair{ToolCallFormat::hermes, hermes}, std::pair{ToolCallFormat::llama3_json, llama}}) {
+    for (size_t chunk : {size_t{1}, size_t{5}, text.size()}) {
+      const Parsed one = parse(format, text, chunk, 1);
+      check_same(one);
+      REQUIRE(one.calls.size() == 1);
+      CHECK(one.calls[0]["function"]["name"] == "a");
+      CHECK(one.content.empty());
+      CHECK(parse(format, text, chunk, 0).calls.size() == 2);
+    }
+  }
+}
+
+TEST_CASE("ended_inside_call: a call cut by max_tokens, against text cut after complete calls") {
+  auto ended_inside = [](const std::string& text) {
+    ToolCallStream s(ToolCallFormat::hermes, "seed");
+    s.push(text);
+    s.finish();
+    return std::pair{s.num_calls(), s.ended_inside_call()};
+  };
+  const std::string call = "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n</tool_call>";
+  CHECK(ended_inside(call) == std::pair{1, false});
+  CHECK(ended_inside(call + "\nThat is all I nee") == std::pair{1, false});
+  CHECK(ended_inside(call + "\n<tool_call>\n{\"name\": \"a\", \"argu") == std::pair{2, true});  // announced, cut
+  CHECK(ended_inside(call + "\n<tool_call>\n{\"na") == std::pair{1, true});                       // given back as text
+  CHECK(ended_inside("Just text") == std::pair{0, false});
 }

@@ -99,26 +99,34 @@ TEST_CASE("constrained decoding: every sampling mode ends in a valid document", 
   CHECK(engine->block_manager().num_free_blocks() == engine->block_manager().num_blocks());
 }
 
-TEST_CASE("constrained decoding: a length limit cuts the document, a stop string still applies", "[engine][structured]") {
+TEST_CASE("constrained decoding: below the fewest tokens, the model's own tokens, cut by the length", "[engine][structured]") {
   auto engine = make_engine(fixture("models/tiny-qwen3"), small_options(KvDtype::bf16));
   const auto compiled = compile_for(*engine);
+  grammar::GrammarMatcher start(compiled);
+  REQUIRE(start.tokens_to_end(1000) > 3);  // no complete document fits in 3 tokens
   Outputs outputs;
-  GenerationRequest r = greedy_request("short", engine->tokenizer().encode("JSON:", false), 3);
-  r.grammar = compiled;
-  engine->add_request(r, collect(outputs));
+  for (const int max_tokens : {3, 400}) {
+    GenerationRequest r = greedy_request("short" + std::to_string(max_tokens), engine->tokenizer().encode("JSON:", false), max_tokens);
+    r.grammar = compiled;
+    engine->add_request(r, collect(outputs));
+  }
   run_to_completion(*engine);
-  const Choice& c = outputs["short"][0];
+  const Choice& c = outputs["short3"][0];
   CHECK(c.finish == FinishReason::length);
-  CHECK(c.tokens.size() == 3);
-  CHECK(c.text.rfind("{", 0) == 0);
+  REQUIRE(c.tokens.size() == 3);
+  const std::vector<int32_t>& free = outputs["short400"][0].tokens;
+  REQUIRE(free.size() > 3);
+  CHECK(std::vector<int32_t>(free.begin(), free.begin() + 3) == c.tokens);  // not closed early, not spelled out
   CHECK(engine->block_manager().num_free_blocks() == engine->block_manager().num_blocks());
 }
 
 TEST_CASE("constrained decoding: a tight max_tokens still ends in a complete document", "[engine][structured]") {
   auto engine = make_engine(fixture("models/tiny-qwen3"), small_options(KvDtype::bf16));
   const auto compiled = compile_for(*engine);
-  const int64_t shortest = grammar::GrammarMatcher(compiled).bytes_to_end();
-  REQUIRE(shortest > 20);
+  grammar::GrammarMatcher start(compiled);
+  const int64_t fewest = start.tokens_to_end(1000);
+  REQUIRE(fewest > 5);
+  CHECK(fewest < start.bytes_to_end());  // the vocabulary's multi-byte tokens close it sooner
   Outputs outputs;
   for (int extra : {0, 1, 5, 20}) {
     GenerationRequest r;
@@ -126,7 +134,7 @@ TEST_CASE("constrained decoding: a tight max_tokens still ends in a complete doc
     r.prompt_tokens = engine->tokenizer().encode("JSON:", false);
     r.sampling.temperature = 1.5f;  // a wandering sampler: the budget, not the model, must close it
     r.sampling.seed = static_cast<uint64_t>(extra);
-    r.max_tokens = static_cast<int>(shortest) + extra;
+    r.max_tokens = static_cast<int>(fewest) + extra;
     r.n = 2;
     r.grammar = compiled;
     engine->add_request(r, collect(outputs));
@@ -136,8 +144,44 @@ TEST_CASE("constrained decoding: a tight max_tokens still ends in a complete doc
     for (const auto& [index, choice] : choices) {
       INFO(id << " " << choice.text);
       check_document(choice.text);
-      CHECK(choice.tokens.size() <= static_cast<size_t>(shortest + 20));
+      CHECK(choice.finish == FinishReason::stop);  // complete: a finished document, whatever ended it
+      CHECK(choice.tokens.size() <= static_cast<size_t>(fewest + 20));
     }
-  CHECK(outputs["tight0"][0].finish == FinishReason::length);  // the budget, not the model, ended it
+  for (const auto& [index, choice] : outputs["tight0"]) CHECK(choice.tokens.size() == static_cast<size_t>(fewest));
   CHECK(engine->block_manager().num_free_blocks() == engine->block_manager().num_blocks());
+}
+
+TEST_CASE("constrained decoding: with room in max_tokens, the output is the one without a limit", "[engine][structured]") {
+  auto engine = make_engine(fixture("models/tiny-qwen3"), small_options(KvDtype::bf16));
+  const auto compiled = compile_for(*engine);
+  Outputs outputs;
+  auto request = [&](const std::string& id, int max_tokens, uint64_t seed) {
+    GenerationRequest r;
+    r.request_id = id;
+    r.prompt_tokens = engine->tokenizer().encode("An item:", false);
+    r.sampling.temperature = 0.8f;  // sampled, with a seed: the same draws while nothing is refused
+    r.sampling.seed = seed;
+    r.max_tokens = max_tokens;
+    r.grammar = compiled;
+    engine->add_request(r, collect(outputs));
+  };
+  for (uint64_t seed = 0; seed < 4; ++seed) request("free" + std::to_string(seed), 400, seed);
+  run_to_completion(*engine);
+  int compared = 0;
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    const Choice& free = outputs["free" + std::to_string(seed)][0];
+    if (free.finish != FinishReason::stop) continue;  // looped until the limit
+    const int n = static_cast<int>(free.tokens.size());
+    for (const int extra : {0, 1, 5}) request("s" + std::to_string(seed) + "+" + std::to_string(extra), n + extra, seed);
+    ++compared;
+  }
+  REQUIRE(compared >= 2);
+  run_to_completion(*engine);
+  for (const auto& [id, choices] : outputs) {
+    if (id[0] != 's') continue;
+    const Choice& free = outputs["free" + id.substr(1, id.find('+') - 1)][0];
+    INFO(id);
+    CHECK(choices.at(0).tokens == free.tokens);
+    CHECK(choices.at(0).finish == FinishReason::stop);
+  }
 }

@@ -103,3 +103,32 @@ TEST_CASE("fixture schemas: real tokenizations of valid instances pass the masks
                  << " us per mask (cold caches included)");
   }
 }
+
+TEST_CASE("fixture schemas: the closing graph on real vocabularies") {
+  // With room in the budget, the budget mask is the token mask: the graph's own walks of the
+  // vocabulary find exactly the tokens the cached classifications allow. And the fewest tokens
+  // never exceed the tokenizer's own tokenization of a valid instance (a way the masks allow).
+  const Json cases = fixture_schemas();
+  for (const RealVocab& rv : real_vocabs()) {
+    std::vector<uint64_t> mask(static_cast<size_t>(rv.vocab->mask_words())), room(mask.size());
+    int64_t compared = 0;
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const auto g = compile(cases[c]["schema"], rv.vocab);
+      for (const Json& text : cases[c]["valid"]) {
+        INFO(rv.name << " " << cases[c]["name"].get<std::string>() << ": " << text.get<std::string>());
+        const std::vector<int32_t> ids = rv.tokenizer->encode(text.get<std::string>(), false);
+        GrammarMatcher m(g);
+        CHECK(m.tokens_to_end(1000) <= static_cast<int64_t>(ids.size()));
+        if (c % 5 != 0 || &text != &cases[c]["valid"].front()) continue;
+        for (const int32_t id : ids) {
+          m.fill_next_token_bitmask(mask);
+          CHECK(m.fill_budget_bitmask(room, 100000));
+          CHECK(room == mask);
+          ++compared;
+          REQUIRE(m.accept_token(id));
+        }
+      }
+    }
+    CHECK(compared > 50);
+  }
+}

@@ -4,7 +4,6 @@
 #include <catch2/catch.hpp>
 
 #include <random>
-#include <set>
 
 #include "grammar_test_util.hpp"
 
@@ -12,31 +11,6 @@ using namespace fp8serve::grammar;
 using namespace fp8serve::grammar::test;
 
 namespace {
-
-// Every byte, plus substrings (1-6 bytes) of JSON texts, plus fragments of multi-byte
-// characters, plus two special tokens and an end token.
-std::shared_ptr<const TokenVocabulary> synthetic_vocab() {
-  std::set<std::string> pieces;
-  for (int b = 0; b < 256; ++b) pieces.insert(std::string(1, static_cast<char>(b)));
-  const std::vector<std::string> texts = {
-      R"({"name": "Ada", "age": 36, "tags": ["x", "y"], "ok": true, "v": null})",
-      "{\n  \"id\": -12.5e3,\n  \"s\": \"caf\xC3\xA9 \xF0\x9F\x98\x80 \\\"q\\\" \\u00e9\"\n}",
-      R"([{"kind": "cat", "lives": 9}, {"kind": "dog"}])", R"(2024-06-01T12:30:00Z 123e4567-e89b)"};
-  for (const std::string& t : texts)
-    for (size_t i = 0; i < t.size(); ++i)
-      for (size_t n = 2; n <= 6 && i + n <= t.size(); ++n) pieces.insert(t.substr(i, n));
-  std::vector<std::string> bytes(pieces.begin(), pieces.end());
-  std::vector<uint8_t> usable(bytes.size(), 1);
-  bytes.push_back("<|special|>");
-  usable.push_back(0);
-  bytes.push_back("");  // an id the tokenizer does not define
-  usable.push_back(1);
-  bytes.push_back("<eos>");
-  usable.push_back(0);
-  const auto eos = static_cast<int32_t>(bytes.size()) - 1;
-  return std::make_shared<const TokenVocabulary>(std::move(bytes), std::move(usable), std::vector<int32_t>{eos},
-                                                 eos + 7);  // padded like a model's embedding
-}
 
 void check_walks(const std::shared_ptr<const CompiledGrammar>& g, int walks, uint64_t seed) {
   const TokenVocabulary& vocab = g->vocab();
