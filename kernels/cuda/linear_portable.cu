@@ -1,15 +1,14 @@
-// The portable GEMM: y = x @ W^T (+ bias) with bf16 x, W bf16 or FP8 E4M3 with fp32 scales per
-// row or per row and k-block, fp32 accumulation, y bf16 or fp32 (LinearParams, forward_ops.hpp).
-// It is the emulated backend's linear (the emulator cannot run cuBLASLt or tensor cores), on a
-// GPU the reference the cuBLASLt path is tested against, and there, for now, the one path for
-// FP8 weights (weight-only: codes converted in registers, times their scale, as they are staged).
-// On a real device bf16 weights use cuBLASLt (linear_cublaslt.cpp); this kernel is plain CUDA
-// cores - correct at every shape and stride, not fast.
+// The portable GEMM for FP8 weights: y = x @ W^T (+ bias) with bf16 x, W FP8 E4M3 with fp32
+// scales per row or per row and k-block, fp32 accumulation, y bf16 or fp32 (LinearParams,
+// forward_ops.hpp), weight-only: codes converted in registers, times their scale, as they are
+// staged. bf16 weights run on cuBLASLt (linear_cublaslt.cpp; in the emulator, against its
+// stand-in), so this kernel serves FP8 weights alone, on plain CUDA cores - correct at every shape
+// and stride, not fast (a tensor-core path for FP8 weights is the next step).
 //
 // Tiling: a block of 256 threads computes a 64 (tokens) x 64 (outputs) tile of y, walking K in
-// steps of 32: each step stages the x and W tiles in shared memory as fp32, k-major (a thread
-// loads one 16-byte vector of each when aligned), and each thread accumulates a 4 x 4 register
-// tile. Batch invariant: y[t, o] sums its products in increasing k whatever the number of rows.
+// steps of 32: each step stages the x and W tiles in shared memory as fp32, k-major, and each
+// thread accumulates a 4 x 4 register tile. Batch invariant: y[t, o] sums its products in
+// increasing k whatever the number of rows.
 #include <stdexcept>
 
 #include "kernels/cuda/device_util.cuh"
@@ -28,7 +27,6 @@ constexpr int kPad = 1;  // breaks the 4-way bank conflict of the transposed sto
 
 struct GemmArgs {
   const std::uint16_t* x;
-  const std::uint16_t* w;     // bf16 weights, or
   const std::uint8_t* w8;     // FP8 codes, with
   const float* scales;        // [n, k_blocks]
   int64_t k_blocks;
@@ -43,27 +41,19 @@ struct GemmArgs {
   bool y_fp32;
 };
 
-// Stages rows [row0, row0 + 64) x columns [k0, k0 + 32) of a bf16 matrix into tile[k][row] as
-// fp32, zeros outside [0, rows) x [0, cols). Thread i loads row i / 4, columns (i % 4) * 8 + 0..7.
-template <bool kVec>
-FP8SERVE_DEVICE void stage_tile(const std::uint16_t* src, int64_t stride, int64_t rows, int64_t cols, int64_t row0,
-                                int64_t k0, float (*tile)[kTileM + kPad]) {
+// Stages rows [row0, row0 + 64) x columns [k0, k0 + 32) of x into tile[k][row] as fp32, zeros
+// outside [0, rows) x [0, cols). Thread i loads row i / 4, columns (i % 4) * 8 + 0..7.
+FP8SERVE_DEVICE void stage_x_tile(const std::uint16_t* src, int64_t stride, int64_t rows, int64_t cols, int64_t row0,
+                                  int64_t k0, float (*tile)[kTileM + kPad]) {
   const int r = static_cast<int>(threadIdx.x) / 4;
   const int c = (static_cast<int>(threadIdx.x) % 4) * 8;
   const int64_t row = row0 + r;
   const int64_t col = k0 + c;
-  float v[8];
-  if (kVec && row < rows && col + 8 <= cols) {
-    load_bf16<8>(src + row * stride + col, v);
-  } else {
 FP8SERVE_UNROLL
-    for (int e = 0; e < 8; ++e) v[e] = row < rows && col + e < cols ? bf16_decode(src[row * stride + col + e]) : 0.0f;
-  }
-FP8SERVE_UNROLL
-  for (int e = 0; e < 8; ++e) tile[c + e][r] = v[e];
+  for (int e = 0; e < 8; ++e) tile[c + e][r] = row < rows && col + e < cols ? bf16_decode(src[row * stride + col + e]) : 0.0f;
 }
 
-// The same for FP8 weight rows: codes decoded and multiplied by their row's scale for the block
+// The W tile: codes decoded and multiplied by their row's scale for the block
 // that holds them (8 consecutive inputs never straddle a block: block_k is a multiple of 8).
 FP8SERVE_DEVICE void stage_fp8_tile(const GemmArgs& a, int64_t row0, int64_t k0, float (*tile)[kTileM + kPad]) {
   const int r = static_cast<int>(threadIdx.x) / 4;
@@ -80,7 +70,6 @@ FP8SERVE_UNROLL
   for (int e = 0; e < 8; ++e) tile[c + e][r] = v[e];
 }
 
-template <bool kVec, bool kFp8>
 __global__ void __launch_bounds__(kThreads) linear_kernel(const GemmArgs a) {
   FP8SERVE_SHARED(float[kTileK][kTileM + kPad], xs);
   FP8SERVE_SHARED(float[kTileK][kTileN + kPad], ws);
@@ -90,12 +79,8 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(const GemmArgs a) {
   const int tx = static_cast<int>(threadIdx.x) % 16;  // columns tx * 4 + 0..3
   float acc[4][4] = {};
   for (int64_t k0 = 0; k0 < a.k; k0 += kTileK) {
-    stage_tile<kVec>(a.x, a.x_stride, a.m, a.k, m0, k0, xs);
-    if constexpr (kFp8) {
-      stage_fp8_tile(a, n0, k0, ws);
-    } else {
-      stage_tile<kVec>(a.w, a.k, a.n, a.k, n0, k0, ws);
-    }
+    stage_x_tile(a.x, a.x_stride, a.m, a.k, m0, k0, xs);
+    stage_fp8_tile(a, n0, k0, ws);
     __syncthreads();
 FP8SERVE_UNROLL
     for (int kk = 0; kk < kTileK; ++kk) {
@@ -135,12 +120,12 @@ FP8SERVE_UNROLL
 
 void linear_portable_cuda(const LinearParams& p, cudaStream_t stream) {
   check_linear_params(p, "linear (cuda)");
+  if (p.weight_dtype != WeightDtype::fp8_e4m3)
+    throw std::invalid_argument("linear (cuda, portable GEMM): FP8 weights only; bf16 weights run on cuBLASLt");
   if (p.num_tokens == 0) return;
   GemmArgs a{};
   a.x = static_cast<const std::uint16_t*>(p.x);
-  const bool fp8 = p.weight_dtype == WeightDtype::fp8_e4m3;
-  a.w = fp8 ? nullptr : static_cast<const std::uint16_t*>(p.weight);
-  a.w8 = fp8 ? static_cast<const std::uint8_t*>(p.weight) : nullptr;
+  a.w8 = static_cast<const std::uint8_t*>(p.weight);
   a.scales = p.weight_scales;
   a.block_k = p.weight_block_k > 0 ? p.weight_block_k : p.in_features;
   a.k_blocks = weight_num_k_blocks(p.in_features, p.weight_block_k);
@@ -154,13 +139,7 @@ void linear_portable_cuda(const LinearParams& p, cudaStream_t stream) {
   a.y_fp32 = p.y_fp32;
   if (div_up(a.m, kTileM) > 65535) throw std::invalid_argument("linear (cuda): too many tokens for one launch");
   const dim3 grid(static_cast<unsigned>(div_up(a.n, kTileN)), static_cast<unsigned>(div_up(a.m, kTileM)));
-  if (fp8) {
-    FP8SERVE_LAUNCH((linear_kernel<false, true>), grid, dim3(kThreads), 0, stream, a);
-  } else if (vec8_ok(a.x, a.x_stride, a.k) && vec8_ok(a.w, a.k, a.k)) {
-    FP8SERVE_LAUNCH((linear_kernel<true, false>), grid, dim3(kThreads), 0, stream, a);
-  } else {
-    FP8SERVE_LAUNCH((linear_kernel<false, false>), grid, dim3(kThreads), 0, stream, a);
-  }
+  FP8SERVE_LAUNCH(linear_kernel, grid, dim3(kThreads), 0, stream, a);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -27,8 +27,11 @@
 // warp ~850 instructions (512 FMAs for the group's 4 heads, ~190 for conversions - cvt e4m3x2
 // -> f16x2 then f16 -> f32 -, ~100 shared loads, 48 shuffles, the softmax): ~210 issue clocks of
 // the SM's 4 schedulers, so FP8 decode at group 4 runs near the issue limit at full bandwidth
-// (memory-bound below group 4, issue-bound above: group 8 would want tensor cores). Loads in
-// flight: 4 CTAs x 4 warps x 2 chunks x 4 KiB = 128 KiB per SM against the ~25 KiB that
+// (memory-bound below group 4, issue-bound above: group 8 would want tensor cores). The sm_90a
+// SASS has more than that (nvdisasm: ~1,600 instructions per chunk at group 4, issue-bound at
+// ~55% of HBM; issue 21 moves this case to tensor cores) and
+// 162 registers, 3 CTAs per SM (the README's kernel-resources table). Loads in flight: 3 CTAs x
+// 4 warps x 2 chunks x 4 KiB = 96 KiB per SM against the ~25 KiB that
 // bandwidth x latency (4.8 TB/s x ~0.7 us / 132 SMs) needs; registers stay low because the
 // in-flight chunks live in shared memory, not in registers. bf16 moves twice the bytes for half
 // the conversion work and is memory-bound throughout.

@@ -1,5 +1,5 @@
 // [gpu] The projections: the CUDA backend's linear (linear_cublaslt.cpp on cuBLASLt - the real
-// library on a GPU, the emulator's cuBLASLt stand-in in CI) and the portable GEMM itself, against
+// library on a GPU, the emulator's cuBLASLt stand-in in CI - for bf16 weights), against
 // the CPU op (linear_cpu) on the same bf16 x widened to fp32 and the same bf16 weights:
 // Llama-3-8B's qkv / gate_up / down (GPU), SmolLM2 and Qwen2-0.5B shapes with the QKV bias
 // (emulator too), the LM head's fp32 logits, row strides on both sides, 1 to 300 tokens; FP8
@@ -12,8 +12,8 @@
 // most 2 K u sum|x w|; the bias adds one rounding of |y|. A bf16 y then adds half a bf16 ulp:
 //   |y_gpu - y_cpu| <= 2^-8 |y_cpu| + 2.1 K u (sum|x w| + |bias|)      (fp32 y: no 2^-8 term)
 // cuBLASLt's tensor cores accumulate in fp32 but may round their partial sums differently
-// (split-K, truncating alignment), so its sum term gets a factor 4 over the portable GEMM's (the
-// emulator's stand-in sums in k order: no factor there).
+// (split-K, truncating alignment), so its sum term gets a factor 4 (the emulator's stand-in and
+// the portable GEMM sum in k order: no factor there).
 // The bound is rarely approached (real errors are ~sqrt(K) u): a wrong transpose, stride or
 // tile edge shows up as errors of the order of |y| itself.
 #include <cmath>
@@ -64,15 +64,15 @@ Fp8Weights quantize(const std::vector<std::uint16_t>& w, int64_t out, int64_t in
   return q;
 }
 
-// backend: CudaBackend::linear; portable: the portable GEMM alone; cublaslt: a CublasLtLinear of
-// its own (the plan-cache test's).
-enum class Path { backend, portable, cublaslt };
+// backend: CudaBackend::linear (cuBLASLt for bf16 weights, the portable GEMM for FP8 ones);
+// cublaslt: a CublasLtLinear of its own (the plan-cache test's).
+enum class Path { backend, cublaslt };
 
 void check_linear(Backend& gpu, const LinearCase& c, Path path, std::uint32_t seed,
                   cuda::CublasLtLinear* own_cublaslt = nullptr) {
   const bool fp8 = c.fp8_block >= 0;
-  const bool real_cublas = path != Path::portable && !kEmulated && !fp8;
-  INFO((path == Path::portable ? "portable GEMM " : path == Path::cublaslt ? "CublasLtLinear " : "backend linear ")
+  const bool real_cublas = !kEmulated && !fp8;
+  INFO((path == Path::cublaslt ? "CublasLtLinear " : "backend linear ")
        << c.tokens << " x " << c.in << " -> "
                                                                       << c.out << (c.bias ? " +bias" : "")
                                                                       << (c.y_fp32 ? " fp32 y" : "")
@@ -109,11 +109,7 @@ void check_linear(Backend& gpu, const LinearCase& c, Path path, std::uint32_t se
   p.y_fp32 = c.y_fp32;
   if (path != Path::backend) {
     gpu.synchronize(Stream{});  // the uploads ran on the backend's stream; the launch uses it too
-    if (path == Path::portable) {
-      cuda::linear_portable_cuda(p, nullptr);
-    } else {
-      own_cublaslt->run(p, nullptr);
-    }
+    own_cublaslt->run(p, nullptr);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   } else {
     gpu.linear(p, Stream{});
@@ -196,11 +192,11 @@ TEST_CASE("linear on CUDA matches the CPU op within the fp32 reordering bound", 
   cases.push_back({1, 1536, 576, false, false, 0, 0, 128});              // FP8, 128-input blocks
   cases.push_back({3, 900, 1152, true, false, 0, 0, 64});                // FP8 + bias, a partial last block
   cases.push_back({2, 576, 1000, false, true, 0, 0, 0});                 // FP8 LM head, fp32 logits
-  for (std::size_t i = 0; i < cases.size(); ++i) {
-    check_linear(*gpu, cases[i], Path::backend, static_cast<std::uint32_t>(50 + i));
-    // bf16 weights: the backend ran cuBLASLt; the portable GEMM is checked on its own.
-    if (cases[i].fp8_block < 0) check_linear(*gpu, cases[i], Path::portable, static_cast<std::uint32_t>(50 + i));
-  }
+  for (std::size_t i = 0; i < cases.size(); ++i) check_linear(*gpu, cases[i], Path::backend, static_cast<std::uint32_t>(50 + i));
+  // The portable GEMM is for FP8 weights alone: bf16 ones run on cuBLASLt.
+  LinearParams bf16;
+  bf16.num_tokens = 1, bf16.in_features = 8, bf16.out_features = 8;
+  CHECK_THROWS_WITH(cuda::linear_portable_cuda(bf16, nullptr), Catch::Contains("FP8 weights only"));
 }
 
 // The review's defect: a plan per token count, never evicted, grew with every prefill chunk size.
