@@ -65,7 +65,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   CUDA_CHECK(cudaMemsetAsync(errors_, 0, sizeof(unsigned), stream_));
   CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&errors_host_), sizeof(unsigned)));
   *errors_host_ = 0;
-#if !FP8SERVE_CUDA_EMU
+#if !FP8SERVE_CUDA_EMU  // coverage: cuBLASLt: the emulated build has no stand-in for it yet
   cublaslt_ = std::make_unique<CublasLtLinear>();
 #endif
 }
@@ -78,7 +78,7 @@ CudaBackend::~CudaBackend() {
     if (lost != nullptr) cudaGraphDestroy(lost);
   }
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-#if !FP8SERVE_CUDA_EMU
+#if !FP8SERVE_CUDA_EMU  // coverage: cuBLASLt: the emulated build has no stand-in for it yet
   cublaslt_.reset();
 #endif
   for (void* p : {rope_buffer_, calibration_, copy_scratch_, attention_workspace_, static_cast<void*>(errors_)}) {
@@ -92,7 +92,7 @@ CudaBackend::~CudaBackend() {
 std::string CudaBackend::describe() const {
 #if FP8SERVE_CUDA_EMU
   return "cuda (emulated on the CPU: " + describe_device(device_) + "; portable GEMM)";
-#else
+#else  // coverage: the real build's description (the emulated one is tested)
   return "cuda: " + describe_device(device_) + "; projections on cuBLASLt";
 #endif
 }
@@ -128,6 +128,7 @@ std::unique_ptr<Backend::Graph> CudaBackend::end_capture(Stream stream) {
     throw_cuda_error(err, "cudaStreamEndCapture", __FILE__, __LINE__);
   }
   cudaGraphExec_t exec = nullptr;
+  // coverage: a driver that cannot instantiate a captured graph (the emulator always can)
   if (const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0); err != cudaSuccess) {
     (void)cudaGetLastError();
     cudaGraphDestroy(graph);
@@ -356,7 +357,7 @@ void CudaBackend::rms_norm(const RmsNormParams& p, Stream stream) { rms_norm_cud
 void CudaBackend::linear(const LinearParams& p, Stream stream) {
 #if FP8SERVE_CUDA_EMU
   linear_portable_cuda(p, stream_of(stream));
-#else
+#else  // coverage: cuBLASLt: the emulated build has no stand-in for it yet
   // FP8 weights: weight-only on the portable GEMM (correct, not yet fast; see the README).
   if (p.weight_dtype == WeightDtype::fp8_e4m3) {
     linear_portable_cuda(p, stream_of(stream));
