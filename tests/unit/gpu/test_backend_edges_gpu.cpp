@@ -1,9 +1,10 @@
-// [gpu] The CUDA backend's own host paths (cuda_backend.cu, device.cu) that the op tests do not
-// reach: device selection, its description and memory, an allocation the device refuses, copies
-// above the staging arena's 64 MiB, what a graph capture refuses and what it leaves behind,
-// scratch buffers that grow (and outlive the graphs that captured them), copy_blocks' checks and
-// its byte-wise path, the owned cuda::DeviceBuffer and the bandwidth probe. Values are small
-// integers where arithmetic is involved, so every expected result is exact.
+// [gpu] The CUDA backend's own host paths (cuda_backend.cu, device.cu) that neither the op tests
+// nor test_backend_gpu reach: device selection, its description and memory, allocations the
+// device or the host refuse, copies above the staging arena's 64 MiB, what a graph capture
+// refuses and what it leaves behind, scratch buffers that grow (and outlive the graphs that
+// captured them), copy_blocks' checks and its byte-wise path, the owned cuda::DeviceBuffer and the
+// bandwidth probe. Values are small integers where arithmetic is involved, so every expected
+// result is exact.
 #include <algorithm>
 #include <new>
 #include <optional>
@@ -14,6 +15,17 @@
 
 using namespace fp8serve;
 using namespace fp8serve::gpu_test;
+
+#if defined(__SANITIZE_ADDRESS__)
+#define FP8SERVE_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FP8SERVE_TEST_ASAN 1
+#endif
+#endif
+#if !defined(FP8SERVE_TEST_ASAN)
+#define FP8SERVE_TEST_ASAN 0
+#endif
 
 namespace {
 
@@ -106,6 +118,9 @@ TEST_CASE("an allocation the device cannot hold throws bad_alloc, and the backen
   auto gpu = cuda_backend_or_skip();
   if (!gpu) return;
   CHECK_THROWS_AS(gpu->allocate(std::size_t{1} << 50), std::bad_alloc);  // a PiB
+#if !FP8SERVE_TEST_ASAN  // ASan aborts on a host allocation it cannot make instead of failing it
+  CHECK_THROWS_AS(gpu->allocate_host(std::size_t{1} << 50), std::bad_alloc);
+#endif
   const std::vector<int32_t> values{1, 2, 3, 4};
   const DeviceBuffer d = to_device(*gpu, values);
   CHECK(to_host<int32_t>(*gpu, d, values.size()) == values);
