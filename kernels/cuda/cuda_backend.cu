@@ -86,7 +86,7 @@ std::string CudaBackend::describe() const {
 #if FP8SERVE_CUDA_EMU
   return "cuda (emulated on the CPU: " + describe_device(device_) +
          "; projections on the emulator's cuBLASLt stand-in, FP8 weights on the portable GEMM)";
-#else
+#else  // coverage: the real build's description (the emulated one is tested)
   return "cuda: " + describe_device(device_) + "; projections on cuBLASLt, FP8 weights on the portable GEMM";
 #endif
 }
@@ -122,6 +122,7 @@ std::unique_ptr<Backend::Graph> CudaBackend::end_capture(Stream stream) {
     throw_cuda_error(err, "cudaStreamEndCapture", __FILE__, __LINE__);
   }
   cudaGraphExec_t exec = nullptr;
+  // coverage: a driver that cannot instantiate a captured graph (the emulator always can)
   if (const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0); err != cudaSuccess) {
     (void)cudaGetLastError();
     cudaGraphDestroy(graph);

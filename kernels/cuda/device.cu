@@ -11,6 +11,7 @@ namespace fp8serve::cuda {
 
 int device_count() {
   int count = 0;
+  // coverage: a machine without a driver or a device (the emulator always has its H200)
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     (void)cudaGetLastError();  // clear the sticky "no driver / no device" error
     return 0;

@@ -47,29 +47,31 @@ inline bool vec8_ok(const void* base, int64_t row_stride, int64_t columns) {
 
 // Separately rounded IEEE operations: the host reference rounds each product (RoPE) and divides
 // (FP8 quantization), so nvcc must neither fuse a multiply into an add nor use a fast reciprocal.
+// (The emulated build's host operations round the same way: test_rope_gpu_emu and
+// test_kv_write_gpu_emu compare bit for bit.)
 FP8SERVE_DEVICE float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__)  // coverage: nvcc's IEEE intrinsic, device code only
   return __fmul_rn(a, b);
 #else
   return a * b;
 #endif
 }
 FP8SERVE_DEVICE float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__)  // coverage: nvcc's IEEE intrinsic, device code only
   return __fadd_rn(a, b);
 #else
   return a + b;
 #endif
 }
 FP8SERVE_DEVICE float sub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__)  // coverage: nvcc's IEEE intrinsic, device code only
   return __fsub_rn(a, b);
 #else
   return a - b;
 #endif
 }
 FP8SERVE_DEVICE float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__)  // coverage: nvcc's IEEE intrinsic, device code only
   return __fdiv_rn(a, b);
 #else
   return a / b;

@@ -15,6 +15,7 @@
 
 #if FP8SERVE_CUDA_EMU
 #include "kernels/cuda/emu/ptx.hpp"
+// coverage: inline PTX (nvcc only), emulated by emu/ptx.hpp: test_fast_paths_emu, test_attention_primitives_gpu_emu
 #else
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>

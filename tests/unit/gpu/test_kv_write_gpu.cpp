@@ -186,11 +186,11 @@ TEST_CASE("kv_write on CUDA: head dims 16-byte vectors cannot carry take the sca
 namespace {
 
 // k_only: a K-only window (tail.v == nullptr), whose V rows all go to their FP8 slots.
-void check_window(Backend& gpu, bool k_only) {
-  INFO((k_only ? "K-only window" : "K and V window"));
+void check_window(Backend& gpu, bool k_only, int32_t heads = 8, int32_t dim = 128) {
+  INFO((k_only ? "K-only window" : "K and V window") << ", heads " << heads << " x " << dim);
   // Sequence 0: a 40-token first chunk whose positions >= 32 stay in the window; 1: a decode at
   // position 69 inside the window; 2: a decode at 99 already below fp8_lens (the FP8 pool).
-  const int32_t bs = 16, heads = 8, dim = 128, ring = 2;
+  const int32_t bs = 16, ring = 2;
   std::mt19937 rng(7);
   PoolFixture pool(KvDtype::fp8_e4m3, bs, heads, dim, {{40, 40}, {70, 1}, {100, 1}}, rng);
   pool.k_scales = {5.0f, 0.01f, 0.02f};
@@ -302,6 +302,8 @@ TEST_CASE("kv_write on CUDA with the bf16 window: old positions to FP8 slots, re
   if (!gpu) return;
   check_window(*gpu, false);
   check_window(*gpu, true);
+  check_window(*gpu, false, 3, 12);  // the element-at-a-time path
+  check_window(*gpu, true, 3, 12);
 }
 
 TEST_CASE("kv_write on CUDA: a slot outside the pool is reported and not written", "[gpu][kv_write]") {
