@@ -36,7 +36,7 @@ namespace {
 std::string cublaslt_reason() {
 #if FP8SERVE_CUDA_EMU
   return "; the emulator's cuBLASLt stand-in: " + emu::cublaslt_last_failure();
-#else
+#else  // coverage: the real build's (empty) reason; the emulated one is tested
   return "";
 #endif
 }
@@ -55,10 +55,13 @@ std::string cublaslt_reason() {
 
 namespace fp8serve::cuda {
 
-namespace {
+// A named namespace, not an anonymous one: CublasLtLinear::Impl holds these types, and the
+// emulated build compiles this file through an #include, where GCC warns of subobjects of
+// anonymous-namespace types (-Wsubobject-linkage).
+namespace lt_plans {
 
 // Largest power of two (<= 256) that divides the address: what the heuristic may assume.
-uint32_t alignment_of(const void* p) {
+inline uint32_t alignment_of(const void* p) {
   const auto address = reinterpret_cast<std::uintptr_t>(p);
   uint32_t alignment = 256;
   while (alignment > 1 && address % alignment != 0) alignment /= 2;
@@ -105,7 +108,12 @@ struct Plan {
   }
 };
 
-}  // namespace
+}  // namespace lt_plans
+
+using lt_plans::Plan;
+using lt_plans::PlanKey;
+using lt_plans::PlanKeyHash;
+using lt_plans::alignment_of;
 
 // The plan cache. A plan's layouts carry the exact token count, and prefill chunk sizes vary
 // without bound, so it is an LRU of max_plans. (Plans per token-count bucket, with the exact count
@@ -180,7 +188,7 @@ struct CublasLtLinear::Impl {
     int returned = 0;
     CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->d, plan->d, pref, 1,
                                                   &result, &returned));
-    if (returned == 0) {
+    if (returned == 0) {  // coverage: cuBLASLt answers NOT_SUPPORTED when it has no algorithm (above)
       throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(key.n) + " x " +
                                std::to_string(key.k) + " x " + std::to_string(key.m) +
                                " bf16 GEMM (tokens x in x out) with these strides and alignments");

@@ -19,6 +19,9 @@
 #include <cmath>
 
 #include "cuda_test_util.hpp"
+#if defined(FP8SERVE_CUDA_EMU) && FP8SERVE_CUDA_EMU
+#include "kernels/cuda/launch.hpp"  // fp8serve::emu::set_device_memory_bytes
+#endif
 #include "kernels/cpu/linear.hpp"
 #include "kernels/cuda/linear_cublaslt.hpp"
 #include "kernels/cuda/ops_cuda.hpp"
@@ -214,3 +217,40 @@ TEST_CASE("the cuBLASLt plan cache stays within its bound as token counts vary",
   CHECK(linear.num_cached_plans() == kMaxPlans);
   CHECK_THROWS_AS(cuda::CublasLtLinear(cuda::CublasLtLinear::kDefaultWorkspaceBytes, 0), std::invalid_argument);
 }
+
+#if defined(FP8SERVE_CUDA_EMU) && FP8SERVE_CUDA_EMU
+// Failures the emulator can make happen (a GPU cannot be asked to): each error says what failed,
+// cuBLASLt's refusals with the rule the stand-in applied.
+TEST_CASE("CublasLtLinear's failures say what failed", "[gpu][linear]") {
+  auto gpu = cuda_backend_or_skip();
+  if (!gpu) return;
+  {
+    cuda::CublasLtLinear linear(cuda::CublasLtLinear::kDefaultWorkspaceBytes, 4);
+    DeviceBuffer x(*gpu, 64 * 2), w(*gpu, 64 * 64 * 2), y(*gpu, 64 * 2);
+    LinearParams p;
+    p.x = x.data(), p.weight = w.data(), p.y = y.data();
+    p.num_tokens = 1, p.in_features = 64, p.out_features = 64;
+    cudaStream_t gone = nullptr;
+    REQUIRE(cudaStreamCreate(&gone) == cudaSuccess);
+    REQUIRE(cudaStreamDestroy(gone) == cudaSuccess);
+    CHECK_THROWS_WITH(linear.run(p, gone), Catch::Contains("cublasLtMatmul") && Catch::Contains("stand-in"));
+    (void)cudaGetLastError();
+    // x one byte off its bf16 alignment: refused while the plan is made (a GPU would fault).
+    p.x = static_cast<const char*>(x.data()) + 1;
+    try {
+      linear.run(p, nullptr);
+      FAIL("a misaligned x was accepted");
+    } catch (const std::runtime_error& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find("stand-in") != std::string::npos);
+    }
+  }
+  size_t free = 0, total = 0;
+  REQUIRE(cudaMemGetInfo(&free, &total) == cudaSuccess);
+  fp8serve::emu::set_device_memory_bytes(total - free + (1 << 20));  // 1 MiB left: no 32 MiB workspace
+  CHECK_THROWS_WITH(cuda::CublasLtLinear(cuda::CublasLtLinear::kDefaultWorkspaceBytes, 4),
+                    Catch::Contains("cudaMalloc(cuBLASLt workspace)"));
+  (void)cudaGetLastError();
+  fp8serve::emu::set_device_memory_bytes(total);
+}
+#endif
