@@ -155,8 +155,7 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   spdlog::info("model: {} ({}, {}, {} layers{}), weights {}", model_.name, model_.format, family_name(c.family),
                c.num_layers, checkpoint, transformer_->describe_weights());
   if (device_.kind == "cuda" && transformer_->weight_bytes_by_dtype().fp8 > 0) {
-    spdlog::warn("FP8 weights on CUDA run weight-only on the portable GEMM: correct, not yet fast "
-                 "(bf16 weights use cuBLASLt)");
+    spdlog::info("FP8 weights on CUDA: weight-only on tensor cores (the FP8 GEMV, in groups of 16 tokens)");
   }
   spdlog::info("KV cache: {} ({}), {} bytes/token, margin {}{}, max model len {}", spec.describe(num_blocks),
                budget_source, spec.bytes_per_token(), options_.kv_scale_margin,

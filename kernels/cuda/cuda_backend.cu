@@ -9,6 +9,7 @@
 #include "kernels/cpu/ops.hpp"  // make_rope_table: the host computes the table, the device reads it
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/launch.hpp"
+#include "kernels/cuda/linear_checks.hpp"
 #include "kernels/cuda/linear_cublaslt.hpp"
 #include "kernels/cuda/make_cuda_backend.hpp"
 #include "kernels/cuda/paged_attention_cuda.hpp"
@@ -74,7 +75,8 @@ CudaBackend::~CudaBackend() {
   }
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   cublaslt_.reset();
-  for (void* p : {rope_buffer_, calibration_, copy_scratch_, attention_workspace_, static_cast<void*>(errors_)}) {
+  for (void* p : {rope_buffer_, calibration_, copy_scratch_, attention_workspace_, linear_workspace_,
+                  fp8_gemm_scratch_, static_cast<void*>(errors_)}) {
     if (p != nullptr) cudaFree(p);
   }
   for (void* p : retired_) cudaFree(p);
@@ -85,9 +87,9 @@ CudaBackend::~CudaBackend() {
 std::string CudaBackend::describe() const {
 #if FP8SERVE_CUDA_EMU
   return "cuda (emulated on the CPU: " + describe_device(device_) +
-         "; projections on the emulator's cuBLASLt stand-in, FP8 weights on the portable GEMM)";
+         "; projections on the emulator's cuBLASLt stand-in, FP8 weights on the tensor-core GEMV)";
 #else  // coverage: the real build's description (the emulated one is tested)
-  return "cuda: " + describe_device(device_) + "; projections on cuBLASLt, FP8 weights on the portable GEMM";
+  return "cuda: " + describe_device(device_) + "; projections on cuBLASLt, FP8 weights on the tensor-core GEMV";
 #endif
 }
 
@@ -349,12 +351,54 @@ void CudaBackend::embedding(const EmbeddingParams& p, Stream stream) { embedding
 void CudaBackend::rms_norm(const RmsNormParams& p, Stream stream) { rms_norm_cuda(p, stream_of(stream)); }
 
 void CudaBackend::linear(const LinearParams& p, Stream stream) {
-  // FP8 weights: weight-only on the portable GEMM (correct, not yet fast; see the README).
+  // FP8 weights: up to 16 tokens (decode) weight-only on tensor cores, split-K
+  // (linear_fp8_gemv.cu); more on cuBLASLt's FP8 GEMM with the activations quantized per token
+  // (or per token and 128-input block) where sm_90's FP8 GEMM takes the shape and the scales, else
+  // the GEMV in groups of 16 tokens. The workspaces grow to the largest projection seen (before
+  // any graph capture: the transformer runs a step op by op before capturing it).
   if (p.weight_dtype == WeightDtype::fp8_e4m3) {
-    linear_portable_cuda(p, stream_of(stream));
+    const cudaStream_t s = stream_of(stream);
+    if (p.num_tokens > kFp8GemvMaxTokens && CublasLtLinear::fp8_gemm_supported(p)) {
+      linear_fp8_gemm(p, s);
+      return;
+    }
+    const std::size_t bytes = linear_fp8_gemv_workspace_bytes(p.num_tokens, p.in_features, p.out_features, p.weight_block_k);
+    void* workspace = bytes ? scratch(linear_workspace_, linear_workspace_bytes_, bytes, s) : nullptr;
+    linear_fp8_gemv_cuda(p, workspace, linear_workspace_bytes_, s);
   } else {
     cublaslt_->run(p, stream_of(stream));
   }
+}
+
+void CudaBackend::linear_fp8_gemm(const LinearParams& p, cudaStream_t s) {
+  check_linear_params(p, "linear (cuda, FP8 GEMM)");
+  // One scratch buffer: x's codes [T, K], x's scales, and (128-blocks) W's scales in VEC128's
+  // layout, each 256-byte aligned.
+  const bool block128 = p.weight_block_k > 0 && p.weight_block_k < p.in_features;
+  const int64_t k_blocks = (p.in_features + 127) / 128;
+  const auto pad4 = [](int64_t v) { return (v + 3) / 4 * 4; };
+  const auto round256 = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const int64_t codes_bytes = round256(p.num_tokens * p.in_features);
+  const int64_t x_scale_bytes = round256(4 * (block128 ? k_blocks * pad4(p.num_tokens) : p.num_tokens));
+  const int64_t w_scale_bytes = block128 ? round256(4 * k_blocks * pad4(p.out_features)) : 0;
+  auto* base = static_cast<unsigned char*>(scratch(fp8_gemm_scratch_, fp8_gemm_scratch_bytes_,
+                                                   static_cast<std::size_t>(codes_bytes + x_scale_bytes + w_scale_bytes), s));
+  Fp8GemmOperands q;
+  q.x_codes = base;
+  q.x_ld = p.in_features;
+  q.x_scales = reinterpret_cast<float*>(base + codes_bytes);
+  q.block128 = block128;
+  fp8_quantize_act_cuda(static_cast<const std::uint16_t*>(p.x), p.x_stride ? p.x_stride : p.in_features, p.num_tokens,
+                        p.in_features, block128, base, q.x_ld, reinterpret_cast<float*>(base + codes_bytes),
+                        pad4(p.num_tokens), s);
+  if (block128) {
+    auto* w_scales = reinterpret_cast<float*>(base + codes_bytes + x_scale_bytes);
+    fp8_scales_by_block_cuda(p.weight_scales, p.out_features, k_blocks, w_scales, pad4(p.out_features), s);
+    q.w_scales = w_scales;
+  } else {
+    q.w_scales = p.weight_scales;
+  }
+  cublaslt_->run_fp8(p, q, s);
 }
 
 void CudaBackend::rope(const RopeParams& p, Stream stream) { rope_cuda(p, rope_, errors_, stream_of(stream)); }

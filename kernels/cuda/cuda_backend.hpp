@@ -2,7 +2,7 @@
 // The CUDA implementation of the kernel interface (kernels/backend.hpp): bf16 activations,
 // cudaMalloc'd device memory, every op a kernel of kernels/cuda/ on one non-blocking stream.
 // Projections with bf16 weights run on cuBLASLt (linear_cublaslt.hpp), those with FP8 weights on
-// the portable GEMM (linear_portable.cu). The emulated build (FP8SERVE_CUDA_EMU) is the same
+// the tensor-core GEMV (linear_fp8_gemv.cu). The emulated build (FP8SERVE_CUDA_EMU) is the same
 // class: its cuBLASLt is the emulator's stand-in, so the whole forward pass, linear_cublaslt.cpp
 // included, executes on the CPU in CI. Server code creates it through make_cuda_backend.hpp,
 // which needs no CUDA headers.
@@ -93,6 +93,8 @@ class CudaBackend final : public Backend {
   // A device scratch buffer of at least `bytes` (zeroed when it grows); the stream is drained
   // before an old one is freed.
   void* scratch(void*& buffer, std::size_t& capacity, std::size_t bytes, cudaStream_t stream);
+  // FP8 weights, more than 16 tokens, a shape cuBLASLt's FP8 GEMM takes: quantize x, run it.
+  void linear_fp8_gemm(const LinearParams& p, cudaStream_t stream);
 
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
@@ -112,6 +114,10 @@ class CudaBackend final : public Backend {
   std::size_t copy_scratch_bytes_ = 0;
   void* attention_workspace_ = nullptr;
   std::size_t attention_workspace_bytes_ = 0;
+  void* linear_workspace_ = nullptr;  // the FP8 GEMV's partial sums
+  std::size_t linear_workspace_bytes_ = 0;
+  void* fp8_gemm_scratch_ = nullptr;  // the FP8 GEMM's quantized activations and scales
+  std::size_t fp8_gemm_scratch_bytes_ = 0;
   std::unique_ptr<CublasLtLinear> cublaslt_;  // bf16-weight projections
 };
 

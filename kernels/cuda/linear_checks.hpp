@@ -1,5 +1,5 @@
 #pragma once
-// Host-side checks shared by the CUDA projections (the portable GEMM and cuBLASLt).
+// Host-side checks shared by the CUDA projections (the FP8 GEMV and cuBLASLt).
 #include <stdexcept>
 #include <string>
 
@@ -16,7 +16,7 @@ inline void check_linear_params(const LinearParams& p, const char* who, bool all
     throw std::invalid_argument(std::string(who) + ": bad shape or stride");
   }
   if (p.weight_dtype == WeightDtype::fp8_e4m3) {
-    if (!allow_fp8) throw std::runtime_error(std::string(who) + ": FP8 weights go to the portable GEMM");
+    if (!allow_fp8) throw std::runtime_error(std::string(who) + ": FP8 weights go to the FP8 GEMV");
     if (p.weight_scales == nullptr || p.weight_block_k < 0 || p.weight_block_k % 64 != 0) {
       throw std::invalid_argument(std::string(who) + ": FP8 weights need scales and a block of a multiple of 64");
     }

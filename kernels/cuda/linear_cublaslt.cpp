@@ -68,9 +68,13 @@ inline uint32_t alignment_of(const void* p) {
   return alignment;
 }
 
+// FP8 GEMMs: E4M3 A and B with both operands' scales in one mode.
+enum class Fp8Mode : uint8_t { none, outer_vec, vec128 };
+
 struct PlanKey {
   int64_t m, n, k, lda, ldb, ldd;
   bool y_fp32, bias;
+  Fp8Mode fp8;
   uint32_t align_a, align_b, align_d, align_bias;
   bool operator==(const PlanKey&) const = default;
 };
@@ -85,7 +89,7 @@ struct PlanKeyHash {
     mix(static_cast<uint64_t>(key.lda));
     mix(static_cast<uint64_t>(key.ldb));
     mix(static_cast<uint64_t>(key.ldd));
-    mix((key.y_fp32 ? 1u : 0u) | (key.bias ? 2u : 0u));
+    mix((key.y_fp32 ? 1u : 0u) | (key.bias ? 2u : 0u) | (static_cast<uint64_t>(key.fp8) << 2));
     mix((uint64_t{key.align_a} << 32) | (uint64_t{key.align_b} << 16) | key.align_d | (uint64_t{key.align_bias} << 48));
     return h;
   }
@@ -114,6 +118,7 @@ using lt_plans::Plan;
 using lt_plans::PlanKey;
 using lt_plans::PlanKeyHash;
 using lt_plans::alignment_of;
+using lt_plans::Fp8Mode;
 
 // The plan cache. A plan's layouts carry the exact token count, and prefill chunk sizes vary
 // without bound, so it is an LRU of max_plans. (Plans per token-count bucket, with the exact count
@@ -130,12 +135,19 @@ struct CublasLtLinear::Impl {
   std::list<std::pair<PlanKey, std::unique_ptr<Plan>>> plans;  // most recently used first
   std::unordered_map<PlanKey, decltype(plans)::iterator, PlanKeyHash> index;
 
-  Plan& plan_for(const PlanKey& key, const std::uint16_t* bias) {
+  // The pointers the heuristic may look at (their alignment), set again before every call.
+  struct Pointers {
+    const std::uint16_t* bias = nullptr;
+    const float* a_scale = nullptr;
+    const float* b_scale = nullptr;
+  };
+
+  Plan& plan_for(const PlanKey& key, const Pointers& pointers) {
     if (const auto it = index.find(key); it != index.end()) {
       plans.splice(plans.begin(), plans, it->second);
       return *plans.front().second;
     }
-    plans.emplace_front(key, make_plan(key, bias));
+    plans.emplace_front(key, make_plan(key, pointers));
     index.emplace(key, plans.begin());
     if (plans.size() > max_plans) {
       index.erase(plans.back().first);
@@ -144,7 +156,20 @@ struct CublasLtLinear::Impl {
     return *plans.front().second;
   }
 
-  std::unique_ptr<Plan> make_plan(const PlanKey& key, const std::uint16_t* bias) {
+  static void set_pointers(Plan& plan, const PlanKey& key, const Pointers& pointers) {
+    if (key.bias) {
+      CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &pointers.bias,
+                                                    sizeof pointers.bias));
+    }
+    if (key.fp8 != Fp8Mode::none) {
+      CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pointers.a_scale,
+                                                    sizeof pointers.a_scale));
+      CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pointers.b_scale,
+                                                    sizeof pointers.b_scale));
+    }
+  }
+
+  std::unique_ptr<Plan> make_plan(const PlanKey& key, const Pointers& pointers) {
     auto plan = std::make_unique<Plan>();
     CUBLASLT_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t transa = CUBLAS_OP_T;
@@ -157,13 +182,23 @@ struct CublasLtLinear::Impl {
       const int32_t bias_type = CUDA_R_16BF;
       CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                     sizeof bias_type));
-      // The heuristic reads the pointer's alignment from the descriptor.
-      CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     }
+    if (key.fp8 != Fp8Mode::none) {
+      // Both operands' scales in one mode: OUTER_VEC_32F (A: one per row of W, B: one per token)
+      // or VEC128_32F (one per row and 128-input block of each). sm_90 pairs these (1-D x 1-D
+      // blocks); a D scale is SCALAR only and an FP8 D is refused with vector modes: y stays bf16.
+      const int32_t mode = key.fp8 == Fp8Mode::vec128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                                      : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
+      CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
+    }
+    // The heuristic reads the pointers' alignment from the descriptor.
+    set_pointers(*plan, key, pointers);
     const cudaDataType_t d_type = key.y_fp32 ? CUDA_R_32F : CUDA_R_16BF;
-    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, static_cast<uint64_t>(key.k),
+    const cudaDataType_t ab_type = key.fp8 != Fp8Mode::none ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan->a, ab_type, static_cast<uint64_t>(key.k),
                                               static_cast<uint64_t>(key.m), key.lda));
-    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, static_cast<uint64_t>(key.k),
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan->b, ab_type, static_cast<uint64_t>(key.k),
                                               static_cast<uint64_t>(key.n), key.ldb));
     CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan->d, d_type, static_cast<uint64_t>(key.m),
                                               static_cast<uint64_t>(key.n), key.ldd));
@@ -191,7 +226,8 @@ struct CublasLtLinear::Impl {
     if (returned == 0) {  // coverage: cuBLASLt answers NOT_SUPPORTED when it has no algorithm (above)
       throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(key.n) + " x " +
                                std::to_string(key.k) + " x " + std::to_string(key.m) +
-                               " bf16 GEMM (tokens x in x out) with these strides and alignments");
+                               (key.fp8 != Fp8Mode::none ? " FP8" : " bf16") +
+                               " GEMM (tokens x in x out) with these strides and alignments");
     }
     plan->algo = result.algo;
     return plan;
@@ -223,6 +259,27 @@ std::size_t CublasLtLinear::num_cached_plans() const { return impl_->plans.size(
 
 void CublasLtLinear::run(const LinearParams& p, void* stream) {
   check_linear_params(p, "linear (cuBLASLt)", /*allow_fp8=*/false);
+  matmul(p, p.x, p.x_stride ? p.x_stride : p.in_features, nullptr, stream);
+}
+
+void CublasLtLinear::run_fp8(const LinearParams& p, const Fp8GemmOperands& q, void* stream) {
+  check_linear_params(p, "linear (cuBLASLt FP8)");
+  if (p.weight_dtype != WeightDtype::fp8_e4m3 || !fp8_gemm_supported(p))
+    throw std::invalid_argument("linear (cuBLASLt FP8): FP8 weights in a shape sm_90's FP8 GEMM takes only");
+  matmul(p, q.x_codes, q.x_ld, &q, stream);
+}
+
+bool CublasLtLinear::fp8_gemm_supported(const LinearParams& p) {
+  const bool per_row = p.weight_block_k == 0 || p.weight_block_k >= p.in_features;
+  const int64_t y_size = p.y_fp32 ? 4 : 2;
+  const int64_t y_stride = p.y_stride ? p.y_stride : p.out_features;
+  return (per_row ? p.in_features <= 16384 : p.weight_block_k == 128) && p.in_features % 16 == 0 &&
+         (p.out_features * y_size) % 16 == 0 && (y_stride * y_size) % 16 == 0 && alignment_of(p.weight) >= 16 &&
+         alignment_of(p.y) >= 16;
+}
+
+void CublasLtLinear::matmul(const LinearParams& p, const void* b, int64_t ldb, const Fp8GemmOperands* fp8,
+                            void* stream) {
   if (p.num_tokens == 0) return;
   const bool epilogue_bias = p.bias != nullptr && !p.y_fp32;
   PlanKey key{};
@@ -230,22 +287,27 @@ void CublasLtLinear::run(const LinearParams& p, void* stream) {
   key.n = p.num_tokens;
   key.k = p.in_features;
   key.lda = p.in_features;
-  key.ldb = p.x_stride ? p.x_stride : p.in_features;
+  key.ldb = ldb;
   key.ldd = p.y_stride ? p.y_stride : p.out_features;
   key.y_fp32 = p.y_fp32;
   key.bias = epilogue_bias;
+  key.fp8 = fp8 == nullptr ? Fp8Mode::none : fp8->block128 ? Fp8Mode::vec128 : Fp8Mode::outer_vec;
   key.align_a = alignment_of(p.weight);
-  key.align_b = alignment_of(p.x);
+  key.align_b = alignment_of(b);
   key.align_d = alignment_of(p.y);
   key.align_bias = epilogue_bias ? alignment_of(p.bias) : 0;
-  Plan& plan = impl_->plan_for(key, p.bias);
-  if (epilogue_bias) {
-    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof p.bias));
+  Impl::Pointers pointers;
+  pointers.bias = epilogue_bias ? p.bias : nullptr;
+  if (fp8 != nullptr) {
+    pointers.a_scale = fp8->w_scales;
+    pointers.b_scale = fp8->x_scales;
   }
+  Plan& plan = impl_->plan_for(key, pointers);
+  Impl::set_pointers(plan, key, pointers);
   const float alpha = 1.0f;
   const float beta = 0.0f;
   auto cuda_stream = static_cast<cudaStream_t>(stream);
-  CUBLASLT_CHECK(cublasLtMatmul(impl_->handle, plan.desc, &alpha, p.weight, plan.a, p.x, plan.b, &beta, p.y, plan.d,
+  CUBLASLT_CHECK(cublasLtMatmul(impl_->handle, plan.desc, &alpha, p.weight, plan.a, b, plan.b, &beta, p.y, plan.d,
                                 p.y, plan.d, &plan.algo, impl_->workspace, impl_->workspace_bytes, cuda_stream));
   if (p.bias != nullptr && p.y_fp32) {
     add_bias_f32_cuda(static_cast<float*>(p.y), key.ldd, p.bias, p.num_tokens, p.out_features, cuda_stream);

@@ -11,6 +11,7 @@
 // Transformer validates the same values before they are uploaded, so the flags are a backstop.
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/forward_ops.hpp"
@@ -73,8 +74,34 @@ void kv_spill_cuda(const KvSpillParams& params, unsigned* errors, cudaStream_t s
 void copy_blocks_cuda(const BlockCopyPool* pools, int32_t num_pools, const int32_t* pairs,
                       int32_t num_copies, bool aligned16, cudaStream_t stream);
 
-// The portable tiled GEMM (linear_portable.cu): the emulated backend's linear, and the reference
-// the cuBLASLt path is tested against on a GPU.
-void linear_portable_cuda(const LinearParams& params, cudaStream_t stream);
+// FP8-weight projections on tensor cores (linear_fp8_gemv.cu): weight-only, split-K, for decode
+// steps (up to kFp8GemvMaxTokens tokens per launch pair; more run in groups of that many).
+constexpr int64_t kFp8GemvMaxTokens = 16;
+struct Fp8GemvPlan {
+  int64_t slice = 0;   // inputs per split
+  int64_t splits = 0;  // k slices: CTAs along k, partial sums per token and row
+};
+// A function of the shape alone (never of the token count or the device): results are the same
+// bits for every batch.
+Fp8GemvPlan plan_linear_fp8_gemv(int64_t in_features, int64_t out_features, int64_t weight_block_k);
+// The workspace the partial sums need: splits * min(num_tokens, 16) * out_features floats.
+std::size_t linear_fp8_gemv_workspace_bytes(int64_t num_tokens, int64_t in_features, int64_t out_features,
+                                            int64_t weight_block_k);
+// params.weight_dtype must be fp8_e4m3; workspace: device memory of at least
+// linear_fp8_gemv_workspace_bytes (reused in stream order). Throws std::invalid_argument for a bad
+// shape, bf16 weights, or a small workspace.
+void linear_fp8_gemv_cuda(const LinearParams& params, void* workspace, std::size_t workspace_bytes,
+                          cudaStream_t stream);
+
+// The FP8 GEMM's activations (fp8_quantize_act.cu): x [num_tokens, k] bf16 -> codes
+// [num_tokens, codes_stride] E4M3 and fp32 scales, scale = max(amax / 448, FLT_MIN) per token
+// (scales[t]; k <= 16384) or per token and 128-input block (per_block: scales[kb * scales_stride
+// + t], cuBLASLt's VEC128_32F layout with scales_stride >= num_tokens).
+void fp8_quantize_act_cuda(const std::uint16_t* x, int64_t x_stride, int64_t num_tokens, int64_t k, bool per_block,
+                           std::uint8_t* codes, int64_t codes_stride, float* scales, int64_t scales_stride,
+                           cudaStream_t stream);
+// out[kb * out_stride + o] = scales[o * k_blocks + kb]: per-row block scales in VEC128_32F's layout.
+void fp8_scales_by_block_cuda(const float* scales, int64_t rows, int64_t k_blocks, float* out, int64_t out_stride,
+                              cudaStream_t stream);
 
 }  // namespace fp8serve::cuda

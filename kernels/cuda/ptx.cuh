@@ -38,6 +38,17 @@ FP8SERVE_PTX void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// The same with f16 inputs (mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32), same fragments:
+// each register holds an f16 pair. The FP8-weight GEMM's: E4M3 codes become f16 pairs with one
+// cvt (cvt_f16x2_e4m3x2), exactly; products of f16 are exact in fp32.
+FP8SERVE_PTX void mma_m16n8k16_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 // cp.async.cg.shared.global [smem], [gmem], 16, src_bytes: 16 bytes global -> shared, bypassing L1;
 // the first src_bytes (0 or 16 here) are read, the rest zero-filled (src_bytes 0: gmem is not
 // read). PRECOND: both addresses 16-byte aligned. Completed by cp_async_wait in the issuing

@@ -4,12 +4,15 @@
 // the CPU with a small shape.
 //
 //   bench_forward [--device cpu|cuda] [--shape llama3-8b|qwen3-8b|smollm2-135m] [--quick]
-//                 [--threads N] [--kv-memory BYTES]
+//                 [--threads N] [--kv-memory BYTES] [--fp8-linear] [--fp8-peak TFLOPS]
 //
 //   decode   steps of B sequences x 1 token at context C: tokens/s; batch 1 against the bound
 //            (weight bytes + KV bytes read per step) / the backend's copy bandwidth
 //   prefill  one prompt of L tokens in one step: tokens/s
 //   fits     the largest batch of 8k-token sequences the KV budget holds, FP8 vs bf16
+//   fp8-linear  (on CUDA, or with --fp8-linear) FP8-weight projections of Llama-3-8B's shapes
+//            alone: GB/s against the copy bandwidth, TFLOP/s against the dense FP8 peak
+//            (--fp8-peak, default H200 SXM's 1979): fp8_linear_bench.hpp
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +24,7 @@
 
 #include "cache/kv_cache_spec.hpp"
 #include "model/transformer.hpp"
+#include "fp8_linear_bench.hpp"
 #include "random_model.hpp"
 #include "machine_limits.hpp"
 #include "server/device.hpp"
@@ -98,7 +102,8 @@ uint64_t kv_budget(const Backend& backend) {
 
 int main(int argc, char** argv) {
   std::string device = "cpu", shape = "smollm2-135m";
-  bool quick = false;
+  bool quick = false, fp8_linear = false;
+  double fp8_peak_tflops = 1979.0;
   int threads = 0;
   uint64_t kv_memory = 0;
   for (int i = 1; i < argc; ++i) {
@@ -112,9 +117,11 @@ int main(int argc, char** argv) {
     else if (arg == "--threads") threads = std::stoi(value());
     else if (arg == "--kv-memory") kv_memory = std::stoull(value());
     else if (arg == "--quick") quick = true;
+    else if (arg == "--fp8-linear") fp8_linear = true;
+    else if (arg == "--fp8-peak") fp8_peak_tflops = std::stod(value());
     else {
       std::fprintf(stderr, "usage: bench_forward [--device cpu|cuda] [--shape NAME] [--quick] [--threads N] "
-                           "[--kv-memory BYTES]\n");
+                           "[--kv-memory BYTES] [--fp8-linear] [--fp8-peak TFLOPS]\n");
       return 2;
     }
   }
@@ -128,6 +135,8 @@ int main(int argc, char** argv) {
   const double bandwidth = copy_bandwidth(ctx);
   std::printf("bandwidth: %.0f GB/s (%s, measured)\n\n", bandwidth / 1e9,
               ctx.kind == "cpu" ? "1 GiB stream read" : "device-to-device copy");
+  // First: the projections alone need the device memory the models below take.
+  if (fp8_linear || ctx.kind == "cuda") bench::bench_fp8_linear(*ctx.backend, bandwidth, fp8_peak_tflops, quick);
 
   const std::vector<int> batches = quick ? std::vector<int>{1, 8} : std::vector<int>{1, 8, 32, 64};
   const std::vector<int> contexts = quick ? std::vector<int>{1024} : std::vector<int>{1024, 8192};

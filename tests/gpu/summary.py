@@ -103,14 +103,23 @@ def read_log(work, name):
         return f.read()
 
 
+FP8_LINEAR_ROW = re.compile(r"fp8-linear\s+(\S+)\s+(row|blk128)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+"
+                            r"([\d.]+)%\s+([\d.]+)\s+([\d.]+)%$")
 FORWARD_ROW = re.compile(r"(bf16|fp8)\s+(decode|prefill)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s*([\d.]*)%?\s*$")
 
 
 def parse_bench_forward(text):
     """bench_forward's rows (tests/bench/bench_forward.cpp's printf formats)."""
-    out = {"rows": [], "fits_8k": {}, "complete": False}
+    out = {"rows": [], "fits_8k": {}, "complete": False, "fp8_linear": []}
     for line in text.splitlines():
-        if m := FORWARD_ROW.match(line):
+        if m := FP8_LINEAR_ROW.match(line):
+            # The FP8 weights' projections alone: the GEMV's share of the copy bandwidth (decode
+            # token counts) and the prefill's share of the dense FP8 peak, as ratios.
+            out["fp8_linear"].append({"proj": m[1], "scales": m[2], "tokens": int(m[3]), "in": int(m[4]),
+                                      "out": int(m[5]), "us": float(m[6]), "gb_s": float(m[7]),
+                                      "fraction_of_copy": float(m[8]) / 100, "tflops": float(m[9]),
+                                      "fraction_of_fp8_peak": float(m[10]) / 100})
+        elif m := FORWARD_ROW.match(line):
             out["rows"].append({"kv": m[1], "phase": m[2], "batch": int(m[3]), "context": int(m[4]),
                                 "ms_per_step": float(m[5]), "tokens_per_s": float(m[6]),
                                 "percent_of_bound": float(m[7]) if m[7] else None})

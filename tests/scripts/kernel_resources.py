@@ -31,7 +31,7 @@ BEGIN, END = "<!-- kernel-resources:begin -->", "<!-- kernel-resources:end -->"
 
 # Threads per block: each kernel's __launch_bounds__(N), which every launch of ours uses, read
 # from its source file (the .cu the report came from) with the file's constexpr ints resolved.
-NO_SPILLS = ("paged_", "kv_write_kernel", "kv_amax_kernel", "kv_spill_kernel", "linear_kernel")
+NO_SPILLS = ("paged_", "kv_write_kernel", "kv_amax_kernel", "kv_spill_kernel", "linear_")
 
 # H200 (sm_90): 65536 registers per SM, allocated per warp in units of 256; 2048 threads and 32
 # CTAs per SM.

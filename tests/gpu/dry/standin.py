@@ -71,6 +71,15 @@ def bench_forward_lines():
     yield "bench_forward: llama3-8b, cuda: NVIDIA H200 (stand-in)"
     yield "random weights: 16.1 GB bf16 in 12.3 s"
     yield "bandwidth: 4310 GB/s (device-to-device copy, measured)\n"
+    yield "\nFP8-weight projections (cuda: NVIDIA H200 (stand-in); dense FP8 peak 1979 TFLOP/s, data sheet)"
+    for proj, k, n in (("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 28672), ("down", 14336, 4096)):
+        for scales in ("row", "blk128"):
+            for m in (1, 8, 16, 4096):
+                us = k * n / 3.9e3 * (1 if m <= 16 else m / 16 * 0.2)
+                gb_s = k * n / us / 1e3
+                tflops = 2 * m * k * n / us / 1e6
+                yield "%-10s %-8s %-6s %6d %6d %6d %10.2f %8.1f %6.1f%% %9.2f %6.2f%%" % (
+                    "fp8-linear", proj, scales, m, k, n, us, gb_s, 100 * gb_s / 4310, tflops, 100 * tflops / 1979)
     yield "%-5s %-8s %6s %8s %10s %10s %8s" % ("KV", "phase", "batch", "context", "ms/step", "tok/s", "%bound")
     for kv, kv_factor in (("bf16", 1.0), ("fp8", 0.9)):
         for context in (1024, 8192):

@@ -83,6 +83,10 @@ def whole_run(tmp, build):
           f"bench_forward's rows and fits: {len(forward['rows'])} {forward['fits_8k']}")
     check(forward["rows"][0] == {"kv": "bf16", "phase": "decode", "batch": 1, "context": 1024, "ms_per_step": 4.61,
                                  "tokens_per_s": 216.9, "percent_of_bound": 80.0}, f"a decode row: {forward['rows'][0]}")
+    fp8 = forward["fp8_linear"]
+    check(len(fp8) == 32 and fp8[0]["proj"] == "qkv" and fp8[0]["tokens"] == 1 and fp8[0]["scales"] == "row"
+          and 0 < fp8[0]["fraction_of_copy"] < 1.5 and "fraction_of_fp8_peak" in fp8[3],
+          f"bench_forward's FP8-weight projection rows: {len(fp8)} {fp8[:1]}")
     attention = s["bench"]["attention"]
     check(attention["complete"] and attention["source"] == "json" and len(attention["decode"]) == 12
           and len(attention["prefill"]) == 4, "bench_attention_cuda's json line")

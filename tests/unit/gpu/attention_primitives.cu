@@ -28,8 +28,9 @@ __global__ void pack_bf16_kernel(const float* a, const float* b, uint32_t* out, 
 }
 
 // PTX's m16n8k16 fragments (ptx.cuh) loaded from row-major A, B, C. fault: a lane's fragment
-// index off by one (lane 5 loads its a[1] from row g + 9), to show that such a bug fails.
-__global__ void mma_kernel(const uint16_t* a, const uint16_t* b, const float* c, float* d, int fault) {
+// index off by one (lane 5 loads its a[1] from row g + 9), to show that such a bug fails. f16:
+// the f16 mma (the elements are f16 bits), else the bf16 one.
+__global__ void mma_kernel(const uint16_t* a, const uint16_t* b, const float* c, float* d, int fault, bool f16) {
   const int lane = static_cast<int>(threadIdx.x), g = lane / 4, t = lane % 4;
   const int a1_row = fault == 1 && lane == 5 ? g + 9 : g + 8;
   auto a_pair = [&](int row, int col) { return uint32_t{a[row * 16 + col]} | uint32_t{a[row * 16 + col + 1]} << 16; };
@@ -37,7 +38,11 @@ __global__ void mma_kernel(const uint16_t* a, const uint16_t* b, const float* c,
   const uint32_t af[4] = {a_pair(g, 2 * t), a_pair(a1_row, 2 * t), a_pair(g, 2 * t + 8), a_pair(g + 8, 2 * t + 8)};
   const uint32_t bf[2] = {b_pair(2 * t, g), b_pair(2 * t + 8, g)};
   float df[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t], c[(g + 8) * 8 + 2 * t + 1]};
-  ptx::mma_m16n8k16_bf16(df, af, bf);
+  if (f16) {
+    ptx::mma_m16n8k16_f16(df, af, bf);
+  } else {
+    ptx::mma_m16n8k16_bf16(df, af, bf);
+  }
   d[g * 8 + 2 * t] = df[0];
   d[g * 8 + 2 * t + 1] = df[1];
   d[(g + 8) * 8 + 2 * t] = df[2];
@@ -84,14 +89,14 @@ std::vector<uint32_t> pack_bf16_pairs(const std::vector<float>& a, const std::ve
 }
 
 std::vector<float> mma_16816(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
-                             const std::vector<float>& c, int fault) {
+                             const std::vector<float>& c, int fault, bool f16) {
   DeviceBuffer da(256 * 2), db(128 * 2), dc(128 * 4), dd(128 * 4);
   da.copy_from_host(a.data(), 256 * 2);
   db.copy_from_host(b.data(), 128 * 2);
   dc.copy_from_host(c.data(), 128 * 4);
   FP8SERVE_LAUNCH(mma_kernel, dim3(1), dim3(32), 0, nullptr, static_cast<const uint16_t*>(da.data()),
                   static_cast<const uint16_t*>(db.data()), static_cast<const float*>(dc.data()),
-                  static_cast<float*>(dd.data()), fault);
+                  static_cast<float*>(dd.data()), fault, f16);
   CUDA_CHECK(cudaGetLastError());
   CUDA_CHECK(cudaDeviceSynchronize());
   return download<float>(dd, 128);

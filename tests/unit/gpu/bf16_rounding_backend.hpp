@@ -5,12 +5,18 @@
 // arithmetic is otherwise the CPU's fp32, so the CUDA forward pass must agree with it far more
 // tightly than with the plain fp32 CPU backend: what remains is summation order and expf, which
 // can flip a bf16 (or FP8) rounding only for values within ~2^-20 of a boundary.
+// FP8 weights with more than 16 tokens in a shape cuBLASLt's FP8 GEMM takes: the CUDA backend
+// quantizes x to E4M3 per token (or per token and 128-input block) first; so does this backend,
+// with the same codec (kernels/fp8_quantize.hpp), before the CPU's FP8 linear.
 #include <cmath>
 #include <vector>
 
 #include "kernels/backend.hpp"
 #include "kernels/bf16.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
+#include "kernels/cuda/linear_cublaslt.hpp"
+#include "kernels/cuda/ops_cuda.hpp"
+#include "kernels/fp8_quantize.hpp"
 
 namespace fp8serve::gpu_test {
 
@@ -52,7 +58,28 @@ class Bf16RoundingBackend final : public Backend {
     round_rows(p.out, p.num_tokens, width, p.out_token_stride ? p.out_token_stride : width);
   }
   void linear(const LinearParams& p, Stream st) override {
-    cpu_.linear(p, st);
+    if (p.weight_dtype == WeightDtype::fp8_e4m3 && p.num_tokens > cuda::kFp8GemvMaxTokens &&
+        cuda::CublasLtLinear::fp8_gemm_supported(p)) {
+      const int64_t k = p.in_features, x_stride = p.x_stride ? p.x_stride : k;
+      const int64_t block = p.weight_block_k > 0 && p.weight_block_k < k ? 128 : k;
+      std::vector<float> xq(static_cast<std::size_t>(p.num_tokens * k));
+      std::vector<std::uint8_t> codes(static_cast<std::size_t>(block));
+      for (int64_t t = 0; t < p.num_tokens; ++t) {
+        for (int64_t k0 = 0; k0 < k; k0 += block) {
+          const int64_t n = std::min(block, k - k0);
+          float scale = 0.0f;
+          quantize_row_fp8(static_cast<const float*>(p.x) + t * x_stride + k0, n, codes.data(), &scale);
+          for (int64_t i = 0; i < n; ++i)
+            xq[static_cast<std::size_t>(t * k + k0 + i)] = fp8_e4m3_decode(codes[static_cast<std::size_t>(i)]) * scale;
+        }
+      }
+      LinearParams q = p;
+      q.x = xq.data();
+      q.x_stride = k;
+      cpu_.linear(q, st);
+    } else {
+      cpu_.linear(p, st);
+    }
     if (!p.y_fp32) round_rows(p.y, p.num_tokens, p.out_features, p.y_stride ? p.y_stride : p.out_features);
   }
   void rope(const RopeParams& p, Stream st) override {

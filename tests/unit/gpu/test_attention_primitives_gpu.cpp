@@ -1,6 +1,6 @@
 // [gpu] The paged attention's device building blocks against host definitions: the FP8 -> float
 // conversions (cvt and the bit trick) over all 256 codes (bit-identical to kernels/fp8.hpp's
-// decode), bf16 packing, one bf16 mma.sync m16n8k16 against a host matrix product (on a GPU this
+// decode), bf16 packing, one bf16 and one f16 mma.sync m16n8k16 against a host matrix product (on a GPU this
 // pins down the fragment layout the prefill kernel assumes; on the emulator it checks the
 // emulator's mma against the same definition, in every accumulation order) and the block scan
 // the kernels plan with. The same kernels run on a GPU (test_gpu) and on the emulator
@@ -83,14 +83,30 @@ TEST_CASE("pack_bf16x2 rounds like bf16_encode", "[gpu]") {
 
 namespace {
 
+// IEEE binary16 bits -> value, exactly (the host definition the f16 mma is checked against).
+double f16_decode(uint16_t bits) {
+  const int exponent = (bits >> 10) & 0x1f, mantissa = bits & 0x3ff;
+  const double sign = (bits & 0x8000) ? -1.0 : 1.0;
+  if (exponent == 0) return sign * std::ldexp(mantissa, -24);
+  if (exponent == 31) return mantissa ? std::nan("") : sign * INFINITY;
+  return sign * std::ldexp(1024 + mantissa, exponent - 25);
+}
+uint16_t f16_encode_exact(float v) {  // v must be exact in f16
+  for (uint32_t bits = 0; bits < 0x10000; ++bits)
+    if (f16_decode(static_cast<uint16_t>(bits)) == v) return static_cast<uint16_t>(bits);
+  return 0;
+}
+
+bool g_f16 = false;  // the element type of the mma under test
+double element(uint16_t bits) { return g_f16 ? f16_decode(bits) : double{bf16_decode(bits)}; }
+
 // D = A B + C in double, and the sum of the terms' magnitudes (the rounding scale).
 void reference_mma(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, const std::vector<float>& c, int m,
                    int n, double& want, double& magnitude) {
   want = c[static_cast<std::size_t>(m * 8 + n)];
   magnitude = std::abs(want);
   for (int k = 0; k < 16; ++k) {
-    const double term =
-        double{bf16_decode(a[static_cast<std::size_t>(m * 16 + k)])} * bf16_decode(b[static_cast<std::size_t>(k * 8 + n)]);
+    const double term = element(a[static_cast<std::size_t>(m * 16 + k)]) * element(b[static_cast<std::size_t>(k * 8 + n)]);
     want += term;
     magnitude += std::abs(term);
   }
@@ -120,13 +136,21 @@ struct MmaInputs {
 
 MmaInputs random_mma_inputs(std::mt19937& rng, bool one_hot) {
   std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  // f16: random bits of magnitude 2^-6 .. 2^2, all 10 significand bits used
+  std::uniform_int_distribution<uint32_t> f16_bits(0, 0xffff);
+  auto value = [&] {
+    if (!g_f16) return bf16_encode(dist(rng));
+    const uint32_t r = f16_bits(rng);
+    return static_cast<uint16_t>((r & 0x83ffu) | ((9u + (r >> 10) % 8u) << 10));
+  };
   MmaInputs in;
-  for (auto& x : in.a) x = bf16_encode(dist(rng));
-  for (auto& x : in.b) x = bf16_encode(dist(rng));
+  for (auto& x : in.a) x = value();
+  for (auto& x : in.b) x = value();
   for (auto& x : in.c) x = dist(rng);
   if (one_hot) {  // one-hot rows: a misplaced fragment element moves a whole value
     std::fill(in.a.begin(), in.a.end(), uint16_t{0});
-    for (int r = 0; r < 16; ++r) in.a[static_cast<std::size_t>(r * 16 + (r * 7) % 16)] = bf16_encode(1.0f + r);
+    for (int r = 0; r < 16; ++r)
+      in.a[static_cast<std::size_t>(r * 16 + (r * 7) % 16)] = g_f16 ? f16_encode_exact(1.0f + r) : bf16_encode(1.0f + r);
   }
   return in;
 }
@@ -149,26 +173,45 @@ void use_mma_order(int index) {
 
 }  // namespace
 
+// bf16 (the attention's) and f16 (the FP8-weight GEMM's) inputs.
 TEST_CASE("mma.sync m16n8k16 computes A B + C with PTX's fragment layout", "[gpu]") {
   if (!have_device()) return;
   const std::vector<const char*> orders = mma_orders();
-  for (int order = 0; order < static_cast<int>(orders.size()); ++order) {
-    use_mma_order(order);
-    std::mt19937 rng(5);
-    for (int trial = 0; trial < 3; ++trial) {
-      const MmaInputs in = random_mma_inputs(rng, trial == 2);
-      INFO("accumulation order " << orders[static_cast<std::size_t>(order)] << ", trial " << trial);
-      CHECK(mma_misses(in.a, in.b, in.c, cuda::attn_test::mma_16816(in.a, in.b, in.c)) == 0);
+  for (const bool f16 : {false, true}) {
+    g_f16 = f16;
+    for (int order = 0; order < static_cast<int>(orders.size()); ++order) {
+      use_mma_order(order);
+      std::mt19937 rng(5);
+      for (int trial = 0; trial < 3; ++trial) {
+        const MmaInputs in = random_mma_inputs(rng, trial == 2);
+        INFO((f16 ? "f16" : "bf16") << ", accumulation order " << orders[static_cast<std::size_t>(order)] << ", trial " << trial);
+        CHECK(mma_misses(in.a, in.b, in.c, cuda::attn_test::mma_16816(in.a, in.b, in.c, 0, f16)) == 0);
+      }
     }
   }
+  g_f16 = false;
   use_mma_order(0);
 }
 
 TEST_CASE("a lane that loads one mma fragment register from the wrong row gives a wrong D", "[gpu]") {
   if (!have_device()) return;
-  std::mt19937 rng(7);
+  for (const bool f16 : {false, true}) {
+    g_f16 = f16;
+    std::mt19937 rng(7);
+    const MmaInputs in = random_mma_inputs(rng, false);
+    CHECK(mma_misses(in.a, in.b, in.c, cuda::attn_test::mma_16816(in.a, in.b, in.c, /*fault=*/1, f16)) > 0);
+  }
+  g_f16 = false;
+}
+
+// Reading f16 bits as bf16 (the wrong mma) is caught: the check knows which type it tests.
+TEST_CASE("the f16 mma's check fails when the bf16 mma runs on its inputs", "[gpu]") {
+  if (!have_device()) return;
+  g_f16 = true;
+  std::mt19937 rng(9);
   const MmaInputs in = random_mma_inputs(rng, false);
-  CHECK(mma_misses(in.a, in.b, in.c, cuda::attn_test::mma_16816(in.a, in.b, in.c, /*fault=*/1)) > 0);
+  CHECK(mma_misses(in.a, in.b, in.c, cuda::attn_test::mma_16816(in.a, in.b, in.c, 0, false)) > 0);
+  g_f16 = false;
 }
 
 TEST_CASE("block_exclusive_scan gives the prefix sums for any length", "[gpu]") {

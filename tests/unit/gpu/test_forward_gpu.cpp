@@ -5,7 +5,7 @@
 //
 // Which attention. The first test runs attention on the host (host_attention_backend.hpp) and
 // every other op - embedding, the fused norms, the projections (linear_cublaslt.cpp on cuBLASLt,
-// the emulator's stand-in in CI; FP8 weights on the portable GEMM), q/k norm, RoPE, kv_write
+// the emulator's stand-in in CI; FP8 weights on the tensor-core GEMV), q/k norm, RoPE, kv_write
 // with its calibration, SiLU·mul, the gathers - on the CUDA backend, so a difference there is
 // not the attention's. The second runs the CUDA backend alone, the FP8-weight fixtures too.
 //
@@ -31,6 +31,19 @@
 //    dtype, not the kernels. Asserted: 10% / 0.995 and 35% / 0.96, greedy tokens equal unless
 //    the fp32 top two are within 0.1 (0.3 with FP8); after a near-tie the sequence is compared no
 //    further (its tokens diverge legitimately).
+//  - FP8 weights (tiny-llama-fp8-channel, tiny-qwen2-fp8-tensor, tiny-qwen3-fp8-block) against the
+//    bf16-rounding CPU backend on the same codes and scales. Decode steps (<= 16 tokens) run the
+//    FP8 GEMV: its x in f16 is exact for bf16 values within 2^29 of the row's largest, so it adds
+//    only fp32 reordering (test_linear_gpu: within 2.1 K u sum|x w|): measured 1.1% / 0.9% / 1.8%
+//    (bf16 pool) with every step on it. The prompt's 19 tokens run cuBLASLt's FP8 GEMM, whose x is
+//    E4M3 per token (128-input blocks for tiny-qwen3-fp8-block): each element within 2^-4 of
+//    itself, ~3.6% RMS, so ~3.6% of each projection's sum|x w|. The reference quantizes x the same
+//    way (bf16_rounding_backend.hpp), but a bf16 ulp of difference in a token's max|x| moves its
+//    scale and so every rounding of that token: the two sides' E4M3 errors are nearly independent,
+//    compounding over ~7 projections a layer. Measured in the emulator: worst 25% of max |logit|,
+//    cosine 0.969, a greedy pair parting at a top-2 gap of 0.16 (tiny-qwen3-fp8-block, FP8 pool).
+//    Asserted: 35%, 0.95, near-tie 0.3. A wrong scale mode or layout moves the logits by ~100%
+//    (test_linear_gpu checks each projection within its derived bound).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -132,6 +145,8 @@ struct Tolerance {
 constexpr Tolerance kTight{0.02, 0.9999, 0.05};    // against the bf16-rounding CPU backend
 constexpr Tolerance kTightCudaAttention{0.05, 0.9995, 0.05};     // the same, CUDA attention (bf16 P)
 constexpr Tolerance kTightFp8CudaAttention{0.15, 0.985, 0.05};   // the same, CUDA attention, FP8 pool
+// FP8 weights: the prompt's 19 tokens run cuBLASLt's FP8 GEMM on E4M3 activations (header).
+constexpr Tolerance kFp8Activations{0.35, 0.95, 0.3};
 constexpr Tolerance kLoose{0.1, 0.995, 0.1};       // against the fp32 CPU, bf16 pool
 constexpr Tolerance kLooseFp8{0.35, 0.96, 0.3};    // against the fp32 CPU, FP8 pool
 
@@ -198,8 +213,9 @@ void check_model(const std::string& name, bool host_attention) {
     // CPU is no reference there (the two CPU backends' greedy tokens part at real margins on
     // these random models: 3-bit weights amplify a bf16 rounding of x, as the FP8 pool does).
     const bool fp8_weights = model.config.quantization.fp8;
-    const Tolerance tight = host_attention ? (fp8_weights ? kTightFp8CudaAttention : kTight)
-                            : (fp8 || fp8_weights ? kTightFp8CudaAttention : kTightCudaAttention);
+    const Tolerance tight = fp8_weights      ? kFp8Activations
+                            : host_attention ? kTight
+                            : (fp8 ? kTightFp8CudaAttention : kTightCudaAttention);
     compare_runs(label + " vs bf16 CPU", got, bf16_reference, vocab, tight);
     if (fp8_weights) continue;
     compare_runs(label + " vs fp32 CPU", got, fp32_reference, vocab, fp8 ? kLooseFp8 : kLoose);

@@ -3,17 +3,33 @@
 // the CPU op (linear_cpu) on the same bf16 x widened to fp32 and the same bf16 weights:
 // Llama-3-8B's qkv / gate_up / down (GPU), SmolLM2 and Qwen2-0.5B shapes with the QKV bias
 // (emulator too), the LM head's fp32 logits, row strides on both sides, 1 to 300 tokens; FP8
-// weights (one scale per row, or per row and block of 64 or 128 inputs, the project's quantizer)
-// on the portable GEMM, which the backend runs for them, against the CPU op on the same codes and
-// scales; and the cuBLASLt plan cache, which stays within its bound as token counts vary.
+// weights (one scale per row, or per row and block of 64, 128, 192 or 2048 inputs, the project's
+// quantizer) on the tensor-core GEMV (linear_fp8_gemv.cu), which the backend runs for them -
+// 1 to 16 tokens in one launch (one or two token tiles), more in groups of 16, 16-byte and byte
+// loads of W, slices that end inside a block - against the CPU op on the same codes and scales;
+// the GEMV's determinism and batch invariance, bitwise; more than 16 tokens on cuBLASLt's FP8 GEMM
+// (per-row scales as OUTER_VEC_32F, 128-blocks as VEC128_32F) where it takes the shape, its
+// activation quantizer bitwise against the host codec; and the cuBLASLt plan cache, which stays
+// within its bound as token counts vary.
 //
 // Tolerance, per element: the two fp32 dot products differ only in summation order, each within
 // (K - 1) u sum|x w| of the exact value (u = 2^-24; the standard bound), so they differ by at
 // most 2 K u sum|x w|; the bias adds one rounding of |y|. A bf16 y then adds half a bf16 ulp:
 //   |y_gpu - y_cpu| <= 2^-8 |y_cpu| + 2.1 K u (sum|x w| + |bias|)      (fp32 y: no 2^-8 term)
 // cuBLASLt's tensor cores accumulate in fp32 but may round their partial sums differently
-// (split-K, truncating alignment), so its sum term gets a factor 4 (the emulator's stand-in and
-// the portable GEMM sum in k order: no factor there).
+// (split-K, truncating alignment), so its sum term gets a factor 4 on a GPU, and so does the
+// FP8 GEMV's (mma.sync accumulates in the same tensor cores). The FP8 GEMV also rounds x to f16
+// after scaling each token row's k slice by a power of two that puts its largest |x| at
+// [2^15, 2^16): exact for bf16 values except those that land among f16's subnormals (more than
+// 2^29 below that maximum), each off by at most half of f16's smallest subnormal (2^-25) times
+// the inverse scale 2^(e - 15), e the maximum's exponent; summed over the row that adds at most
+//   2^-40 max|x[t]| sum_k |W[o, k]|
+// (the per-block and per-row scale multiplications and the sum of the k slices are a few more
+// fp32 roundings per block, well inside the K u term). The FP8 GEMM (more than 16 tokens) rounds
+// x to E4M3 with scale s = max|x| / 448 of the token row (or of its 128-input block, no larger):
+// each element off by at most 2^-4 of itself (3 significand bits, round to nearest) or, among
+// E4M3's subnormals, by half the smallest one (2^-10 s), so it adds
+//   2^-4 sum|x w| + 2^-10 (max|x[t]| / 448) sum_k |W[o, k]|.
 // The bound is rarely approached (real errors are ~sqrt(K) u): a wrong transpose, stride or
 // tile edge shows up as errors of the order of |y| itself.
 #include <cmath>
@@ -67,7 +83,7 @@ Fp8Weights quantize(const std::vector<std::uint16_t>& w, int64_t out, int64_t in
   return q;
 }
 
-// backend: CudaBackend::linear (cuBLASLt for bf16 weights, the portable GEMM for FP8 ones);
+// backend: CudaBackend::linear (cuBLASLt for bf16 weights, the FP8 GEMV for FP8 ones);
 // cublaslt: a CublasLtLinear of its own (the plan-cache test's).
 enum class Path { backend, cublaslt };
 
@@ -132,7 +148,9 @@ void check_linear(Backend& gpu, const LinearCase& c, Path path, std::uint32_t se
   cpu::linear_cpu(r, pool);
 
   const double u = 0x1p-24;
-  const double sum_factor = 2.1 * (real_cublas ? 4.0 : 1.0) * static_cast<double>(c.in + 1) * u;
+  const double sum_factor = 2.1 * (real_cublas || (fp8 && !kEmulated) ? 4.0 : 1.0) * static_cast<double>(c.in + 1) * u;
+  const bool fp8_gemm = fp8 && c.tokens > cuda::kFp8GemvMaxTokens && cuda::CublasLtLinear::fp8_gemm_supported(p);
+  INFO((fp8 ? (fp8_gemm ? "on the FP8 GEMM" : "on the FP8 GEMV") : "on cuBLASLt (bf16)"));
   std::size_t misses = 0;
   double worst = 0.0;
   for (int64_t t = 0; t < c.tokens; ++t) {
@@ -145,10 +163,14 @@ void check_linear(Backend& gpu, const LinearCase& c, Path path, std::uint32_t se
         continue;
       }
       double magnitude = c.bias ? std::fabs(bf16_decode(bias[static_cast<std::size_t>(o)])) : 0.0;
+      double x_max = 0.0, w_sum = 0.0;  // the FP8 GEMV's f16 rounding of x
       for (int64_t k = 0; k < c.in; ++k) {
         const std::size_t wk = static_cast<std::size_t>(o * c.in + k);
-        magnitude += std::fabs(static_cast<double>(xf[static_cast<std::size_t>(t * x_stride + k)]) *
-                               (fp8 ? q.dequantized[wk] : bf16_decode(w[wk])));
+        const double xv = xf[static_cast<std::size_t>(t * x_stride + k)];
+        const double wv = fp8 ? q.dequantized[wk] : bf16_decode(w[wk]);
+        magnitude += std::fabs(xv * wv);
+        x_max = std::max(x_max, std::fabs(xv));
+        w_sum += std::fabs(wv);
       }
       float value;
       if (c.y_fp32) {
@@ -159,7 +181,9 @@ void check_linear(Backend& gpu, const LinearCase& c, Path path, std::uint32_t se
         value = bf16_decode(bits);
       }
       const double expected = ref[at];
-      const double bound = (c.y_fp32 ? 0.0 : 0x1p-8 * std::fabs(expected)) + sum_factor * magnitude;
+      const double bound = (c.y_fp32 ? 0.0 : 0x1p-8 * std::fabs(expected)) + sum_factor * magnitude +
+                           (fp8 ? 0x1p-40 * x_max * w_sum : 0.0) +
+                           (fp8_gemm ? 0x1p-4 * magnitude + 0x1p-10 * x_max / 448.0 * w_sum : 0.0);
       const double error = std::fabs(value - expected);
       worst = std::max(worst, error / (bound > 0 ? bound : 1.0));
       if (!(error <= bound) && ++misses <= 5) {
@@ -191,15 +215,118 @@ TEST_CASE("linear on CUDA matches the CPU op within the fp32 reordering bound", 
     cases.push_back({7, 4096, 2 * 14336});          // gate_up
     cases.push_back({1, 14336, 4096});              // down, one decode token
   }
+  // FP8 weights on the GEMV: every scale kind, both token tiles (<= 8, 9..16), groups of 16 beyond.
   cases.push_back({5, 576, 576 + 2 * 192, false, false, 0, 0, 0});        // FP8, a scale per row
   cases.push_back({1, 1536, 576, false, false, 0, 0, 128});              // FP8, 128-input blocks
-  cases.push_back({3, 900, 1152, true, false, 0, 0, 64});                // FP8 + bias, a partial last block
+  cases.push_back({3, 900, 1152, true, false, 0, 0, 64});                // FP8 + bias, a partial last block; byte loads
   cases.push_back({2, 576, 1000, false, true, 0, 0, 0});                 // FP8 LM head, fp32 logits
+  cases.push_back({16, 896, 200, true, false, 0, 0, 128});               // two token tiles, rows past n in the last warp
+  cases.push_back({9, 1344, 136, false, true, 0, 0, 192});               // 9 tokens, 192-input blocks (slices of 384)
+  cases.push_back({2, 2304, 48, false, false, 0, 0, 2048});              // blocks larger than a slice: folded at slice ends
+  cases.push_back({4, 100, 37, true, false, 0, 0, 0});                   // odd shapes: byte loads, a K tail inside a chunk
+  cases.push_back({6, 4160, 64, false, false, 0, 0, 0});                 // a partial last step (K = 16 chunks + 1)
+  cases.push_back({17, 576, 96, false, false, 64, 8, 0});                // 17 tokens: a group of 16 and one of 1, strides
+  cases.push_back({40, 328, 80, true, true, 0, 3, 64});                  // three groups (16, 16, 8), fp32 y, byte loads
+  cases.push_back({12, 520, 50, false, false, 0, 0, 0});                 // two token tiles, byte loads, a scale per row
+  // More than 16 tokens: cuBLASLt's FP8 GEMM where sm_90 takes it, else the GEMV in groups.
+  cases.push_back({64, 512, 256, true, false, 0, 0, 128});               // FP8 GEMM, VEC128 scales, bias epilogue
+  cases.push_back({33, 256, 1000, false, true, 0, 0, 0});                // FP8 GEMM, OUTER_VEC scales, fp32 logits
+  cases.push_back({21, 640, 136, true, true, 16, 4, 128});               // FP8 GEMM, fp32 y + bias kernel, strides
+  cases.push_back({20, 384, 192, true, false, 0, 0, 64});                // 64-blocks: no scale mode -> GEMV groups
+  cases.push_back({24, 384, 100, false, false, 0, 0, 0});                // out * 2 bytes not a multiple of 16 -> groups
+  if (!kEmulated) {
+    cases.push_back({1, 4096, 4096 + 2 * 1024, false, false, 0, 0, 0});  // Llama-3-8B qkv, decode
+    cases.push_back({16, 14336, 4096, false, false, 0, 0, 128});          // down, 16 tokens, block scales
+  }
   for (std::size_t i = 0; i < cases.size(); ++i) check_linear(*gpu, cases[i], Path::backend, static_cast<std::uint32_t>(50 + i));
-  // The portable GEMM is for FP8 weights alone: bf16 ones run on cuBLASLt.
-  LinearParams bf16;
-  bf16.num_tokens = 1, bf16.in_features = 8, bf16.out_features = 8;
-  CHECK_THROWS_WITH(cuda::linear_portable_cuda(bf16, nullptr), Catch::Contains("FP8 weights only"));
+}
+
+namespace {
+
+// The FP8 GEMV's y for `tokens` rows of x starting at row `first` of a [rows, in] x (the weights
+// and scales uploaded once), as raw bf16 bits.
+struct Fp8Fixture {
+  int64_t rows, in, out, block;
+  std::vector<std::uint16_t> x;
+  Fp8Weights q;
+};
+std::vector<std::uint16_t> fp8_rows(Backend& gpu, const Fp8Fixture& f, int64_t first, int64_t tokens) {
+  DeviceBuffer d_x = to_device(gpu, f.x), d_w = to_device(gpu, f.q.codes), d_s = to_device(gpu, f.q.scales);
+  DeviceBuffer d_y(gpu, static_cast<std::size_t>(tokens * f.out) * 2);
+  LinearParams p;
+  p.x = d_x.as<std::uint16_t>() + first * f.in;
+  p.weight = d_w.data();
+  p.weight_dtype = WeightDtype::fp8_e4m3;
+  p.weight_scales = d_s.as<float>();
+  p.weight_block_k = f.block;
+  p.y = d_y.data();
+  p.num_tokens = tokens;
+  p.in_features = f.in;
+  p.out_features = f.out;
+  gpu.linear(p, Stream{});
+  return to_host<std::uint16_t>(gpu, d_y, static_cast<std::size_t>(tokens * f.out));
+}
+
+}  // namespace
+
+// y[t] must be the same bits whatever else is in the batch (test_batching's contract) and from
+// run to run: the GEMV has no atomics, a split count that depends on the shape alone, and a
+// token's f16 scaling that depends on its own row alone. (More than 16 tokens on the FP8 GEMM are
+// as batch invariant as cuBLASLt is for bf16 weights: an algorithm per token count.)
+TEST_CASE("the FP8 GEMV is deterministic and batch invariant, bitwise", "[gpu][linear]") {
+  auto gpu = cuda_backend_or_skip();
+  if (!gpu) return;
+  for (const int64_t block : {int64_t{0}, int64_t{128}}) {
+    // 68 outputs: not a shape the FP8 GEMM takes, so 20 tokens run the GEMV in two groups.
+    Fp8Fixture f{20, 1280, 68, block, {}, {}};
+    f.x = random_bf16(static_cast<std::size_t>(f.rows * f.in), 91, 1.0f);
+    // One token row 2^20 times larger than the others: its f16 scale must not touch theirs.
+    for (int64_t k = 0; k < f.in; ++k) {
+      const std::size_t at = static_cast<std::size_t>(3 * f.in + k);
+      f.x[at] = bf16_encode(bf16_decode(f.x[at]) * 1048576.0f);
+    }
+    f.q = quantize(random_bf16(static_cast<std::size_t>(f.out * f.in), 92, 0.03f), f.out, f.in, block);
+    INFO("block " << block);
+    const std::vector<std::uint16_t> all = fp8_rows(*gpu, f, 0, f.rows);
+    CHECK(fp8_rows(*gpu, f, 0, f.rows) == all);
+    for (const int64_t t : {int64_t{0}, int64_t{3}, int64_t{9}, int64_t{15}, int64_t{16}, int64_t{19}}) {
+      INFO("row " << t);
+      const std::vector<std::uint16_t> alone = fp8_rows(*gpu, f, t, 1);
+      CHECK(std::equal(alone.begin(), alone.end(), all.begin() + t * f.out));
+    }
+    // 12 rows (two token tiles) against the same rows inside the 20-row batch.
+    const std::vector<std::uint16_t> some = fp8_rows(*gpu, f, 4, 12);
+    CHECK(std::equal(some.begin(), some.end(), all.begin() + 4 * f.out));
+  }
+}
+
+// The split plan: whole blocks per slice when a block fits one, at most 1024 inputs, about 528
+// CTAs for a Llama-3-8B projection; and the GEMV's refusals.
+TEST_CASE("the FP8 GEMV plans its splits from the shape and refuses what it cannot run", "[gpu][linear]") {
+  auto gpu = cuda_backend_or_skip();
+  if (!gpu) return;
+  const cuda::Fp8GemvPlan o_proj = cuda::plan_linear_fp8_gemv(4096, 4096, 0);
+  CHECK(o_proj.slice == 256);
+  CHECK(o_proj.splits == 16);  // 32 row blocks x 16 = 512 CTAs
+  const cuda::Fp8GemvPlan down = cuda::plan_linear_fp8_gemv(14336, 4096, 128);
+  CHECK(down.slice % 128 == 0);
+  CHECK(down.slice <= 1024);
+  CHECK(down.splits * down.slice >= 14336);
+  const cuda::Fp8GemvPlan blocks192 = cuda::plan_linear_fp8_gemv(1344, 136, 192);
+  CHECK(blocks192.slice == 384);  // two whole blocks: 4 CTAs along k
+  CHECK(cuda::plan_linear_fp8_gemv(64, 8, 0).slice == 64);  // never more than the row
+  CHECK(cuda::linear_fp8_gemv_workspace_bytes(40, 4096, 4096, 0) == 16u * 16u * 4096u * 4u);
+
+  DeviceBuffer buffer(*gpu, 4096);
+  LinearParams p;
+  p.x = buffer.data(), p.weight = buffer.data(), p.y = buffer.data();
+  p.num_tokens = 1, p.in_features = 64, p.out_features = 8;
+  CHECK_THROWS_WITH(cuda::linear_fp8_gemv_cuda(p, buffer.data(), 4096, nullptr), Catch::Contains("FP8 weights only"));
+  p.weight_dtype = WeightDtype::fp8_e4m3;
+  p.weight_scales = buffer.as<float>();
+  CHECK_THROWS_WITH(cuda::linear_fp8_gemv_cuda(p, buffer.data(), 4, nullptr), Catch::Contains("workspace too small"));
+  p.num_tokens = 0;
+  cuda::linear_fp8_gemv_cuda(p, nullptr, 0, nullptr);  // nothing to do, nothing launched
 }
 
 // The review's defect: a plan per token count, never evicted, grew with every prefill chunk size.
@@ -254,3 +381,68 @@ TEST_CASE("CublasLtLinear's failures say what failed", "[gpu][linear]") {
   fp8serve::emu::set_device_memory_bytes(total);
 }
 #endif
+
+// The FP8 GEMM's activation quantizer against the host codec (kernels/fp8_quantize.hpp, the one
+// the weights use): the same codes and scales, bitwise, per token and per token and 128-input
+// block (in VEC128_32F's layout); the weights' block scales re-laid out for VEC128_32F; and the
+// refusals of the paths that cannot run a shape.
+TEST_CASE("the FP8 GEMM's activation quantizer matches the host codec bitwise", "[gpu][linear]") {
+  auto gpu = cuda_backend_or_skip();
+  if (!gpu) return;
+  const int64_t tokens = 5, k = 400, stride = 416, blocks = 4, pad = 8;
+  std::vector<std::uint16_t> x = random_bf16(static_cast<std::size_t>(tokens * stride), 77, 3.0f);
+  for (int64_t i = 0; i < k; ++i) x[static_cast<std::size_t>(2 * stride + i)] = 0;  // a zero row: FLT_MIN
+  x[static_cast<std::size_t>(3 * stride + 7)] = bf16_encode(1e-30f);                 // subnormal codes
+  DeviceBuffer d_x = to_device(*gpu, x);
+  DeviceBuffer d_codes(*gpu, static_cast<std::size_t>(tokens * k)), d_scales(*gpu, static_cast<std::size_t>(blocks * pad * 4));
+  for (const bool per_block : {false, true}) {
+    INFO((per_block ? "per 128-input block" : "per token"));
+    gpu->synchronize(Stream{});
+    cuda::fp8_quantize_act_cuda(d_x.as<std::uint16_t>(), stride, tokens, k, per_block, d_codes.as<std::uint8_t>(), k,
+                                d_scales.as<float>(), pad, nullptr);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    const std::vector<std::uint8_t> codes = to_host<std::uint8_t>(*gpu, d_codes, static_cast<std::size_t>(tokens * k));
+    const std::vector<float> scales = to_host<float>(*gpu, d_scales, static_cast<std::size_t>(blocks * pad));
+    std::size_t misses = 0;
+    for (int64_t t = 0; t < tokens; ++t) {
+      const std::vector<float> row = widen(std::vector<std::uint16_t>(x.begin() + t * stride, x.begin() + t * stride + k));
+      for (int64_t b = 0; b < (per_block ? blocks : 1); ++b) {
+        const int64_t k0 = b * 128, n = per_block ? std::min<int64_t>(128, k - k0) : k;
+        std::vector<std::uint8_t> want(static_cast<std::size_t>(n));
+        float scale = 0.0f;
+        quantize_row_fp8(row.data() + k0, n, want.data(), &scale);
+        misses += scale != scales[static_cast<std::size_t>(per_block ? b * pad + t : t)];
+        misses += !std::equal(want.begin(), want.end(), codes.begin() + t * k + k0);
+      }
+    }
+    CHECK(misses == 0);
+  }
+  // [3 rows][2 blocks] -> [2][pad4(3) = 4].
+  const std::vector<float> by_row = {1, 2, 3, 4, 5, 6};
+  DeviceBuffer d_in = to_device(*gpu, by_row), d_out = to_device(*gpu, std::vector<float>(8, -1.0f));
+  gpu->synchronize(Stream{});
+  cuda::fp8_scales_by_block_cuda(d_in.as<float>(), 3, 2, d_out.as<float>(), 4, nullptr);
+  cuda::fp8_scales_by_block_cuda(d_in.as<float>(), 0, 2, d_out.as<float>(), 4, nullptr);  // nothing to do
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(to_host<float>(*gpu, d_out, 8) == std::vector<float>{1, 3, 5, -1, 2, 4, 6, -1});
+
+  cuda::fp8_quantize_act_cuda(nullptr, 0, 0, 16, false, nullptr, 0, nullptr, 0, nullptr);  // no tokens: nothing
+  CHECK_THROWS_WITH(cuda::fp8_quantize_act_cuda(d_x.as<std::uint16_t>(), 20000, 1, 20000, false, d_codes.as<std::uint8_t>(),
+                                                20000, d_scales.as<float>(), 1, nullptr),
+                    Catch::Contains("per-block scales"));
+  LinearParams p;
+  p.weight = d_codes.data(), p.y = d_scales.data(), p.weight_scales = d_scales.as<float>();
+  p.weight_dtype = WeightDtype::fp8_e4m3;
+  p.num_tokens = 32, p.in_features = 64, p.out_features = 8;
+  CHECK(cuda::CublasLtLinear::fp8_gemm_supported(p));
+  p.weight_block_k = 64;
+  CHECK(cuda::CublasLtLinear::fp8_gemm_supported(p));  // one block a row: one scale per row
+  p.in_features = 128;
+  CHECK_FALSE(cuda::CublasLtLinear::fp8_gemm_supported(p));  // no 64-input scale mode
+  p.weight_block_k = 0, p.in_features = 20000;
+  CHECK_FALSE(cuda::CublasLtLinear::fp8_gemm_supported(p));  // longer than the quantizer's row
+  p.in_features = 64;
+  cuda::CublasLtLinear linear(cuda::CublasLtLinear::kDefaultWorkspaceBytes, 2);
+  p.out_features = 9;  // 18 bytes a column of D
+  CHECK_THROWS_WITH(linear.run_fp8(p, cuda::Fp8GemmOperands{}, nullptr), Catch::Contains("FP8 weights in a shape"));
+}

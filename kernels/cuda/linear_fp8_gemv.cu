@@ -1,0 +1,344 @@
+// FP8 weights for decode-sized steps: y = x @ W^T (+ bias) with at most 16 tokens per launch,
+// weight-only on tensor cores (mma.sync m16n8k16, f16 inputs, fp32 accumulators), split-K over
+// the whole GPU with a deterministic second-pass reduction. LinearParams (forward_ops.hpp) says
+// what the op must honour; linear_fp8_gemv_cuda (ops_cuda.hpp) runs it in groups of 16 tokens.
+//
+// Operands. W [n][k] E4M3 row-major is the mma's A operand (16 output rows x 16 k), x^T its B
+// (16 k x 8 tokens): with W as A one mma covers 256 weight bytes (twice what W as B would), and
+// 1..8 tokens take one mma per step, 9..16 two. Fragments (ptx.cuh), g = lane / 4, t = lane % 4:
+//   a[0] = W[g][2t..2t+1]  a[1] = W[g+8][2t..2t+1]  a[2] = W[g][2t+8..]  a[3] = W[g+8][2t+8..]
+//   b[0] = x[token g][2t..2t+1]  b[1] = x[token g][2t+8..2t+9]
+// The order of k inside a dot product is free, so k is permuted: lane (g, t) loads 16
+// consecutive bytes of row g (and of row g + 8), k0 + 16t .. 16t + 15, and feeds 4 mma steps
+// from them: step s takes the 32-bit word s, its low E4M3 pair as the logical k {2t, 2t+1}, its
+// high pair as {2t+8, 2t+9}; each pair becomes an f16 pair with one cvt.rn.f16x2.e4m3x2 (exact).
+// x then needs the same permutation, which is the identity: step s of lane (g, t) wants
+// x[token g][k0 + 16t + 4s .. + 3], so the lane's B fragments for the 4 steps are 32 consecutive
+// bytes of x's f16 row in shared memory (two 16-byte loads).
+//
+// x in f16: x is bf16, whose range f16 lacks. Each CTA scales each token row of its k slice by a
+// power of two that puts the slice's largest |x| in [2^15, 2^16) (exact; bf16's 8-bit
+// significand fits f16's 11 bits, so only elements more than 2^29 below that maximum, which
+// become f16 subnormals, round), and multiplies the slice's partial sums back by its inverse
+// (exact barring fp32 underflow). The shift depends on that token's row alone.
+//
+// Scales. One scale per row: the mma accumulates the whole slice and the reduction multiplies by
+// the row's scale. Block scales (weight_block_k): each block's sum accumulates in its own
+// registers and is multiplied by its row's block scale before being added (FFMA), when the block
+// ends or the slice does (slices start on block boundaries when blocks are <= 1024 inputs).
+//
+// Split-K. A CTA of 8 warps owns 128 rows x one k slice (<= 1024 inputs) and writes fp32
+// partial sums [split][token][row]; linear_fp8_reduce_kernel adds the splits in split order,
+// applies the per-row scale and the bias, and writes y. No atomics: the result is deterministic
+// and batch invariant (y[t] sums the same products in the same order whatever the other rows;
+// the mma computes each column of D alone). The split count depends on the shape only (never on
+// the token count or the device): about kTargetBlocks CTAs, 4 per SM of an H200, each lane
+// keeping 8 16-byte loads (128 bytes, 4 KiB a warp) in flight while it converts the previous 8
+// (a register double buffer).
+#include <algorithm>
+#include <stdexcept>
+
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/linear_checks.hpp"
+
+namespace fp8serve::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = 256;  // a literal: tests/scripts/kernel_resources.py reads it
+static_assert(kThreads == kWarps * kWarpSize);
+constexpr int kRowsPerWarp = 16;                      // the mma's M
+constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;  // 128
+constexpr int kChunk = 64;                            // k of one 16-byte load per lane: 4 lanes a row
+constexpr int kChunksPerStep = 4;                     // loads a lane has in flight per row
+constexpr int kStep = kChunk * kChunksPerStep;        // 256
+constexpr int kMaxSlice = 1024;                       // k per split: x's stage, 16 x 2 KiB
+constexpr int kXPad = 8;  // f16: a stage row is 2064 bytes, 16 mod 128: the B loads are conflict-free
+constexpr int kStageVecs = (kMaxSlice + kXPad) / 8;  // a stage row in 16-byte vectors (aligned loads)
+constexpr int kTargetBlocks = 4 * 132;
+constexpr int kReduceThreads = 256;
+
+struct GemvArgs {
+  const std::uint16_t* x;  // bf16 [m, x_stride]
+  const std::uint8_t* w;   // E4M3 [n, k]
+  const float* scales;     // [n, k_blocks]
+  float* partial;          // [splits, m, n]
+  int64_t x_stride;
+  int64_t k_blocks;
+  int64_t block_k;  // inputs per scale (k for one scale per row)
+  int64_t m, n, k;
+  int64_t slice;  // inputs per split, a multiple of 64 (and of block_k when block_k <= kMaxSlice)
+};
+
+// 16 codes of one row from k on; kMasked: zeros past kend (the slice's last, partial step).
+// kVec16: one 16-byte non-coherent load (row starts and kend are multiples of 16); else byte loads.
+template <bool kVec16, bool kMasked>
+FP8SERVE_DEVICE uint4 load_codes(const std::uint8_t* row, int64_t k, int64_t kend) {
+  if constexpr (kVec16) {
+    if (!kMasked || k < kend) return __ldg(reinterpret_cast<const uint4*>(row + k));
+    return make_uint4(0, 0, 0, 0);
+  } else {
+    std::uint32_t words[4] = {0, 0, 0, 0};
+FP8SERVE_UNROLL
+    for (int i = 0; i < 16; ++i) {
+      if (!kMasked || k + i < kend) words[i / 4] |= std::uint32_t{row[k + i]} << (8 * (i % 4));
+    }
+    return make_uint4(words[0], words[1], words[2], words[3]);
+  }
+}
+
+// Stages token rows [0, kTiles * 8) of x[:, kbeg .. kbeg + len) as f16 scaled by a power of two
+// (rows past m and columns past len: zeros), and each row's inverse scale. Warp w stages rows w,
+// w + 8: a row's maximum is a warp reduction.
+template <int kTiles>
+FP8SERVE_DEVICE void stage_x(const GemvArgs& a, int64_t kbeg, int len, int staged, uint4 (*xs)[kStageVecs],
+                             float* unscale) {
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  for (int row = warp; row < kTiles * 8; row += kWarps) {
+    const bool live = row < a.m;
+    const std::uint16_t* src = a.x + (live ? row : 0) * a.x_stride + kbeg;
+    float amax = 0.0f;
+    if (live) {
+      for (int i = lane; i < len; i += kWarpSize) amax = fmaxf(amax, fabsf(bf16_decode(src[i])));
+    }
+    amax = warp_reduce(amax, MaxOp{});
+    // 2^shift * amax in [2^15, 2^16): shift = 142 - exponent (a subnormal amax counts as 2^-126).
+    // shift in [-113, 141]: applied as two factors, each a normal fp32.
+    const int exponent = max(static_cast<int>((__float_as_uint(amax) >> 23) & 0xff), 1);
+    const int shift = 142 - exponent, half = shift / 2;
+    const float up_lo = __uint_as_float(static_cast<unsigned>(127 + half) << 23);
+    const float up_hi = __uint_as_float(static_cast<unsigned>(127 + shift - half) << 23);
+    std::uint16_t* dst = reinterpret_cast<std::uint16_t*>(xs[row]);
+    for (int i = lane; i < staged; i += kWarpSize) {
+      const float v = live && i < len ? bf16_decode(src[i]) * up_lo * up_hi : 0.0f;
+      dst[i] = __half_raw(__float2half_rn(v)).x;
+    }
+    // 2^-shift: 2^-141 is an fp32 subnormal, exact.
+    if (lane == 0) unscale[row] = 1.0f / up_lo / up_hi;
+  }
+}
+
+// blockIdx.x: 128 rows of W; blockIdx.y: the k slice. kTiles: token tiles of 8 (m <= 8 * kTiles).
+// kBlocked: block scales. kVec16: 16-byte loads of W (k % 16 == 0 and W 16-byte aligned).
+template <int kTiles, bool kBlocked, bool kVec16>
+__global__ void __launch_bounds__(kThreads) linear_fp8_gemv_kernel(const GemvArgs a) {
+  using Stage = uint4[kTiles * 8][kStageVecs];  // f16 [token][k], 16-byte aligned rows
+  FP8SERVE_SHARED(Stage, xs);
+  FP8SERVE_SHARED(float[kTiles * 8], unscale);
+  const int64_t kbeg = static_cast<int64_t>(blockIdx.y) * a.slice;
+  const int64_t kend = kbeg + a.slice < a.k ? kbeg + a.slice : a.k;
+  const int len = static_cast<int>(kend - kbeg);
+  const int staged = (len + kStep - 1) / kStep * kStep;
+  stage_x<kTiles>(a, kbeg, len, staged, xs, unscale);
+  __syncthreads();
+
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t row_a = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp * kRowsPerWarp + g;
+  const int64_t row_b = row_a + 8;
+  // Rows past n read row n - 1 (real memory, no branch in the loop) and are never stored.
+  const int64_t read_a = row_a < a.n ? row_a : a.n - 1, read_b = row_b < a.n ? row_b : a.n - 1;
+  const std::uint8_t* wa = a.w + read_a * a.k;
+  const std::uint8_t* wb = a.w + read_b * a.k;
+  float acc[kTiles][4] = {};
+  float part[kTiles][4] = {};  // kBlocked: the current block's sums
+  // kBlocked: chunks left in the current block (slices start on block boundaries, or are
+  // whole-block pieces of blocks larger than a slice).
+  const int64_t block_chunks = a.block_k / kChunk;
+  int64_t chunks_left = (a.block_k - kbeg % a.block_k) / kChunk;
+
+  // Two register buffers of one step's codes (8 x 16 bytes a lane), in turn: the loads of the
+  // next step are in flight while this one converts and multiplies.
+  uint4 buf_a[2][kChunksPerStep], buf_b[2][kChunksPerStep];
+  auto load_step = [&](int local, uint4 (&buf)[2][kChunksPerStep]) {
+    const int64_t k0 = kbeg + local + t * 16;
+    if (local + kStep <= len) {
+FP8SERVE_UNROLL
+      for (int c = 0; c < kChunksPerStep; ++c) {
+        buf[0][c] = load_codes<kVec16, false>(wa, k0 + c * kChunk, kend);
+        buf[1][c] = load_codes<kVec16, false>(wb, k0 + c * kChunk, kend);
+      }
+    } else {
+FP8SERVE_UNROLL
+      for (int c = 0; c < kChunksPerStep; ++c) {
+        buf[0][c] = load_codes<kVec16, true>(wa, k0 + c * kChunk, kend);
+        buf[1][c] = load_codes<kVec16, true>(wb, k0 + c * kChunk, kend);
+      }
+    }
+  };
+  auto compute_step = [&](int local, const uint4 (&buf)[2][kChunksPerStep]) {
+FP8SERVE_UNROLL
+    for (int c = 0; c < kChunksPerStep; ++c) {
+      const int at = local + c * kChunk;
+      if (at >= len) break;  // warp-uniform: the slice's last step may be partial
+      // B: x[token g (+8 per tile)][at + 16t .. + 15], 32 bytes, for the 4 mma steps.
+      uint4 xb[kTiles][2];
+FP8SERVE_UNROLL
+      for (int tile = 0; tile < kTiles; ++tile) {
+        const uint4* p = &xs[tile * 8 + g][(at + t * 16) / 8];
+        xb[tile][0] = p[0];
+        xb[tile][1] = p[1];
+      }
+      const std::uint32_t wa_words[4] = {buf[0][c].x, buf[0][c].y, buf[0][c].z, buf[0][c].w};
+      const std::uint32_t wb_words[4] = {buf[1][c].x, buf[1][c].y, buf[1][c].z, buf[1][c].w};
+FP8SERVE_UNROLL
+      for (int s = 0; s < 4; ++s) {
+        const std::uint32_t frag_a[4] = {
+            ptx::cvt_f16x2_e4m3x2(static_cast<std::uint16_t>(wa_words[s] & 0xffffu)),
+            ptx::cvt_f16x2_e4m3x2(static_cast<std::uint16_t>(wb_words[s] & 0xffffu)),
+            ptx::cvt_f16x2_e4m3x2(static_cast<std::uint16_t>(wa_words[s] >> 16)),
+            ptx::cvt_f16x2_e4m3x2(static_cast<std::uint16_t>(wb_words[s] >> 16))};
+FP8SERVE_UNROLL
+        for (int tile = 0; tile < kTiles; ++tile) {
+          const uint4& pair = xb[tile][s / 2];
+          const std::uint32_t frag_b[2] = {s % 2 == 0 ? pair.x : pair.z, s % 2 == 0 ? pair.y : pair.w};
+          if constexpr (kBlocked) {
+            ptx::mma_m16n8k16_f16(part[tile], frag_a, frag_b);
+          } else {
+            ptx::mma_m16n8k16_f16(acc[tile], frag_a, frag_b);
+          }
+        }
+      }
+      if constexpr (kBlocked) {
+        if (--chunks_left == 0 || at + kChunk >= len) {
+          const int64_t block = (kbeg + at) / a.block_k;
+          const float scale_a = a.scales[read_a * a.k_blocks + block];
+          const float scale_b = a.scales[read_b * a.k_blocks + block];
+FP8SERVE_UNROLL
+          for (int tile = 0; tile < kTiles; ++tile) {
+FP8SERVE_UNROLL
+            for (int e = 0; e < 4; ++e) {
+              acc[tile][e] = fmaf(part[tile][e], e < 2 ? scale_a : scale_b, acc[tile][e]);
+              part[tile][e] = 0.0f;
+            }
+          }
+          chunks_left = block_chunks;
+        }
+      }
+    }
+  };
+  load_step(0, buf_a);
+  for (int local = 0; local < len; local += 2 * kStep) {
+    if (local + kStep < len) load_step(local + kStep, buf_b);
+    compute_step(local, buf_a);
+    if (local + kStep >= len) break;
+    if (local + 2 * kStep < len) load_step(local + 2 * kStep, buf_a);
+    compute_step(local + kStep, buf_b);
+  }
+
+  // D: d[0..1] = (row g, tokens 2t, 2t+1), d[2..3] = (row g + 8, the same tokens), per tile.
+  float* out = a.partial + static_cast<int64_t>(blockIdx.y) * a.m * a.n;
+FP8SERVE_UNROLL
+  for (int tile = 0; tile < kTiles; ++tile) {
+FP8SERVE_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int token = tile * 8 + 2 * t + e % 2;
+      const int64_t row = e < 2 ? row_a : row_b;
+      if (token < a.m && row < a.n) out[token * a.n + row] = acc[tile][e] * unscale[token];
+    }
+  }
+}
+
+// y[t, o] = sum over splits in split order of partial[s, t, o], times the row's scale (one scale
+// per row), plus the bias, as bf16 or fp32.
+__global__ void __launch_bounds__(kReduceThreads)
+    linear_fp8_reduce_kernel(const float* partial, int64_t splits, int64_t m, int64_t n, const float* row_scales,
+                             const std::uint16_t* bias, void* y, int64_t y_stride, bool y_fp32) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kReduceThreads + threadIdx.x;
+  if (i >= m * n) return;
+  const int64_t token = i / n, o = i % n;
+  float sum = 0.0f;
+  for (int64_t s = 0; s < splits; ++s) sum += partial[s * m * n + i];
+  if (row_scales != nullptr) sum *= row_scales[o];
+  if (bias != nullptr) sum += bf16_decode(bias[o]);
+  if (y_fp32) {
+    static_cast<float*>(y)[token * y_stride + o] = sum;
+  } else {
+    static_cast<std::uint16_t*>(y)[token * y_stride + o] = bf16_encode(sum);
+  }
+}
+
+template <int kTiles, bool kBlocked>
+void launch_gemv(const GemvArgs& a, bool vec16, dim3 grid, cudaStream_t stream) {
+  if (vec16) {
+    FP8SERVE_LAUNCH((linear_fp8_gemv_kernel<kTiles, kBlocked, true>), grid, dim3(kThreads), 0, stream, a);
+  } else {
+    FP8SERVE_LAUNCH((linear_fp8_gemv_kernel<kTiles, kBlocked, false>), grid, dim3(kThreads), 0, stream, a);
+  }
+}
+
+}  // namespace
+
+Fp8GemvPlan plan_linear_fp8_gemv(int64_t in_features, int64_t out_features, int64_t weight_block_k) {
+  const int64_t block_k = weight_block_k > 0 ? weight_block_k : in_features;
+  // Slices are whole 64-input chunks, whole blocks when a block fits a slice.
+  const int64_t unit = weight_block_k > 0 && block_k <= kMaxSlice ? block_k / kChunk : 1;
+  const int64_t chunks = div_up(in_features, kChunk);
+  const int64_t row_blocks = div_up(out_features, kRowsPerBlock);
+  const int64_t wanted = std::max<int64_t>(1, div_up(kTargetBlocks, row_blocks));
+  int64_t per_slice = div_up(div_up(chunks, wanted), unit) * unit;
+  // At least a full step of loads (unless the row is shorter), at most the stage.
+  per_slice = std::max(per_slice, div_up(kStep / kChunk, unit) * unit);
+  per_slice = std::min({per_slice, int64_t{kMaxSlice / kChunk} / unit * unit, div_up(chunks, unit) * unit});
+  Fp8GemvPlan plan;
+  plan.slice = per_slice * kChunk;
+  plan.splits = div_up(in_features, plan.slice);
+  return plan;
+}
+
+std::size_t linear_fp8_gemv_workspace_bytes(int64_t num_tokens, int64_t in_features, int64_t out_features,
+                                            int64_t weight_block_k) {
+  const Fp8GemvPlan plan = plan_linear_fp8_gemv(in_features, out_features, weight_block_k);
+  const int64_t rows = std::min<int64_t>(num_tokens, kFp8GemvMaxTokens);
+  return static_cast<std::size_t>(plan.splits * rows * out_features) * sizeof(float);
+}
+
+void linear_fp8_gemv_cuda(const LinearParams& p, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  check_linear_params(p, "linear (cuda, FP8 weights)");
+  if (p.weight_dtype != WeightDtype::fp8_e4m3)
+    throw std::invalid_argument("linear (cuda, FP8 GEMV): FP8 weights only; bf16 weights run on cuBLASLt");
+  if (p.num_tokens == 0) return;
+  if (workspace_bytes < linear_fp8_gemv_workspace_bytes(p.num_tokens, p.in_features, p.out_features, p.weight_block_k))
+    throw std::invalid_argument("linear (cuda, FP8 GEMV): workspace too small");
+  const Fp8GemvPlan plan = plan_linear_fp8_gemv(p.in_features, p.out_features, p.weight_block_k);
+  const int64_t row_blocks = div_up(p.out_features, kRowsPerBlock);
+  // coverage: 2^31 x 128 output rows, or 65536 slices of 64 inputs: no real projection
+  if (row_blocks > 0x7fffffff || plan.splits > 65535)
+    throw std::invalid_argument("linear (cuda, FP8 GEMV): shape too large for one launch");
+  GemvArgs a{};
+  a.w = static_cast<const std::uint8_t*>(p.weight);
+  a.scales = p.weight_scales;
+  a.partial = static_cast<float*>(workspace);
+  a.x_stride = p.x_stride ? p.x_stride : p.in_features;
+  a.block_k = p.weight_block_k > 0 ? p.weight_block_k : p.in_features;
+  a.k_blocks = weight_num_k_blocks(p.in_features, p.weight_block_k);
+  a.n = p.out_features;
+  a.k = p.in_features;
+  a.slice = plan.slice;
+  const bool blocked = p.weight_block_k > 0;
+  const bool vec16 = p.in_features % 16 == 0 && aligned_to(p.weight, 16);
+  const int64_t y_stride = p.y_stride ? p.y_stride : p.out_features;
+  const std::size_t y_bytes = p.y_fp32 ? 4 : 2;
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(plan.splits));
+  // Groups of up to 16 tokens, each a pair of launches; a group's rows are computed exactly as
+  // they would be alone (batch invariance holds across groups too).
+  for (int64_t t0 = 0; t0 < p.num_tokens; t0 += kFp8GemvMaxTokens) {
+    a.m = std::min<int64_t>(p.num_tokens - t0, kFp8GemvMaxTokens);
+    a.x = static_cast<const std::uint16_t*>(p.x) + t0 * a.x_stride;
+    if (a.m > 8) {
+      blocked ? launch_gemv<2, true>(a, vec16, grid, stream) : launch_gemv<2, false>(a, vec16, grid, stream);
+    } else {
+      blocked ? launch_gemv<1, true>(a, vec16, grid, stream) : launch_gemv<1, false>(a, vec16, grid, stream);
+    }
+    CUDA_CHECK(cudaGetLastError());
+    const int64_t total = a.m * a.n;
+    void* y = static_cast<char*>(p.y) + static_cast<std::size_t>(t0 * y_stride) * y_bytes;
+    FP8SERVE_LAUNCH(linear_fp8_reduce_kernel, dim3(static_cast<unsigned>(div_up(total, kReduceThreads))),
+                    dim3(kReduceThreads), 0, stream, static_cast<const float*>(a.partial), plan.splits, a.m, a.n,
+                    blocked ? nullptr : p.weight_scales, p.bias, y, y_stride, p.y_fp32);
+    CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+}  // namespace fp8serve::cuda
