@@ -76,7 +76,7 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   cublaslt_.reset();
   for (void* p : {rope_buffer_, calibration_, copy_scratch_, attention_workspace_, linear_workspace_,
-                  fp8_gemm_scratch_, static_cast<void*>(errors_)}) {
+                  linear_tickets_, fp8_gemm_scratch_, static_cast<void*>(errors_)}) {
     if (p != nullptr) cudaFree(p);
   }
   for (void* p : retired_) cudaFree(p);
@@ -364,7 +364,12 @@ void CudaBackend::linear(const LinearParams& p, Stream stream) {
     }
     const std::size_t bytes = linear_fp8_gemv_workspace_bytes(p.num_tokens, p.in_features, p.out_features, p.weight_block_k);
     void* workspace = bytes ? scratch(linear_workspace_, linear_workspace_bytes_, bytes, s) : nullptr;
-    linear_fp8_gemv_cuda(p, workspace, linear_workspace_bytes_, s);
+    // Tickets: zeroed when the buffer grows, left zero by every launch.
+    const int64_t tickets = linear_fp8_gemv_tickets(p.out_features);
+    auto* counters = static_cast<unsigned*>(
+        scratch(linear_tickets_, linear_tickets_bytes_, static_cast<std::size_t>(tickets) * sizeof(unsigned), s));
+    linear_fp8_gemv_cuda(p, workspace, linear_workspace_bytes_, counters,
+                         static_cast<int64_t>(linear_tickets_bytes_ / sizeof(unsigned)), s);
   } else {
     cublaslt_->run(p, stream_of(stream));
   }

@@ -1,6 +1,6 @@
 // FP8 weights for decode-sized steps: y = x @ W^T (+ bias) with at most 16 tokens per launch,
 // weight-only on tensor cores (mma.sync m16n8k16, f16 inputs, fp32 accumulators), split-K over
-// the whole GPU with a deterministic second-pass reduction. LinearParams (forward_ops.hpp) says
+// the whole GPU with a deterministic reduction by the last CTA. LinearParams (forward_ops.hpp) says
 // what the op must honour; linear_fp8_gemv_cuda (ops_cuda.hpp) runs it in groups of 16 tokens.
 //
 // Operands. W [n][k] E4M3 row-major is the mma's A operand (16 output rows x 16 k), x^T its B
@@ -28,13 +28,15 @@
 // ends or the slice does (slices start on block boundaries when blocks are <= 1024 inputs).
 //
 // Split-K. A CTA of 8 warps owns 128 rows x one k slice (<= 1024 inputs) and writes fp32
-// partial sums [split][token][row]; linear_fp8_reduce_kernel adds the splits in split order,
-// applies the per-row scale and the bias, and writes y. No atomics: the result is deterministic
-// and batch invariant (y[t] sums the same products in the same order whatever the other rows;
-// the mma computes each column of D alone). The split count depends on the shape only (never on
-// the token count or the device): about kTargetBlocks CTAs, 4 per SM of an H200, each lane
-// keeping 8 16-byte loads (128 bytes, 4 KiB a warp) in flight while it converts the previous 8
-// (a register double buffer).
+// partial sums [split][token][row]; the last CTA of the 128 rows to finish (a threadfence and a
+// ticket per row block, which it resets) adds the splits in split order, applies the per-row
+// scale and the bias, and writes y: no second launch, whose start and drain would be a sizable
+// part of a batch-1 projection (a 4096 x 4096 one streams in ~3.5 us at 4.8 TB/s). No fp32
+// atomics: the result is deterministic and batch invariant (y[t] sums the same products in the
+// same order whatever the other rows and whichever CTA is last; the mma computes each column of D
+// alone). The split count depends on the shape only (never on the token count or the device):
+// about kTargetBlocks CTAs, 4 per SM of an H200, each lane keeping 8 16-byte loads (128 bytes,
+// 4 KiB a warp) in flight while it converts the previous 8 (a register double buffer).
 #include <algorithm>
 #include <stdexcept>
 
@@ -57,13 +59,18 @@ constexpr int kMaxSlice = 1024;                       // k per split: x's stage,
 constexpr int kXPad = 8;  // f16: a stage row is 2064 bytes, 16 mod 128: the B loads are conflict-free
 constexpr int kStageVecs = (kMaxSlice + kXPad) / 8;  // a stage row in 16-byte vectors (aligned loads)
 constexpr int kTargetBlocks = 4 * 132;
-constexpr int kReduceThreads = 256;
 
 struct GemvArgs {
   const std::uint16_t* x;  // bf16 [m, x_stride]
   const std::uint8_t* w;   // E4M3 [n, k]
   const float* scales;     // [n, k_blocks]
   float* partial;          // [splits, m, n]
+  unsigned* tickets;       // [row blocks], zero between launches
+  const float* row_scales;  // [n]: one scale per row (else nullptr: block scales, applied per block)
+  const std::uint16_t* bias;  // [n] or nullptr
+  void* y;                 // [m, y_stride] bf16 or fp32
+  int64_t y_stride;
+  bool y_fp32;
   int64_t x_stride;
   int64_t k_blocks;
   int64_t block_k;  // inputs per scale (k for one scale per row)
@@ -238,25 +245,30 @@ FP8SERVE_UNROLL
       if (token < a.m && row < a.n) out[token * a.n + row] = acc[tile][e] * unscale[token];
     }
   }
-}
 
-// y[t, o] = sum over splits in split order of partial[s, t, o], times the row's scale (one scale
-// per row), plus the bias, as bf16 or fp32.
-__global__ void __launch_bounds__(kReduceThreads)
-    linear_fp8_reduce_kernel(const float* partial, int64_t splits, int64_t m, int64_t n, const float* row_scales,
-                             const std::uint16_t* bias, void* y, int64_t y_stride, bool y_fp32) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kReduceThreads + threadIdx.x;
-  if (i >= m * n) return;
-  const int64_t token = i / n, o = i % n;
-  float sum = 0.0f;
-  for (int64_t s = 0; s < splits; ++s) sum += partial[s * m * n + i];
-  if (row_scales != nullptr) sum *= row_scales[o];
-  if (bias != nullptr) sum += bf16_decode(bias[o]);
-  if (y_fp32) {
-    static_cast<float*>(y)[token * y_stride + o] = sum;
-  } else {
-    static_cast<std::uint16_t*>(y)[token * y_stride + o] = bf16_encode(sum);
+  // The last CTA of this row block adds every split's partials, in split order.
+  FP8SERVE_SHARED(unsigned[1], last);
+  __threadfence();  // our partials are visible before our ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last[0] = atomicAdd(&a.tickets[blockIdx.x], 1u) == gridDim.y - 1 ? 1u : 0u;
+  __syncthreads();
+  if (last[0] == 0) return;
+  __threadfence();
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
+  for (int i = static_cast<int>(threadIdx.x); i < a.m * kRowsPerBlock; i += kThreads) {
+    const int64_t token = i / kRowsPerBlock, o = row0 + i % kRowsPerBlock;
+    if (o >= a.n) continue;
+    float sum = 0.0f;
+    for (unsigned split = 0; split < gridDim.y; ++split) sum += __ldcg(&a.partial[(split * a.m + token) * a.n + o]);
+    if (a.row_scales != nullptr) sum *= a.row_scales[o];
+    if (a.bias != nullptr) sum += bf16_decode(a.bias[o]);
+    if (a.y_fp32) {
+      static_cast<float*>(a.y)[token * a.y_stride + o] = sum;
+    } else {
+      static_cast<std::uint16_t*>(a.y)[token * a.y_stride + o] = bf16_encode(sum);
+    }
   }
+  if (threadIdx.x == 0) a.tickets[blockIdx.x] = 0;  // for the next launch (stream order)
 }
 
 template <int kTiles, bool kBlocked>
@@ -294,13 +306,18 @@ std::size_t linear_fp8_gemv_workspace_bytes(int64_t num_tokens, int64_t in_featu
   return static_cast<std::size_t>(plan.splits * rows * out_features) * sizeof(float);
 }
 
-void linear_fp8_gemv_cuda(const LinearParams& p, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+int64_t linear_fp8_gemv_tickets(int64_t out_features) { return div_up(out_features, kRowsPerBlock); }
+
+void linear_fp8_gemv_cuda(const LinearParams& p, void* workspace, std::size_t workspace_bytes, unsigned* tickets,
+                          int64_t num_tickets, cudaStream_t stream) {
   check_linear_params(p, "linear (cuda, FP8 weights)");
   if (p.weight_dtype != WeightDtype::fp8_e4m3)
     throw std::invalid_argument("linear (cuda, FP8 GEMV): FP8 weights only; bf16 weights run on cuBLASLt");
   if (p.num_tokens == 0) return;
   if (workspace_bytes < linear_fp8_gemv_workspace_bytes(p.num_tokens, p.in_features, p.out_features, p.weight_block_k))
     throw std::invalid_argument("linear (cuda, FP8 GEMV): workspace too small");
+  if (num_tickets < linear_fp8_gemv_tickets(p.out_features))
+    throw std::invalid_argument("linear (cuda, FP8 GEMV): too few tickets");
   const Fp8GemvPlan plan = plan_linear_fp8_gemv(p.in_features, p.out_features, p.weight_block_k);
   const int64_t row_blocks = div_up(p.out_features, kRowsPerBlock);
   // coverage: 2^31 x 128 output rows, or 65536 slices of 64 inputs: no real projection
@@ -310,6 +327,10 @@ void linear_fp8_gemv_cuda(const LinearParams& p, void* workspace, std::size_t wo
   a.w = static_cast<const std::uint8_t*>(p.weight);
   a.scales = p.weight_scales;
   a.partial = static_cast<float*>(workspace);
+  a.tickets = tickets;
+  a.bias = p.bias;
+  a.y_stride = p.y_stride ? p.y_stride : p.out_features;
+  a.y_fp32 = p.y_fp32;
   a.x_stride = p.x_stride ? p.x_stride : p.in_features;
   a.block_k = p.weight_block_k > 0 ? p.weight_block_k : p.in_features;
   a.k_blocks = weight_num_k_blocks(p.in_features, p.weight_block_k);
@@ -317,26 +338,21 @@ void linear_fp8_gemv_cuda(const LinearParams& p, void* workspace, std::size_t wo
   a.k = p.in_features;
   a.slice = plan.slice;
   const bool blocked = p.weight_block_k > 0;
+  a.row_scales = blocked ? nullptr : p.weight_scales;
   const bool vec16 = p.in_features % 16 == 0 && aligned_to(p.weight, 16);
-  const int64_t y_stride = p.y_stride ? p.y_stride : p.out_features;
   const std::size_t y_bytes = p.y_fp32 ? 4 : 2;
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(plan.splits));
-  // Groups of up to 16 tokens, each a pair of launches; a group's rows are computed exactly as
-  // they would be alone (batch invariance holds across groups too).
+  // Groups of up to 16 tokens, a launch each; a group's rows are computed exactly as they would be
+  // alone (batch invariance holds across groups too).
   for (int64_t t0 = 0; t0 < p.num_tokens; t0 += kFp8GemvMaxTokens) {
     a.m = std::min<int64_t>(p.num_tokens - t0, kFp8GemvMaxTokens);
     a.x = static_cast<const std::uint16_t*>(p.x) + t0 * a.x_stride;
+    a.y = static_cast<char*>(p.y) + static_cast<std::size_t>(t0 * a.y_stride) * y_bytes;
     if (a.m > 8) {
       blocked ? launch_gemv<2, true>(a, vec16, grid, stream) : launch_gemv<2, false>(a, vec16, grid, stream);
     } else {
       blocked ? launch_gemv<1, true>(a, vec16, grid, stream) : launch_gemv<1, false>(a, vec16, grid, stream);
     }
-    CUDA_CHECK(cudaGetLastError());
-    const int64_t total = a.m * a.n;
-    void* y = static_cast<char*>(p.y) + static_cast<std::size_t>(t0 * y_stride) * y_bytes;
-    FP8SERVE_LAUNCH(linear_fp8_reduce_kernel, dim3(static_cast<unsigned>(div_up(total, kReduceThreads))),
-                    dim3(kReduceThreads), 0, stream, static_cast<const float*>(a.partial), plan.splits, a.m, a.n,
-                    blocked ? nullptr : p.weight_scales, p.bias, y, y_stride, p.y_fp32);
     CUDA_CHECK(cudaGetLastError());
   }
 }

@@ -87,11 +87,14 @@ Fp8GemvPlan plan_linear_fp8_gemv(int64_t in_features, int64_t out_features, int6
 // The workspace the partial sums need: splits * min(num_tokens, 16) * out_features floats.
 std::size_t linear_fp8_gemv_workspace_bytes(int64_t num_tokens, int64_t in_features, int64_t out_features,
                                             int64_t weight_block_k);
+// The tickets it needs: one per 128 output rows.
+int64_t linear_fp8_gemv_tickets(int64_t out_features);
 // params.weight_dtype must be fp8_e4m3; workspace: device memory of at least
-// linear_fp8_gemv_workspace_bytes (reused in stream order). Throws std::invalid_argument for a bad
-// shape, bf16 weights, or a small workspace.
-void linear_fp8_gemv_cuda(const LinearParams& params, void* workspace, std::size_t workspace_bytes,
-                          cudaStream_t stream);
+// linear_fp8_gemv_workspace_bytes (reused in stream order); tickets: at least
+// linear_fp8_gemv_tickets counters, zero, left zero (device memory kept between calls). Throws
+// std::invalid_argument for a bad shape, bf16 weights, or a small workspace or ticket array.
+void linear_fp8_gemv_cuda(const LinearParams& params, void* workspace, std::size_t workspace_bytes, unsigned* tickets,
+                          int64_t num_tickets, cudaStream_t stream);
 
 // The FP8 GEMM's activations (fp8_quantize_act.cu): x [num_tokens, k] bf16 -> codes
 // [num_tokens, codes_stride] E4M3 and fp32 scales, scale = max(amax / 448, FLT_MIN) per token

@@ -301,7 +301,7 @@ TEST_CASE("the FP8 GEMV is deterministic and batch invariant, bitwise", "[gpu][l
 }
 
 // The split plan: whole blocks per slice when a block fits one, at most 1024 inputs, about 528
-// CTAs for a Llama-3-8B projection; and the GEMV's refusals.
+// CTAs for a Llama-3-8B projection; the tickets; and the GEMV's refusals.
 TEST_CASE("the FP8 GEMV plans its splits from the shape and refuses what it cannot run", "[gpu][linear]") {
   auto gpu = cuda_backend_or_skip();
   if (!gpu) return;
@@ -321,12 +321,18 @@ TEST_CASE("the FP8 GEMV plans its splits from the shape and refuses what it cann
   LinearParams p;
   p.x = buffer.data(), p.weight = buffer.data(), p.y = buffer.data();
   p.num_tokens = 1, p.in_features = 64, p.out_features = 8;
-  CHECK_THROWS_WITH(cuda::linear_fp8_gemv_cuda(p, buffer.data(), 4096, nullptr), Catch::Contains("FP8 weights only"));
+  auto* tickets = buffer.as<unsigned>();
+  CHECK(cuda::linear_fp8_gemv_tickets(129) == 2);
+  CHECK_THROWS_WITH(cuda::linear_fp8_gemv_cuda(p, buffer.data(), 4096, tickets, 1, nullptr),
+                    Catch::Contains("FP8 weights only"));
   p.weight_dtype = WeightDtype::fp8_e4m3;
   p.weight_scales = buffer.as<float>();
-  CHECK_THROWS_WITH(cuda::linear_fp8_gemv_cuda(p, buffer.data(), 4, nullptr), Catch::Contains("workspace too small"));
+  CHECK_THROWS_WITH(cuda::linear_fp8_gemv_cuda(p, buffer.data(), 4, tickets, 1, nullptr),
+                    Catch::Contains("workspace too small"));
+  CHECK_THROWS_WITH(cuda::linear_fp8_gemv_cuda(p, buffer.data(), 4096, tickets, 0, nullptr),
+                    Catch::Contains("too few tickets"));
   p.num_tokens = 0;
-  cuda::linear_fp8_gemv_cuda(p, nullptr, 0, nullptr);  // nothing to do, nothing launched
+  cuda::linear_fp8_gemv_cuda(p, nullptr, 0, nullptr, 0, nullptr);  // nothing to do, nothing launched
 }
 
 // The review's defect: a plan per token count, never evicted, grew with every prefill chunk size.
