@@ -158,8 +158,29 @@ SampleResult Sampler::sample(std::span<float> logits) {
   apply_penalties(logits);
   result.token = draw(logits);
   if (params_.num_logprobs >= 0) result.logprob = raw_logprobs(raw, result.token, params_.num_logprobs, result.top_logprobs);
-  ++output_counts_[result.token];
+  record(result.token);
+  return result;
+}
+
+void Sampler::record(int32_t token) {
+  ++output_counts_[token];
   ++num_generated_;
+}
+
+bool Sampler::greedy_on_raw_logits() const {
+  const SamplingParams& p = params_;
+  const bool banning = num_generated_ < p.min_tokens && !p.min_tokens_banned.empty();
+  return p.temperature <= 1e-5f && p.allowed_token_ids.empty() && p.logit_bias.empty() && !banning &&
+         p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f &&
+         p.num_logprobs <= 0;
+}
+
+SampleResult Sampler::accept_greedy(const GreedyRow& pick) {
+  SampleResult result;
+  result.token = pick.token;
+  // The pick's logit is the row's maximum (argmax and max_element choose the same element).
+  if (params_.num_logprobs >= 0) result.logprob = log_softmax_of(pick.max_logit, pick.max_logit, pick.sum);
+  record(result.token);
   return result;
 }
 
@@ -172,10 +193,10 @@ void Sampler::forget(int32_t token) {
 
 float raw_logprobs(std::span<const float> logits, int32_t token, int n, std::vector<TokenLogprob>& top) {
   const float max_logit = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l - max_logit));
-  const double log_z = static_cast<double>(max_logit) + std::log(sum);
-  auto logprob = [&](int32_t t) { return static_cast<float>(static_cast<double>(logits[t]) - log_z); };
+  // The fixed-point sum a device computes too, in any order (kernels/sampling_ops.hpp).
+  ExpSum sum;
+  for (float l : logits) sum.add(softmax_term(l, max_logit));
+  auto logprob = [&](int32_t t) { return log_softmax_of(logits[t], max_logit, sum); };
 
   top.clear();
   if (n > 0) {

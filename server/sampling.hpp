@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/sampling_ops.hpp"
+
 namespace fp8serve {
 
 struct SamplingParams {
@@ -56,6 +58,13 @@ class Sampler {
   // PRECOND: every id of params().logit_bias and allowed_token_ids is < vocab_size.
   SampleResult sample(std::span<float> logits);
 
+  // Whether sample() would return the raw row's argmax and at most its logprob: greedy, with
+  // no logit processor or penalty acting on this token and no top_logprobs. Such a token may be
+  // picked where the logits are (Backend::sample_greedy) and handed to accept_greedy().
+  bool greedy_on_raw_logits() const;
+  // Records the device's pick for this sequence, as sample() would have. PRECOND: greedy_on_raw_logits().
+  SampleResult accept_greedy(const GreedyRow& pick);
+
   // Un-records a token sample() chose and the caller then refused (structured outputs' budget
   // check), so the penalties count only tokens really generated.
   void forget(int32_t token);
@@ -66,6 +75,7 @@ class Sampler {
   void apply_logit_processors(std::span<float> logits) const;  // allowed_token_ids, logit_bias
   void apply_penalties(std::span<float> logits) const;
   int32_t draw(std::span<const float> logits);
+  void record(int32_t token);
   double uniform01();
 
   SamplingParams params_;
