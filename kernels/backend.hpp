@@ -138,6 +138,11 @@ class Backend {
   virtual void sample_greedy(const GreedySampleParams& /*params*/, Stream /*stream*/) {
     throw std::logic_error("sample_greedy: this backend samples on the host");
   }
+  // The top-k prefilter: each row's K best candidates (ids ascending), its max, and the ExpSums
+  // of the raw and the temperature-scaled row, from which the host draws as it would from the row.
+  virtual void sample_candidates(const CandidateSampleParams& /*params*/, Stream /*stream*/) {
+    throw std::logic_error("sample_candidates: this backend samples on the host");
+  }
 };
 
 inline void* Backend::allocate_host(std::size_t bytes) {

@@ -12,7 +12,8 @@
 //   - SampleKey: the argmax order of the host (`>` from the lowest id: the highest logit, ties to
 //     the lowest id, -0 equal to +0; a NaN is never chosen, except at id 0, where the host's loop
 //     starts and no value beats it) as one 64-bit integer, so that an argmax is an integer max.
-//   - GreedySampleParams / GreedyRow: the device argmax of kernels/backend.hpp's sample_greedy().
+//   - GreedySampleParams / GreedyRow: the device argmax of kernels/backend.hpp's sample_greedy();
+//     CandidateSampleParams / CandidateRow: its top-k prefilter, sample_candidates().
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -64,6 +65,12 @@ struct ExpSum {
 // has always computed it.
 SAMPLING_HD double softmax_term(float logit, float max_logit) { return ::exp(static_cast<double>(logit - max_logit)); }
 
+// One temperature-scaled weight relative to the maximum, exp((l - max) / T): the difference and
+// the product by 1/T rounded in fp32, as the host's draw has always computed them.
+SAMPLING_HD double scaled_term(float logit, float max_logit, float inv_temperature) {
+  return ::exp(static_cast<double>((logit - max_logit) * inv_temperature));
+}
+
 // log p(token) from the token's logit, the row's maximum and its ExpSum.
 SAMPLING_HD float log_softmax_of(float logit, float max_logit, const ExpSum& sum) {
   const double log_z = static_cast<double>(max_logit) + ::log(sum.value());
@@ -101,6 +108,28 @@ struct GreedySampleParams {
   int64_t num_rows = 0;
   int64_t vocab_size = 0;
   GreedyRow* out = nullptr;       // [num_rows], device
+};
+
+// The device's top-k prefilter (Backend::sample_candidates): each row's best candidates, by the
+// host's order (logit, then the lower id), and what the host's draw and logprobs need of the rest.
+constexpr int32_t kMaxSampleCandidates = 1024;
+
+struct CandidateRow {
+  float max_logit = 0.0f;      // the row's maximum
+  int32_t num_candidates = 0;  // min(K, vocab_size)
+  ExpSum raw_sum;              // sum of exp(l - max): log-softmax of the raw row
+  ExpSum scaled_sum;           // sum of exp((l - max) / T): top-p's total over the whole row
+};
+
+struct CandidateSampleParams {
+  const float* logits = nullptr;           // [num_rows, vocab_size] fp32, device
+  int64_t num_rows = 0;
+  int64_t vocab_size = 0;
+  const float* inv_temperature = nullptr;  // [num_rows] 1/T in fp32 (as the host computes it), device
+  int32_t num_candidates = 0;              // K, in [1, kMaxSampleCandidates]
+  CandidateRow* rows = nullptr;            // [num_rows], device
+  int32_t* ids = nullptr;                  // [num_rows, K] the candidates' ids, ascending, device
+  float* candidate_logits = nullptr;       // [num_rows, K] their logits, device
 };
 
 }  // namespace fp8serve

@@ -74,6 +74,7 @@ class CudaBackend final : public Backend {
   void gather_rows(const GatherRowsParams& params, Stream stream) override;
   bool supports_device_sampling() const override { return true; }
   void sample_greedy(const GreedySampleParams& params, Stream stream) override;
+  void sample_candidates(const CandidateSampleParams& params, Stream stream) override;
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
