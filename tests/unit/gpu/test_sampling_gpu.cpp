@@ -224,9 +224,11 @@ TEST_CASE("sample_candidates: drawing from the device's best 1,024 gives the hos
   PrefilterStats stats;
   // NaN rows (kinds 8, 9) left out: see the file's comment.
   for (const int64_t vocab : {int64_t{7}, int64_t{1000}, int64_t{4099}, int64_t{128256}}) {
+    // At Llama 3's vocabulary (each host draw sorts it) the kinds that differ most: LM-like,
+    // peaked, ties everywhere, masked entries.
+    const std::vector<int> kinds = vocab > 100000 ? std::vector<int>{0, 1, 3, 5} : std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 10};
     std::vector<std::vector<float>> rows;
-    for (int kind = 0; kind < 8; ++kind) rows.push_back(make_row(kind, vocab, static_cast<uint32_t>(31 * kind + vocab)));
-    rows.push_back(make_row(10, vocab, 5));
+    for (const int kind : kinds) rows.push_back(make_row(kind, vocab, static_cast<uint32_t>(31 * kind + vocab)));
     check_candidates(*gpu, rows, vocab, stats);
   }
   // Both outcomes happen: a peaked nucleus is decided on the candidates, a plain temperature draw
