@@ -193,17 +193,17 @@ __global__ void __launch_bounds__(kThreads) sample_candidates_kernel(const Candi
 }  // namespace
 
 void sample_candidates_cuda(const CandidateSampleParams& p, cudaStream_t stream) {
-  if (p.num_rows < 0 || p.vocab_size < 1 || p.vocab_size > INT32_MAX || p.num_rows > INT32_MAX ||
-      p.num_candidates < 1 || p.num_candidates > kMaxSampleCandidates)
-    throw std::invalid_argument("sample_candidates (cuda): bad shape or number of candidates");
+  const bool bad = p.num_rows < 0 || p.vocab_size < 1 || p.vocab_size > INT32_MAX || p.num_rows > INT32_MAX ||
+                   p.num_candidates < 1 || p.num_candidates > kMaxSampleCandidates;
+  if (bad) throw std::invalid_argument("sample_candidates (cuda): bad shape or number of candidates");
   if (p.num_rows == 0) return;
   FP8SERVE_LAUNCH(sample_candidates_kernel, dim3(static_cast<unsigned>(p.num_rows)), dim3(kThreads), 0, stream, p);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void sample_greedy_cuda(const GreedySampleParams& p, cudaStream_t stream) {
-  if (p.num_rows < 0 || p.vocab_size < 1 || p.vocab_size > INT32_MAX || p.num_rows > INT32_MAX)
-    throw std::invalid_argument("sample_greedy (cuda): bad shape");
+  const bool bad = p.num_rows < 0 || p.vocab_size < 1 || p.vocab_size > INT32_MAX || p.num_rows > INT32_MAX;
+  if (bad) throw std::invalid_argument("sample_greedy (cuda): bad shape");
   if (p.num_rows == 0) return;
   FP8SERVE_LAUNCH(sample_greedy_kernel, dim3(static_cast<unsigned>(p.num_rows)), dim3(kThreads), 0, stream, p.logits,
                   p.vocab_size, p.out);

@@ -266,7 +266,7 @@ TEST_CASE("sample_greedy's pick does not depend on the batch it runs in", "[gpu]
   check_greedy(*gpu, rows, vocab);
 }
 
-TEST_CASE("sample_greedy refuses a bad shape and does nothing for no rows", "[gpu][sampling]") {
+TEST_CASE("sample_greedy and sample_candidates refuse a bad shape and do nothing for no rows", "[gpu][sampling]") {
   auto gpu = cuda_backend_or_skip();
   if (!gpu) return;
   GreedySampleParams p;
@@ -277,5 +277,18 @@ TEST_CASE("sample_greedy refuses a bad shape and does nothing for no rows", "[gp
   CHECK_THROWS_AS(gpu->sample_greedy(p, Stream{}), std::invalid_argument);
   p.num_rows = 0;  // no rows: no launch (null pointers never read)
   gpu->sample_greedy(p, Stream{});
+  gpu->synchronize(Stream{});
+
+  CandidateSampleParams c;
+  c.vocab_size = 16;
+  c.num_candidates = 0;
+  CHECK_THROWS_AS(gpu->sample_candidates(c, Stream{}), std::invalid_argument);
+  c.num_candidates = kMaxSampleCandidates + 1;
+  CHECK_THROWS_AS(gpu->sample_candidates(c, Stream{}), std::invalid_argument);
+  c.num_candidates = 8;
+  c.vocab_size = 0;
+  CHECK_THROWS_AS(gpu->sample_candidates(c, Stream{}), std::invalid_argument);
+  c.vocab_size = 16;
+  gpu->sample_candidates(c, Stream{});  // no rows
   gpu->synchronize(Stream{});
 }
