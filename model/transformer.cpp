@@ -330,7 +330,8 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
                           const ScoreFn& score) {
   if (!has_kv_cache()) throw std::logic_error("Transformer::forward: allocate_kv_cache() was not called");
   validate(b, logits);
-  last_sample_rows_ = static_cast<int64_t>(b.sample_rows.size());
+  // Scoring reruns the LM head into logits_: the sample rows' logits are gone after it.
+  last_sample_rows_ = b.score_rows.empty() ? static_cast<int64_t>(b.sample_rows.size()) : -1;
   if (!counts.empty() && counts.size() != static_cast<std::size_t>(config_.num_layers))
     throw std::invalid_argument("Transformer::forward: counts must be [num_layers]");
   const auto num_seqs = static_cast<int32_t>(b.context_lens.size());
@@ -687,7 +688,7 @@ void Transformer::finish(const ForwardBatch& b, const StepLayout& layout, const 
 }
 
 std::span<const GreedyRow> Transformer::sample_greedy() {
-  if (last_sample_rows_ < 0) throw std::logic_error("Transformer::sample_greedy before any forward()");
+  if (last_sample_rows_ < 0) throw std::logic_error("Transformer::sample_greedy: no forward() left its logits on the device");
   const auto num_rows = static_cast<std::size_t>(last_sample_rows_);
   if (num_rows == 0) return {};
   if (greedy_picks_.data() == nullptr) {
@@ -708,7 +709,7 @@ std::span<const GreedyRow> Transformer::sample_greedy() {
 }
 
 Transformer::Candidates Transformer::sample_candidates(std::span<const float> inv_temperature) {
-  if (last_sample_rows_ < 0) throw std::logic_error("Transformer::sample_candidates before any forward()");
+  if (last_sample_rows_ < 0) throw std::logic_error("Transformer::sample_candidates: no forward() left its logits on the device");
   const auto num_rows = static_cast<std::size_t>(last_sample_rows_);
   if (inv_temperature.size() != num_rows) throw std::invalid_argument("Transformer::sample_candidates: one 1/T per row");
   const auto seqs = static_cast<std::size_t>(options_.max_num_seqs);

@@ -132,7 +132,8 @@ class Transformer {
   bool samples_on_device() const { return backend_.supports_device_sampling(); }
   // The greedy pick of each sample row of the last forward() (given no logits, nothing else comes
   // back): only the picks (kernels/sampling_ops.hpp), into pinned memory, valid until the next
-  // call. [sample_rows.size()] of that step. PRECOND: samples_on_device().
+  // call. [sample_rows.size()] of that step. PRECOND: samples_on_device(); that step scored no
+  // rows (score_rows reuse the logits' memory).
   std::span<const GreedyRow> sample_greedy();
   // The top-k prefilter of the same rows (Backend::sample_candidates), K = kMaxSampleCandidates
   // (or the vocabulary): per row its CandidateRow, then K ids and K logits, in pinned memory valid
@@ -266,7 +267,7 @@ class Transformer {
   HostArray<GreedyRow> greedy_host_;   // pinned: the picks come back with one DMA
   DeviceBuffer candidates_;             // [max_seqs] CandidateRow, ids [max_seqs, K], logits [max_seqs, K], 1/T [max_seqs]
   HostArray<std::byte> candidates_host_;  // pinned image of candidates_
-  int64_t last_sample_rows_ = -1;       // the last forward()'s sample rows (their logits stay in logits_)
+  int64_t last_sample_rows_ = -1;       // the last forward()'s sample rows in logits_; -1: none (scored rows overwrote them)
 
   // Step metadata (StepLayout): one device buffer sized for the largest step, and its host image.
   DeviceBuffer step_meta_;

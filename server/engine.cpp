@@ -573,7 +573,9 @@ void Engine::run_step(const StepPlan& plan) {
 }
 
 Engine::DeviceSampling Engine::device_sampling(const StepPlan& plan) const {
-  if (!transformer_->samples_on_device()) return DeviceSampling::none;
+  if (!options_.device_sampling || !transformer_->samples_on_device()) return DeviceSampling::none;
+  // Scoring prompt rows reruns the LM head into the same device logits: sample on the host then.
+  if (!scorer_.rows().empty()) return DeviceSampling::none;
   // One sequence per row (no forks) and no grammar everywhere; then greedy if every token is its
   // raw row's argmax, else the prefilter if no logit processor or penalty acts on any row.
   bool greedy = true;

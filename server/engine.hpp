@@ -61,6 +61,7 @@ struct EngineOptions {
   int threads = 0;                        // CPU threads, 0 = all cores
   bool enforce_eager = false;             // no CUDA graphs (decode steps replay them otherwise)
   bool lazy_graph_capture = false;        // capture decode graphs on first use, not at start-up
+  bool device_sampling = true;            // off: the host samples every row (tests compare the two)
 };
 
 constexpr uint64_t kDefaultCpuKvCacheMemory = 1ull << 30;
