@@ -26,6 +26,7 @@
 #include "kernels/kv_spill.hpp"
 #include "kernels/kv_write.hpp"
 #include "kernels/paged_attention.hpp"
+#include "kernels/sampling_ops.hpp"
 
 namespace fp8serve {
 
@@ -128,6 +129,20 @@ class Backend {
   virtual void silu_mul(const SiluMulParams& params, Stream stream) = 0;
   virtual void residual_add(const ResidualAddParams& params, Stream stream) = 0;
   virtual void gather_rows(const GatherRowsParams& params, Stream stream) = 0;
+
+  // Sampling on the device (kernels/sampling_ops.hpp): a backend that has it picks tokens from
+  // logits in its own memory, so that only the picks come back. Exactly the host sampler's
+  // arithmetic (server/sampling.cpp), which the CPU backend keeps using: it has none of these.
+  virtual bool supports_device_sampling() const { return false; }
+  // Greedy: each row's argmax (ties to the lowest id) and the row's max and ExpSum for its logprob.
+  virtual void sample_greedy(const GreedySampleParams& /*params*/, Stream /*stream*/) {
+    throw std::logic_error("sample_greedy: this backend samples on the host");
+  }
+  // The top-k prefilter: each row's K best candidates (ids ascending), its max, and the ExpSums
+  // of the raw and the temperature-scaled row, from which the host draws as it would from the row.
+  virtual void sample_candidates(const CandidateSampleParams& /*params*/, Stream /*stream*/) {
+    throw std::logic_error("sample_candidates: this backend samples on the host");
+  }
 };
 
 inline void* Backend::allocate_host(std::size_t bytes) {

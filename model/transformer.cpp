@@ -234,8 +234,8 @@ void Transformer::validate(const ForwardBatch& b, std::span<float> logits) const
   if (b.score_rows.size() > static_cast<std::size_t>(num_tokens)) fail("more score rows than tokens");
   for (const int32_t row : b.score_rows)
     if (row < 0 || row >= num_tokens) fail("a score row outside [0, num_tokens)");
-  if (logits.size() != b.sample_rows.size() * static_cast<std::size_t>(config_.vocab_size))
-    fail("logits must be [sample_rows, vocab_size]");
+  if (!logits.empty() && logits.size() != b.sample_rows.size() * static_cast<std::size_t>(config_.vocab_size))
+    fail("logits must be [sample_rows, vocab_size] or empty (left on the device)");
   for (const int64_t s : b.slot_mapping)
     if (s >= static_cast<int64_t>(options_.num_blocks) * options_.block_size) fail("slot outside the pool");
   for (const int32_t p : b.positions)
@@ -330,6 +330,8 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
                           const ScoreFn& score) {
   if (!has_kv_cache()) throw std::logic_error("Transformer::forward: allocate_kv_cache() was not called");
   validate(b, logits);
+  // Scoring reruns the LM head into logits_: the sample rows' logits are gone after it.
+  last_sample_rows_ = b.score_rows.empty() ? static_cast<int64_t>(b.sample_rows.size()) : -1;
   if (!counts.empty() && counts.size() != static_cast<std::size_t>(config_.num_layers))
     throw std::invalid_argument("Transformer::forward: counts must be [num_layers]");
   const auto num_seqs = static_cast<int32_t>(b.context_lens.size());

@@ -119,13 +119,35 @@ class Transformer {
   // valid during the call only.
   using ScoreFn = std::function<void(int64_t first, int64_t num_rows, std::span<const float> logits)>;
 
-  // Runs the step and writes [sample_rows.size(), vocab_size] fp32 logits to `logits`.
+  // Runs the step and writes [sample_rows.size(), vocab_size] fp32 logits to `logits`; an empty
+  // `logits` leaves them on the device, for sample_greedy() or sample_candidates().
   // counts (optional, [num_layers]) accumulates kv_write's saturation counts per layer.
   // With score_rows, `score` then receives their logits, max_num_seqs rows at a time: the LM
   // head runs again on the step's final hidden states (still in place), so a long prompt never
   // needs [num_tokens, vocab] of logits at once.
   void forward(const ForwardBatch& batch, std::span<float> logits,
                std::span<KvWriteCounts> counts = {}, const ScoreFn& score = {});
+
+  // Whether the backend samples where the logits are (Backend::supports_device_sampling).
+  bool samples_on_device() const { return backend_.supports_device_sampling(); }
+  // The greedy pick of each sample row of the last forward() (given no logits, nothing else comes
+  // back): only the picks (kernels/sampling_ops.hpp), into pinned memory, valid until the next
+  // call. [sample_rows.size()] of that step. PRECOND: samples_on_device(); that step scored no
+  // rows (score_rows reuse the logits' memory).
+  std::span<const GreedyRow> sample_greedy();
+  // The top-k prefilter of the same rows (Backend::sample_candidates), K = kMaxSampleCandidates
+  // (or the vocabulary): per row its CandidateRow, then K ids and K logits, in pinned memory valid
+  // until the next call. inv_temperature: [sample rows] 1/T in fp32 (any value for greedy rows).
+  struct Candidates {
+    std::span<const CandidateRow> rows;
+    const int32_t* ids = nullptr;     // [rows, k]
+    const float* logits = nullptr;    // [rows, k]
+    int32_t k = 0;
+  };
+  Candidates sample_candidates(std::span<const float> inv_temperature);
+  // One sample row's logits of the last forward() ([vocab_size]), for a row its candidates could
+  // not decide. `out`: best from the backend's allocate_host (one DMA).
+  void download_logits_row(int64_t row, std::span<float> out);
 
   // Copy-on-write: every layer's K and V block src -> dst (BlockManager::append_slot asks).
   void copy_blocks(std::span<const BlockCopy> copies);
@@ -241,6 +263,11 @@ class Transformer {
   DeviceBuffer sampled_delta_;  // [max_seqs, hidden] the last block's output on those rows
   DeviceBuffer logits_;         // [max_seqs, vocab]
   HostArray<float> score_logits_;  // host, pinned on a GPU: [max_seqs, vocab] one group of score rows
+  DeviceBuffer greedy_picks_;          // [max_seqs] GreedyRow, sample_greedy()'s output
+  HostArray<GreedyRow> greedy_host_;   // pinned: the picks come back with one DMA
+  DeviceBuffer candidates_;             // [max_seqs] CandidateRow, ids [max_seqs, K], logits [max_seqs, K], 1/T [max_seqs]
+  HostArray<std::byte> candidates_host_;  // pinned image of candidates_
+  int64_t last_sample_rows_ = -1;       // the last forward()'s sample rows in logits_; -1: none (scored rows overwrote them)
 
   // Step metadata (StepLayout): one device buffer sized for the largest step, and its host image.
   DeviceBuffer step_meta_;

@@ -427,7 +427,9 @@ void Engine::run_step(const StepPlan& plan) {
     }
   }
   const auto vocab = static_cast<std::size_t>(model_config().vocab_size);
-  logits_.resize(sample_rows_.size() * vocab);
+  // No logits come back when the device samples the step (an empty span leaves them there).
+  const DeviceSampling on_device = device_sampling(plan);
+  logits_.resize(on_device != DeviceSampling::none ? 0 : sample_rows_.size() * vocab);
 
   transformer_->copy_blocks(plan.block_copies);
   ForwardBatch batch;
@@ -450,6 +452,19 @@ void Engine::run_step(const StepPlan& plan) {
   transformer_->forward(batch, logits_.span(), step_counts_, [this](int64_t first, int64_t n, std::span<const float> logits) {
     scorer_.score(first, n, logits, device_.pool.get());
   });
+  std::span<const GreedyRow> picks;
+  Transformer::Candidates candidates;
+  if (on_device == DeviceSampling::greedy) picks = transformer_->sample_greedy();
+  if (on_device == DeviceSampling::candidates) {
+    inv_temperature_.clear();
+    for (const ScheduledSeq& s : plan.seqs) {
+      if (!s.samples) continue;
+      const auto it = seqs_.find(s.id);
+      const float t = it == seqs_.end() ? 1.0f : it->second.sampler.params().temperature;
+      inv_temperature_.push_back(t > 1e-5f ? 1.0f / t : 1.0f);  // the host draw's 1/T
+    }
+    candidates = transformer_->sample_candidates(inv_temperature_);
+  }
   for (int layer = 0; layer < num_layers; ++layer) saturation_.add(layer, step_counts_[static_cast<std::size_t>(layer)]);
 
   // Calibrated scales go to the block manager before on_step_done freezes them.
@@ -506,14 +521,34 @@ void Engine::run_step(const StepPlan& plan) {
   std::vector<std::size_t> parallel;
   for (std::size_t i = 0; i < pending.size(); ++i)
     if (pending[i].parallel) parallel.push_back(i);
+  std::vector<uint8_t> declined(pending.size(), 0);  // candidates that could not decide: sampled from the row below
   auto sample_row = [&](int64_t j) {
-    Pending& p = pending[parallel[static_cast<std::size_t>(j)]];
-    p.sample = seqs_.at(p.id).sampler.sample(std::span<float>(logits_.data() + p.row * vocab, vocab));
+    const std::size_t i = parallel[static_cast<std::size_t>(j)];
+    Pending& p = pending[i];
+    Sampler& sampler = seqs_.at(p.id).sampler;
+    if (on_device == DeviceSampling::greedy) {
+      p.sample = sampler.accept_greedy(picks[p.row]);
+    } else if (on_device == DeviceSampling::candidates) {
+      const auto k = static_cast<std::size_t>(candidates.rows[p.row].num_candidates);
+      const auto at = p.row * static_cast<std::size_t>(candidates.k);
+      const std::optional<SampleResult> drawn = sampler.sample_candidates(
+          candidates.rows[p.row], {candidates.ids + at, k}, {candidates.logits + at, k}, static_cast<int64_t>(vocab));
+      if (drawn) p.sample = *drawn;
+      else declined[i] = 1;
+    } else {
+      p.sample = sampler.sample(std::span<float>(logits_.data() + p.row * vocab, vocab));
+    }
   };
   if (device_.pool && parallel.size() > 1) {
     device_.pool->parallel_for(static_cast<int64_t>(parallel.size()), sample_row);
   } else {
     for (std::size_t j = 0; j < parallel.size(); ++j) sample_row(static_cast<int64_t>(j));
+  }
+  for (std::size_t i = 0; i < pending.size(); ++i) {  // the rare rows whose nucleus reaches past the candidates
+    if (!declined[i]) continue;
+    logits_.resize(vocab);
+    transformer_->download_logits_row(static_cast<int64_t>(pending[i].row), logits_.span());
+    pending[i].sample = seqs_.at(pending[i].id).sampler.sample(logits_.span());
   }
 
   for (Pending& p : pending) {
@@ -534,6 +569,25 @@ void Engine::run_step(const StepPlan& plan) {
       on_token(id, *sample);
     }
   }
+}
+
+Engine::DeviceSampling Engine::device_sampling(const StepPlan& plan) const {
+  if (!options_.device_sampling || !transformer_->samples_on_device()) return DeviceSampling::none;
+  // Scoring prompt rows reruns the LM head into the same device logits: sample on the host then.
+  if (!scorer_.rows().empty()) return DeviceSampling::none;
+  // One sequence per row (no forks) and no grammar everywhere; then greedy if every token is its
+  // raw row's argmax, else the prefilter if no logit processor or penalty acts on any row.
+  bool greedy = true;
+  for (const ScheduledSeq& s : plan.seqs) {
+    if (!s.samples) continue;
+    if (!s.forks.empty()) return DeviceSampling::none;
+    const auto it = seqs_.find(s.id);
+    if (it == seqs_.end()) continue;
+    const Sampler& sampler = it->second.sampler;
+    if (it->second.matcher || !sampler.candidates_suffice(kMaxSampleCandidates)) return DeviceSampling::none;
+    greedy = greedy && sampler.greedy_on_raw_logits();
+  }
+  return greedy ? DeviceSampling::greedy : DeviceSampling::candidates;
 }
 
 void Engine::add_score_rows(const ScheduledSeq& s, int32_t first_row) {

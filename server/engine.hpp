@@ -61,6 +61,7 @@ struct EngineOptions {
   int threads = 0;                        // CPU threads, 0 = all cores
   bool enforce_eager = false;             // no CUDA graphs (decode steps replay them otherwise)
   bool lazy_graph_capture = false;        // capture decode graphs on first use, not at start-up
+  bool device_sampling = true;            // off: the host samples every row (tests compare the two)
 };
 
 constexpr uint64_t kDefaultCpuKvCacheMemory = 1ull << 30;
@@ -136,6 +137,10 @@ class Engine {
   void reject(const GenerationRequest& request, const OutputSink& sink, const std::string& message);
   std::string validate(const GenerationRequest& request) const;
   void run_step(const StepPlan& plan);
+  // How the step's tokens are sampled: from the logits on the host (none), or on a backend that
+  // samples: greedy picks, or the top-k prefilter's candidates (rows they cannot decide come back).
+  enum class DeviceSampling : uint8_t { none, greedy, candidates };
+  DeviceSampling device_sampling(const StepPlan& plan) const;
   void on_token(SeqId id, const SampleResult& sample);
   // The step's rows that score prompt tokens, into scorer_ (before the forward pass).
   void add_score_rows(const ScheduledSeq& s, int32_t first_row);
@@ -170,7 +175,7 @@ class Engine {
   std::vector<int32_t> sample_rows_;
   PromptScorer scorer_;
   std::vector<int64_t> slot_mapping_;
-  std::vector<float> k_scales_, v_scales_, row_;
+  std::vector<float> k_scales_, v_scales_, row_, inv_temperature_;
   HostArray<float> logits_;  // the sampled rows' logits: pinned on a GPU, one DMA per step
   std::vector<uint64_t> token_mask_;
   double grammar_mask_seconds_ = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <unordered_set>
 
 namespace fp8serve {
@@ -74,42 +75,57 @@ void Sampler::apply_penalties(std::span<float> logits) const {
   }
 }
 
-int32_t Sampler::draw(std::span<const float> logits) {
-  const auto vocab = static_cast<int32_t>(logits.size());
-  if (params_.temperature <= 1e-5f) return argmax(logits);
+std::optional<size_t> Sampler::draw(std::span<const float> logits, int64_t vocab, const ExpSum* row_scaled_sum) {
+  // Positions index `logits`: token ids for a whole row; for candidates (ascending ids) the
+  // position order is the id order, so BetterLogit and argmax order them as the whole row would.
+  const size_t n = logits.size();
+  if (params_.temperature <= 1e-5f) return static_cast<size_t>(argmax(logits));
 
-  order_.resize(static_cast<size_t>(vocab));
-  for (int32_t i = 0; i < vocab; ++i) order_[static_cast<size_t>(i)] = i;
+  order_.resize(n);
+  for (size_t i = 0; i < n; ++i) order_[i] = static_cast<int32_t>(i);
   const BetterLogit better{logits};
   auto at = [this](size_t i) { return order_.begin() + static_cast<std::ptrdiff_t>(i); };
+  // The best of order_[0, count) first: the one token kept when a filter keeps none, defined
+  // whatever order nth_element left them in (so candidates and the whole row agree).
+  auto keep_best = [&](size_t in_play) { std::iter_swap(order_.begin(), std::min_element(order_.begin(), at(in_play), better)); };
 
   // top-k: the k best, in order.
-  size_t count = order_.size();
+  size_t count = n;
   bool sorted = false;
-  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < count) {
+  const bool top_k_cuts = params_.top_k > 0 && params_.top_k < vocab;
+  // Candidates of a longer row that no filter has yet narrowed to themselves: the rest of the
+  // row is still in play, and a draw that needs it is given up (nullopt) before any RNG use.
+  bool open = static_cast<int64_t>(n) < vocab && !top_k_cuts;
+  if (top_k_cuts) {
+    if (static_cast<size_t>(params_.top_k) > n) return std::nullopt;
     count = static_cast<size_t>(params_.top_k);
-    std::nth_element(order_.begin(), at(count), order_.end(), better);
+    if (count < n) std::nth_element(order_.begin(), at(count), order_.end(), better);
   }
 
   // Temperature-scaled weights relative to the maximum, p_i ∝ exp((l_i - l_max) / T), computed
   // once for each remaining candidate: every stage below reads them.
   const float inv_t = 1.0f / params_.temperature;
   const float max_logit = logits[argmax(logits)];
-  weights_.resize(static_cast<size_t>(vocab));
+  weights_.resize(n);
   for (size_t i = 0; i < count; ++i) {
     const int32_t t = order_[i];
-    weights_[static_cast<size_t>(t)] = std::exp(static_cast<double>((logits[t] - max_logit) * inv_t));
+    weights_[static_cast<size_t>(t)] = scaled_term(logits[t], max_logit, inv_t);
   }
   auto weight = [&](int32_t t) { return weights_[static_cast<size_t>(t)]; };
 
   // top-p: the smallest best-first prefix whose mass reaches top_p of the (top-k) total. The
-  // best candidates are sorted a chunk at a time (1024, then 4x more each round, each chunk
+  // total is an ExpSum (exact in any order: the device's over a whole row is the same bits).
+  // The best candidates are sorted a chunk at a time (1024, then 4x more each round, each chunk
   // selected with nth_element), so a flat distribution costs a few linear passes, not a sort
   // of the vocabulary; the prefix is the one a full sort would give (BetterLogit is total).
   if (params_.top_p < 1.0f) {
-    double total = 0;
-    for (size_t i = 0; i < count; ++i) total += weight(order_[i]);
-    const double target = static_cast<double>(params_.top_p) * total;
+    ExpSum sum;
+    if (open) {
+      sum = *row_scaled_sum;
+    } else {
+      for (size_t i = 0; i < count; ++i) sum.add(weight(order_[i]));
+    }
+    const double target = static_cast<double>(params_.top_p) * sum.value();
     double mass = 0;
     size_t keep = 0, sorted_count = 0;
     for (size_t chunk = kTopPFirstSort; mass < target && sorted_count < count; chunk *= 4) {
@@ -119,8 +135,11 @@ int32_t Sampler::draw(std::span<const float> logits) {
       sorted_count = end;
       while (keep < sorted_count && mass < target) mass += weight(order_[keep++]);
     }
+    if (open && mass < target) return std::nullopt;  // the nucleus reaches past the candidates
+    if (keep == 0) keep_best(count);  // a NaN total (an inf or NaN logit): nothing was kept
     count = std::max<size_t>(keep, 1);
     sorted = true;
+    open = false;
   }
 
   // min-p: drop candidates below min_p times the most likely one's probability (kept in order).
@@ -129,11 +148,16 @@ int32_t Sampler::draw(std::span<const float> logits) {
     size_t kept = 0;
     for (size_t i = 0; i < count; ++i)
       if (weight(order_[i]) >= floor) order_[kept++] = order_[i];
+    // A candidate dropped proves that the rest of the row (no better than it) drops too.
+    if (open && kept == count) return std::nullopt;
+    if (kept < count) open = false;
+    if (kept == 0) keep_best(count);  // NaN weights (an inf or NaN logit): nothing was kept
     count = std::max<size_t>(kept, 1);
   }
+  if (open) return std::nullopt;  // a draw over the whole row, in id order
   // Any fixed order serves the draw below; only nth_element's order is unspecified, so top-k
   // candidates are put in a defined one.
-  if (!sorted && count < order_.size()) std::sort(order_.begin(), at(count), better);
+  if (!sorted && static_cast<int64_t>(count) < vocab) std::sort(order_.begin(), at(count), better);
 
   double total = 0;
   for (size_t i = 0; i < count; ++i) total += weight(order_[i]);
@@ -141,13 +165,13 @@ int32_t Sampler::draw(std::span<const float> logits) {
   double acc = 0;
   for (size_t i = 0; i < count; ++i) {
     acc += weight(order_[i]);
-    if (u < acc) return order_[i];
+    if (u < acc) return static_cast<size_t>(order_[i]);
   }
   // Rounding left u at the very top: the last candidate with any weight (a masked -inf logit
   // has none, and must never be drawn).
   for (size_t i = count; i-- > 0;)
-    if (weight(order_[i]) > 0) return order_[i];
-  return order_[0];
+    if (weight(order_[i]) > 0) return static_cast<size_t>(order_[i]);
+  return static_cast<size_t>(order_[0]);
 }
 
 SampleResult Sampler::sample(std::span<float> logits) {
@@ -156,10 +180,61 @@ SampleResult Sampler::sample(std::span<float> logits) {
   if (params_.num_logprobs >= 0) raw.assign(logits.begin(), logits.end());
   apply_logit_processors(logits);
   apply_penalties(logits);
-  result.token = draw(logits);
+  result.token = static_cast<int32_t>(*draw(logits, static_cast<int64_t>(logits.size()), nullptr));
   if (params_.num_logprobs >= 0) result.logprob = raw_logprobs(raw, result.token, params_.num_logprobs, result.top_logprobs);
-  ++output_counts_[result.token];
+  record(result.token);
+  return result;
+}
+
+void Sampler::record(int32_t token) {
+  ++output_counts_[token];
   ++num_generated_;
+}
+
+bool Sampler::processors_act() const {
+  const SamplingParams& p = params_;
+  const bool banning = num_generated_ < p.min_tokens && !p.min_tokens_banned.empty();
+  return !p.allowed_token_ids.empty() || !p.logit_bias.empty() || banning || p.repetition_penalty != 1.0f ||
+         p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+}
+
+bool Sampler::greedy_on_raw_logits() const {
+  return params_.temperature <= 1e-5f && !processors_act() && params_.num_logprobs <= 0;
+}
+
+bool Sampler::candidates_suffice(int32_t num_candidates) const {
+  return !processors_act() && params_.num_logprobs <= num_candidates;
+}
+
+std::optional<SampleResult> Sampler::sample_candidates(const CandidateRow& row, std::span<const int32_t> ids,
+                                                       std::span<const float> logits, int64_t vocab) {
+  for (size_t i = 1; i < ids.size(); ++i)
+    if (ids[i] <= ids[i - 1]) throw std::logic_error("Sampler::sample_candidates: ids must ascend");
+  const std::optional<size_t> drawn = draw(logits, vocab, &row.scaled_sum);
+  if (!drawn) return std::nullopt;
+  SampleResult result;
+  result.token = ids[*drawn];
+  // The raw logprobs (no processor acted: the candidates' logits are the raw row's).
+  if (params_.num_logprobs >= 0) {
+    result.logprob = log_softmax_of(logits[*drawn], row.max_logit, row.raw_sum);
+    order_.resize(logits.size());
+    for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int32_t>(i);
+    const size_t k = std::min(order_.size(), static_cast<size_t>(params_.num_logprobs));
+    std::partial_sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k), order_.end(), BetterLogit{logits});
+    for (size_t i = 0; i < k; ++i)
+      result.top_logprobs.push_back({ids[static_cast<size_t>(order_[i])],
+                                     log_softmax_of(logits[static_cast<size_t>(order_[i])], row.max_logit, row.raw_sum)});
+  }
+  record(result.token);
+  return result;
+}
+
+SampleResult Sampler::accept_greedy(const GreedyRow& pick) {
+  SampleResult result;
+  result.token = pick.token;
+  // The pick's logit is the row's maximum (argmax and max_element choose the same element).
+  if (params_.num_logprobs >= 0) result.logprob = log_softmax_of(pick.max_logit, pick.max_logit, pick.sum);
+  record(result.token);
   return result;
 }
 
@@ -172,10 +247,10 @@ void Sampler::forget(int32_t token) {
 
 float raw_logprobs(std::span<const float> logits, int32_t token, int n, std::vector<TokenLogprob>& top) {
   const float max_logit = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l - max_logit));
-  const double log_z = static_cast<double>(max_logit) + std::log(sum);
-  auto logprob = [&](int32_t t) { return static_cast<float>(static_cast<double>(logits[t]) - log_z); };
+  // The fixed-point sum a device computes too, in any order (kernels/sampling_ops.hpp).
+  ExpSum sum;
+  for (float l : logits) sum.add(softmax_term(l, max_logit));
+  auto logprob = [&](int32_t t) { return log_softmax_of(logits[t], max_logit, sum); };
 
   top.clear();
   if (n > 0) {

@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/sampling_ops.hpp"
+
 namespace fp8serve {
 
 struct SamplingParams {
@@ -56,6 +58,24 @@ class Sampler {
   // PRECOND: every id of params().logit_bias and allowed_token_ids is < vocab_size.
   SampleResult sample(std::span<float> logits);
 
+  // Whether sample() would return the raw row's argmax and at most its logprob: greedy, with
+  // no logit processor or penalty acting on this token and no top_logprobs. Such a token may be
+  // picked where the logits are (Backend::sample_greedy) and handed to accept_greedy().
+  bool greedy_on_raw_logits() const;
+  // Records the device's pick for this sequence, as sample() would have. PRECOND: greedy_on_raw_logits().
+  SampleResult accept_greedy(const GreedyRow& pick);
+
+  // Whether a device's top-k prefilter of the raw row (Backend::sample_candidates) can stand in
+  // for the row: no logit processor or penalty acts on it, and top_logprobs fit in K.
+  bool candidates_suffice(int32_t num_candidates) const;
+  // The token sample() would pick from the whole row, from its K best candidates (`ids`
+  // ascending, `logits` theirs) and `row` (kernels/sampling_ops.hpp); the same draw, the same
+  // logprobs. nullopt - nothing recorded, no random number used - when the candidates cannot
+  // decide it (the nucleus or min-p's survivors reach past them, or a plain temperature draw
+  // over the whole row): then sample() the row. PRECOND: candidates_suffice(ids.size()).
+  std::optional<SampleResult> sample_candidates(const CandidateRow& row, std::span<const int32_t> ids,
+                                                std::span<const float> logits, int64_t vocab);
+
   // Un-records a token sample() chose and the caller then refused (structured outputs' budget
   // check), so the penalties count only tokens really generated.
   void forget(int32_t token);
@@ -65,7 +85,12 @@ class Sampler {
  private:
   void apply_logit_processors(std::span<float> logits) const;  // allowed_token_ids, logit_bias
   void apply_penalties(std::span<float> logits) const;
-  int32_t draw(std::span<const float> logits);
+  // The draw from a whole row (vocab == logits.size()), or from a prefilter's best candidates of
+  // a longer one (ascending ids; row_scaled_sum its ExpSum of exp((l - max) / T)): the position
+  // drawn, or nullopt - before any RNG use - when the candidates cannot decide it.
+  std::optional<size_t> draw(std::span<const float> logits, int64_t vocab, const ExpSum* row_scaled_sum);
+  bool processors_act() const;  // a logit processor or penalty changes this token's row
+  void record(int32_t token);
   double uniform01();
 
   SamplingParams params_;

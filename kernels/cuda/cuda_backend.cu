@@ -455,6 +455,14 @@ void CudaBackend::gather_rows(const GatherRowsParams& p, Stream stream) {
   gather_rows_cuda(p, errors_, stream_of(stream));
 }
 
+void CudaBackend::sample_greedy(const GreedySampleParams& p, Stream stream) {
+  sample_greedy_cuda(p, stream_of(stream));
+}
+
+void CudaBackend::sample_candidates(const CandidateSampleParams& p, Stream stream) {
+  sample_candidates_cuda(p, stream_of(stream));
+}
+
 std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
 
 }  // namespace fp8serve::cuda

@@ -72,6 +72,9 @@ class CudaBackend final : public Backend {
   void silu_mul(const SiluMulParams& params, Stream stream) override;
   void residual_add(const ResidualAddParams& params, Stream stream) override;
   void gather_rows(const GatherRowsParams& params, Stream stream) override;
+  bool supports_device_sampling() const override { return true; }
+  void sample_greedy(const GreedySampleParams& params, Stream stream) override;
+  void sample_candidates(const CandidateSampleParams& params, Stream stream) override;
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }

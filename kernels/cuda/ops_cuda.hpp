@@ -17,6 +17,7 @@
 #include "kernels/forward_ops.hpp"
 #include "kernels/kv_spill.hpp"
 #include "kernels/kv_write.hpp"
+#include "kernels/sampling_ops.hpp"
 
 namespace fp8serve::cuda {
 
@@ -69,6 +70,10 @@ void kv_write_cuda(const KvWriteParams& params, KvCalibrationSlot* calibration, 
 // validated by the caller. Copies every pair in every pool.
 // The bf16 window's spill (kernels/kv_spill.hpp); a block id outside the pool raises kErrorSlot.
 void kv_spill_cuda(const KvSpillParams& params, unsigned* errors, cudaStream_t stream);
+// Greedy sampling (kernels/sampling_ops.hpp): each row's argmax and its softmax denominator.
+void sample_greedy_cuda(const GreedySampleParams& params, cudaStream_t stream);
+// The top-k prefilter (kernels/sampling_ops.hpp): each row's best K candidates and its two ExpSums.
+void sample_candidates_cuda(const CandidateSampleParams& params, cudaStream_t stream);
 
 // aligned16: every base and block_bytes a multiple of 16 (16-byte copies).
 void copy_blocks_cuda(const BlockCopyPool* pools, int32_t num_pools, const int32_t* pairs,

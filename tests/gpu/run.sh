@@ -9,6 +9,7 @@
 #               on the cores the longest kernel file leaves idle
 #   test_gpu, test_engine   the [gpu] Catch2 cases; the failing ones by name, from their JUnit
 #   bench_attention_cuda, bench_forward (Llama-3-8B shapes, random weights)
+#   bench_sampling --device cuda   sampling on the GPU per decode step at batch 64, 128k vocabulary
 #   bench_attention_cuda_fast_paths_0   the decode attention A/B: cvt against the bit-trick decode
 # OUT_DIR/summary.json is rewritten when each phase starts and ends, so a run cut short still
 # returns one (tests/gpu/summary.py says what it holds). OUT_DIR holds at most 5 files (summary.json,
@@ -46,7 +47,7 @@ trap 'rm -rf "$work"' EXIT
 deadline=$((SECONDS + budget))
 reserve=5  # seconds kept for the last summary
 grace=5    # seconds between a phase's SIGTERM (Catch2 writes its JUnit then) and SIGKILL
-targets=(test_gpu test_engine bench_attention_cuda bench_forward bench_attention_cuda_fast_paths_0)
+targets=(test_gpu test_engine bench_attention_cuda bench_forward bench_sampling bench_attention_cuda_fast_paths_0)
 ((dry)) && export PATH=$here/dry:$PATH  # the stand-in nvidia-smi
 
 note() { echo "== $((SECONDS)) s: $*" | tee -a "$out/run.log"; }
@@ -229,6 +230,7 @@ main() {
     test_phases
     bench bench_attention_cuda 120 20 90
     bench bench_forward 200 30 170 --device cuda --shape llama3-8b  # ~15 s of it: the FP8 projections
+    bench bench_sampling 60 10 30 --device cuda
     # The A/B: the same sweep as the first run when it fits, so every cell has both figures.
     local args=()
     grep -q 'args.bench_attention_cuda	.*--quick' "$work/facts.tsv" && args=(--quick)

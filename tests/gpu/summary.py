@@ -135,6 +135,30 @@ def parse_bench_forward(text):
     return out
 
 
+SAMPLING_ROW = re.compile(r"(greedy|top-p)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$")
+
+
+def parse_bench_sampling(text, forward):
+    """bench_sampling --device cuda's rows, each step's sampling set against bench_forward's
+    fastest decode step at batch 64 (the target: top-p under 2% of it)."""
+    out = {"rows": []}
+    steps = [r["ms_per_step"] for r in (forward or {}).get("rows", []) if r["phase"] == "decode" and r["batch"] == 64]
+    decode_us = 1e3 * min(steps) if steps else None
+    out["decode_step_us_batch_64"] = decode_us
+    for line in text.splitlines():
+        if m := SAMPLING_ROW.match(line):
+            row = {"request": m[1], "device_us": float(m[2]), "host_us": float(m[3]), "step_us": float(m[4]),
+                   "host_path_us": float(m[5])}
+            if decode_us:
+                row["percent_of_decode_step"] = round(100.0 * row["step_us"] / decode_us, 3)
+                row["host_path_percent_of_decode_step"] = round(100.0 * row["host_path_us"] / decode_us, 3)
+            out["rows"].append(row)
+        elif m := re.match(r"top-p rows the candidates could not decide: (\d+) of (\d+)", line):
+            out["declined"], out["drawn"] = int(m[1]), int(m[2])
+    out["complete"] = "declined" in out
+    return out
+
+
 DECODE_ROW = re.compile(r"(bf16|fp8|fp8\+tail)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%\s+([\d.]+)x$")
 PREFILL_ROW = re.compile(r"(bf16|fp8|fp8\+tail)\s+(\d+)\s+(\d+)\s+(yes|no)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$")
 
@@ -207,6 +231,8 @@ def cmd_write(work, out):
     bench = {}
     if (text := read_log(work, "bench_forward")) is not None:
         bench["forward"] = parse_bench_forward(text)
+    if (text := read_log(work, "bench_sampling")) is not None:
+        bench["sampling"] = parse_bench_sampling(text, bench.get("forward"))
     for phase, key in (("bench_attention_cuda", "attention"), ("bench_attention_cuda_fast_paths_0", "attention_fast_paths_0")):
         if (text := read_log(work, phase)) is not None:
             bench[key] = parse_bench_attention(text)

@@ -5,6 +5,7 @@ target's path in the build folder to this file, which acts by the name it is cal
   test_*                    Catch2 with `[gpu] -r junit -o FILE`: writes JUnit as Catch2 2.13 does
                             (test_gpu: one failing section, to check failing names reach the summary)
   bench_forward             bench_forward's text (the printf formats of tests/bench/bench_forward.cpp)
+  bench_sampling            bench_sampling --device cuda's table (tests/bench/bench_sampling.cpp)
   bench_attention_cuda*     bench_attention_cuda's table and its `json:` line; the _fast_paths_0
                             build prints the FP8 rows 1.25x slower, so the A/B has a known ratio
 
@@ -93,6 +94,14 @@ def bench_forward_lines():
             kv, 95 if kv == "bf16" else 190, 104.2, 131072 if kv == "bf16" else 65536)
 
 
+def bench_sampling_lines():
+    yield "bench_sampling: device cuda (stand-in), batch 64, vocab 128256, 50 steps per figure"
+    yield "%-8s %10s %10s %10s %12s" % ("request", "device us", "host us", "step us", "host path us")
+    yield "%-8s %10.1f %10.1f %10.1f %12.1f" % ("greedy", 30.0, 5.0, 35.0, 7000.0)
+    yield "%-8s %10.1f %10.1f %10.1f %12.1f" % ("top-p", 60.0, 32.0, 92.0, 17000.0)
+    yield "top-p rows the candidates could not decide: 0 of 3264"
+
+
 def bench_attention_lines():
     slow = 1.25 if NAME.endswith("_fast_paths_0") else 1.0
     copy = 4310.0
@@ -137,6 +146,8 @@ if __name__ == "__main__":
         run_test(sys.argv[1:])
     elif NAME == "bench_forward":
         run_bench(bench_forward_lines())
+    elif NAME == "bench_sampling":
+        run_bench(bench_sampling_lines())
     elif NAME.startswith("bench_attention_cuda"):
         run_bench(bench_attention_lines())
     else:

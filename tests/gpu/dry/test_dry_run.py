@@ -24,7 +24,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUN = os.path.join(HERE, "..", "run.sh")
 PHASES = ["preflight", "configure", "build", "test_gpu", "test_engine", "bench_attention_cuda",
-          "bench_forward", "bench_attention_cuda_fast_paths_0"]
+          "bench_forward", "bench_sampling", "bench_attention_cuda_fast_paths_0"]
 failures = []
 
 
@@ -87,6 +87,12 @@ def whole_run(tmp, build):
     check(len(fp8) == 32 and fp8[0]["proj"] == "qkv" and fp8[0]["tokens"] == 1 and fp8[0]["scales"] == "row"
           and 0 < fp8[0]["fraction_of_copy"] < 1.5 and "fraction_of_fp8_peak" in fp8[3],
           f"bench_forward's FP8-weight projection rows: {len(fp8)} {fp8[:1]}")
+    sampling = s["bench"]["sampling"]
+    # The stand-in's fastest batch-64 decode step: (4.6 + 64 * 1024e-5) * 0.9 ms (fp8), printed 4.730.
+    check(sampling["complete"] and [r["request"] for r in sampling["rows"]] == ["greedy", "top-p"]
+          and sampling["decode_step_us_batch_64"] == 4730.0
+          and sampling["rows"][1]["percent_of_decode_step"] == round(100 * 92.0 / 4730.0, 3),
+          f"bench_sampling's rows against the decode step: {sampling}")
     attention = s["bench"]["attention"]
     check(attention["complete"] and attention["source"] == "json" and len(attention["decode"]) == 12
           and len(attention["prefill"]) == 4, "bench_attention_cuda's json line")

@@ -48,6 +48,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 
 #include "cuda_test_util.hpp"
 #include "bf16_rounding_backend.hpp"
@@ -55,6 +56,7 @@
 #include "kernels/cpu/cpu_backend.hpp"
 #include "model/loader.hpp"
 #include "model/transformer.hpp"
+#include "server/sampling.hpp"
 
 using namespace fp8serve;
 using namespace fp8serve::gpu_test;
@@ -69,6 +71,60 @@ struct GreedyRun {
 };
 
 int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
+
+// The device's greedy picks of the step just run (Transformer::sample_greedy, from the logits it
+// keeps) against the host sampler on the logits that came back: the same tokens and logprobs,
+// bit for bit (kernels/sampling_ops.hpp). On a real GPU the logprob may differ by an fp32 ulp
+// (CUDA's double exp against glibc's), never in the emulator.
+void check_device_sampling(Backend& backend, Transformer& transformer, const std::vector<float>& logits, int64_t vocab) {
+  const std::span<const GreedyRow> picks = transformer.sample_greedy();
+  REQUIRE(picks.size() * static_cast<std::size_t>(vocab) == logits.size());
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.num_logprobs = 0;
+  for (std::size_t r = 0; r < picks.size(); ++r) {
+    Sampler host(params, {}, 1), device(params, {}, 1);
+    std::vector<float> row(logits.begin() + static_cast<std::ptrdiff_t>(r * vocab),
+                           logits.begin() + static_cast<std::ptrdiff_t>((r + 1) * vocab));
+    const SampleResult want = host.sample(row);
+    const SampleResult got = device.accept_greedy(picks[r]);
+    CHECK(got.token == want.token);
+    if (kEmulated) {
+      CHECK(got.logprob == want.logprob);
+    } else {
+      CHECK(std::fabs(got.logprob - want.logprob) <= std::fabs(want.logprob) * 2e-7f);
+    }
+  }
+  // The prefilter on the same rows: top-p draws from the candidates (or, where they cannot decide,
+  // from the row downloaded alone) equal the host's on the whole row.
+  SamplingParams top_p;
+  top_p.temperature = 0.8f;
+  top_p.top_p = 0.9f;
+  top_p.num_logprobs = 3;
+  for (const float p : {0.9f, 1.0f}) {  // 1.0: a plain temperature draw, always from the row
+    top_p.top_p = p;
+    const std::vector<float> inv_t(picks.size(), 1.0f / top_p.temperature);
+    const Transformer::Candidates c = transformer.sample_candidates(inv_t);
+    for (std::size_t r = 0; r < c.rows.size(); ++r) {
+      top_p.seed = 7 + r;
+      Sampler host(top_p, {}, 1), device(top_p, {}, 1);
+      std::vector<float> row(logits.begin() + static_cast<std::ptrdiff_t>(r * vocab),
+                             logits.begin() + static_cast<std::ptrdiff_t>((r + 1) * vocab));
+      const SampleResult want = host.sample(row);
+      const auto k = static_cast<std::size_t>(c.rows[r].num_candidates);
+      std::optional<SampleResult> got = device.sample_candidates(
+          c.rows[r], {c.ids + r * static_cast<std::size_t>(c.k), k}, {c.logits + r * static_cast<std::size_t>(c.k), k}, vocab);
+      if (!got) {
+        HostArray<float> alone(backend);
+        alone.resize(static_cast<std::size_t>(vocab));
+        transformer.download_logits_row(static_cast<int64_t>(r), alone.span());
+        got = device.sample(alone.span());
+      }
+      CHECK(got->token == want.token);
+      if (kEmulated) CHECK(got->logprob == want.logprob);
+    }
+  }
+}
 
 // Two sequences: one prefill step for both, then `steps` decode steps, greedy.
 GreedyRun run_greedy(Backend& backend, const LoadedModel& model, const std::vector<std::vector<int32_t>>& prompts,
@@ -129,6 +185,7 @@ GreedyRun run_greedy(Backend& backend, const LoadedModel& model, const std::vect
     batch.calibrate = calibrate;
     batch.sample_rows = rows;
     transformer.forward(batch, logits);
+    if (transformer.samples_on_device()) check_device_sampling(backend, transformer, logits, c.vocab_size);
     for (int32_t s = 0; s < num_seqs; ++s) {
       run.tokens[static_cast<std::size_t>(s)].push_back(argmax(logits.data() + s * c.vocab_size, c.vocab_size));
     }

@@ -1,0 +1,112 @@
+// The arithmetic the host sampler shares with the device's (kernels/sampling_ops.hpp): the
+// fixed-point ExpSum against a long-double sum, in any order; sample_key's order against the
+// host's argmax; which sequences may take a device's greedy pick.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "server/sampling.hpp"
+
+using namespace fp8serve;
+
+TEST_CASE("ExpSum is exact to 2^-100 a term and the same in any order", "[sampling]") {
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  std::vector<float> row(128256);
+  for (float& v : row) v = normal(rng);
+  const float max_logit = *std::max_element(row.begin(), row.end());
+  std::vector<double> terms;
+  for (float l : row) terms.push_back(softmax_term(l, max_logit));
+
+  long double exact = 0;
+  for (double t : terms) exact += static_cast<long double>(t);
+  ExpSum forward;
+  for (double t : terms) forward.add(t);
+  // Truncation loses < 2^-100 a term: far below a double's precision at a sum >= 1.
+  CHECK(std::fabs(static_cast<long double>(forward.value()) - exact) <= exact * 0x1.0p-52L);
+
+  for (int round = 0; round < 3; ++round) {
+    std::shuffle(terms.begin(), terms.end(), rng);
+    // Split into uneven partial sums merged in a different order, as a device's threads would.
+    ExpSum a, b, c;
+    for (std::size_t i = 0; i < terms.size(); ++i) (i % 3 == 0 ? a : i % 7 == 0 ? b : c).add(terms[i]);
+    c.merge(a);
+    c.merge(b);
+    CHECK(c.hi == forward.hi);
+    CHECK(c.lo == forward.lo);
+  }
+  // A term that is not in [0, 1] (exp of NaN, from inf - inf or a NaN logit) makes it NaN for good.
+  ExpSum nan_sum = forward;
+  nan_sum.add(std::numeric_limits<double>::quiet_NaN());
+  nan_sum.add(0.5);
+  CHECK(std::isnan(nan_sum.value()));
+  ExpSum merged = forward;
+  merged.merge(nan_sum);
+  CHECK(std::isnan(merged.value()));
+}
+
+TEST_CASE("sample_key orders as the host's argmax: highest logit, lowest id, -0 == +0, NaN last but at id 0",
+          "[sampling]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  CHECK(sample_key(2.0f, 5) > sample_key(1.0f, 0));
+  CHECK(sample_key(-1.0f, 5) > sample_key(-2.0f, 0));
+  CHECK(sample_key(1.0f, 3) > sample_key(1.0f, 4));       // tie: lower id
+  CHECK(sample_key(-0.0f, 3) > sample_key(0.0f, 4));      // -0 ties with +0
+  CHECK(sample_key(-inf, 9) > sample_key(nan, 1));        // NaN is never chosen...
+  CHECK(sample_key(nan, 0) > sample_key(inf, 1));         // ...except at id 0
+  CHECK(sample_key(inf, 1) > sample_key(3e38f, 0));
+  for (const int32_t id : {0, 1, 77, 151935}) CHECK(sample_key_id(sample_key(0.5f, id)) == id);
+}
+
+TEST_CASE("greedy_on_raw_logits: only when nothing but the raw argmax and its logprob is asked", "[sampling]") {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  CHECK(Sampler(p, {}, 1).greedy_on_raw_logits());
+  p.num_logprobs = 0;
+  CHECK(Sampler(p, {}, 1).greedy_on_raw_logits());
+  auto refused = [&](auto change) {
+    SamplingParams q = p;
+    change(q);
+    return !Sampler(q, {}, 1).greedy_on_raw_logits();
+  };
+  CHECK(refused([](SamplingParams& q) { q.temperature = 0.7f; }));
+  CHECK(refused([](SamplingParams& q) { q.num_logprobs = 2; }));
+  CHECK(refused([](SamplingParams& q) { q.logit_bias = {{3, 1.0f}}; }));
+  CHECK(refused([](SamplingParams& q) { q.allowed_token_ids = {1, 2}; }));
+  CHECK(refused([](SamplingParams& q) { q.repetition_penalty = 1.1f; }));
+  CHECK(refused([](SamplingParams& q) { q.frequency_penalty = 0.5f; }));
+  CHECK(refused([](SamplingParams& q) { q.presence_penalty = -0.5f; }));
+  // min_tokens bans ids only until that many tokens were generated.
+  SamplingParams m = p;
+  m.min_tokens = 1;
+  m.min_tokens_banned = {2};
+  Sampler s(m, {}, 1);
+  CHECK_FALSE(s.greedy_on_raw_logits());
+  std::vector<float> row{0.0f, 1.0f, 5.0f};
+  CHECK(s.sample(row).token == 1);
+  CHECK(s.greedy_on_raw_logits());
+}
+
+TEST_CASE("accept_greedy reports what sample() would for the same row", "[sampling]") {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.num_logprobs = 0;
+  const std::vector<float> row{0.5f, 3.0f, -1.0f, 3.0f, 2.0f};
+  GreedyRow pick;
+  pick.token = 1;
+  pick.max_logit = 3.0f;
+  for (float l : row) pick.sum.add(softmax_term(l, pick.max_logit));
+  Sampler host(p, {}, 1), device(p, {}, 1);
+  std::vector<float> scratch = row;
+  const SampleResult want = host.sample(scratch);
+  const SampleResult got = device.accept_greedy(pick);
+  CHECK(got.token == want.token);
+  CHECK(got.logprob == want.logprob);
+  // An independent reference: log-softmax in double.
+  CHECK(got.logprob == Approx(-std::log(std::exp(0.5 - 3.0) + 2 + std::exp(-4.0) + std::exp(-1.0))));
+}
