@@ -1,4 +1,4 @@
-// mma.sync in the emulator: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 as a warp
+// mma.sync in the emulator: mma.sync.aligned.m16n8k16.row.col.f32.{bf16.bf16,f16.f16}.f32 as a warp
 // collective (scheduler.cpp waits for the 32 lanes at one call site), D computed from the lanes'
 // fragments by the PTX ISA's tables (ptx.cuh repeats them), summed in the run's MmaOrder.
 #include <array>
@@ -30,8 +30,14 @@ std::atomic<int>& order_setting() {
 
 float bf16_lo(uint32_t pair) { return std::bit_cast<float>(pair << 16); }
 float bf16_hi(uint32_t pair) { return std::bit_cast<float>(pair & 0xffff0000u); }
+float f16_lo(uint32_t pair) {
+  __half_raw h;
+  h.x = static_cast<unsigned short>(pair & 0xffffu);
+  return __half2float(__half(h));
+}
+float f16_hi(uint32_t pair) { return f16_lo(pair >> 16); }
 
-// c + the 16 products (each exact in fp32: 8-bit significands), in `order`.
+// c + the 16 products (each exact in fp32: 8-bit (bf16) or 11-bit (f16) significands), in `order`.
 float accumulate(float c, const std::array<float, 16>& p, MmaOrder order) {
   switch (order) {
     case MmaOrder::sequential: {
@@ -59,20 +65,22 @@ float accumulate(float c, const std::array<float, 16>& p, MmaOrder order) {
   return c;
 }
 
-void complete_mma_m16n8k16_bf16(const void* const* lanes) {
+// D = A B + C over the 32 lanes' fragments, their registers' halves read by lo / hi.
+template <float (*lo)(uint32_t), float (*hi)(uint32_t)>
+void complete_mma_m16n8k16(const void* const* lanes) {
   float a[16][16], b[16][8], c[16][8];
   for (int lane = 0; lane < 32; ++lane) {
     const auto& l = *static_cast<const detail::MmaLane*>(lanes[lane]);
     const int g = lane / 4, t = lane % 4;
     const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
     for (int i = 0; i < 4; ++i) {
-      a[rows[i]][cols[i]] = bf16_lo(l.a[i]);
-      a[rows[i]][cols[i] + 1] = bf16_hi(l.a[i]);
+      a[rows[i]][cols[i]] = lo(l.a[i]);
+      a[rows[i]][cols[i] + 1] = hi(l.a[i]);
     }
-    b[2 * t][g] = bf16_lo(l.b[0]);
-    b[2 * t + 1][g] = bf16_hi(l.b[0]);
-    b[2 * t + 8][g] = bf16_lo(l.b[1]);
-    b[2 * t + 9][g] = bf16_hi(l.b[1]);
+    b[2 * t][g] = lo(l.b[0]);
+    b[2 * t + 1][g] = hi(l.b[0]);
+    b[2 * t + 8][g] = lo(l.b[1]);
+    b[2 * t + 9][g] = hi(l.b[1]);
     c[g][2 * t] = l.d[0];
     c[g][2 * t + 1] = l.d[1];
     c[g + 8][2 * t] = l.d[2];
@@ -109,7 +117,11 @@ const char* mma_order_name(MmaOrder order) {
 namespace detail {
 
 void mma_m16n8k16_bf16(const MmaLane& lane, Site site) {
-  warp_collective(&complete_mma_m16n8k16_bf16, &lane, "mma.sync.m16n8k16.bf16", site);
+  warp_collective(&complete_mma_m16n8k16<bf16_lo, bf16_hi>, &lane, "mma.sync.m16n8k16.bf16", site);
+}
+
+void mma_m16n8k16_f16(const MmaLane& lane, Site site) {
+  warp_collective(&complete_mma_m16n8k16<f16_lo, f16_hi>, &lane, "mma.sync.m16n8k16.f16", site);
 }
 
 }  // namespace detail

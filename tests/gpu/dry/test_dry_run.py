@@ -85,7 +85,7 @@ def whole_run(tmp, build):
                                  "tokens_per_s": 216.9, "percent_of_bound": 80.0}, f"a decode row: {forward['rows'][0]}")
     attention = s["bench"]["attention"]
     check(attention["complete"] and attention["source"] == "json" and len(attention["decode"]) == 12
-          and len(attention["prefill"]) == 4, "bench_attention_cuda's json line")
+          and len(attention["prefill"]) == 4 and len(attention["decode_groups"]) == 8, "bench_attention_cuda's json line")
     ab = s["bench"]["decode_ab"]
     check(len(ab) == 12 and {r["ratio"] for r in ab if r["kv"] == "bf16"} == {1.0}
           and {r["ratio"] for r in ab if r["kv"] != "bf16"} == {1.25}, f"the decode A/B ratios: {ab[:3]}")

@@ -29,7 +29,12 @@ __global__ void pack_bf16_kernel(const float* a, const float* b, uint32_t* out, 
 
 // PTX's m16n8k16 fragments (ptx.cuh) loaded from row-major A, B, C. fault: a lane's fragment
 // index off by one (lane 5 loads its a[1] from row g + 9), to show that such a bug fails.
-__global__ void mma_kernel(const uint16_t* a, const uint16_t* b, const float* c, float* d, int fault) {
+__global__ void pack_f16_kernel(const float* a, const float* b, uint32_t* out, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = ptx::cvt_f16x2_f32(a[i], b[i]);
+}
+
+__global__ void mma_kernel(const uint16_t* a, const uint16_t* b, const float* c, float* d, int fault, bool f16) {
   const int lane = static_cast<int>(threadIdx.x), g = lane / 4, t = lane % 4;
   const int a1_row = fault == 1 && lane == 5 ? g + 9 : g + 8;
   auto a_pair = [&](int row, int col) { return uint32_t{a[row * 16 + col]} | uint32_t{a[row * 16 + col + 1]} << 16; };
@@ -37,7 +42,11 @@ __global__ void mma_kernel(const uint16_t* a, const uint16_t* b, const float* c,
   const uint32_t af[4] = {a_pair(g, 2 * t), a_pair(a1_row, 2 * t), a_pair(g, 2 * t + 8), a_pair(g + 8, 2 * t + 8)};
   const uint32_t bf[2] = {b_pair(2 * t, g), b_pair(2 * t + 8, g)};
   float df[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t], c[(g + 8) * 8 + 2 * t + 1]};
-  ptx::mma_m16n8k16_bf16(df, af, bf);
+  if (f16) {
+    ptx::mma_m16n8k16_f16(df, af, bf);
+  } else {
+    ptx::mma_m16n8k16_bf16(df, af, bf);
+  }
   d[g * 8 + 2 * t] = df[0];
   d[g * 8 + 2 * t + 1] = df[1];
   d[(g + 8) * 8 + 2 * t] = df[2];
@@ -70,12 +79,15 @@ std::array<uint32_t, 256> decode_fp8_codes(bool bit_trick) {
   return bits;
 }
 
-std::vector<uint32_t> pack_bf16_pairs(const std::vector<float>& a, const std::vector<float>& b) {
+namespace {
+
+template <class Kernel>
+std::vector<uint32_t> pack_pairs(Kernel kernel, const std::vector<float>& a, const std::vector<float>& b) {
   const int n = static_cast<int>(a.size());
   DeviceBuffer da(a.size() * sizeof(float)), db(b.size() * sizeof(float)), out(a.size() * sizeof(uint32_t));
   da.copy_from_host(a.data(), a.size() * sizeof(float));
   db.copy_from_host(b.data(), b.size() * sizeof(float));
-  FP8SERVE_LAUNCH(pack_bf16_kernel, dim3(static_cast<unsigned>((n + 127) / 128)), dim3(128), 0, nullptr,
+  FP8SERVE_LAUNCH(kernel, dim3(static_cast<unsigned>((n + 127) / 128)), dim3(128), 0, nullptr,
                   static_cast<const float*>(da.data()), static_cast<const float*>(db.data()),
                   static_cast<uint32_t*>(out.data()), n);
   CUDA_CHECK(cudaGetLastError());
@@ -83,15 +95,25 @@ std::vector<uint32_t> pack_bf16_pairs(const std::vector<float>& a, const std::ve
   return download<uint32_t>(out, a.size());
 }
 
+}  // namespace
+
+std::vector<uint32_t> pack_bf16_pairs(const std::vector<float>& a, const std::vector<float>& b) {
+  return pack_pairs(pack_bf16_kernel, a, b);
+}
+
+std::vector<uint32_t> pack_f16_pairs(const std::vector<float>& a, const std::vector<float>& b) {
+  return pack_pairs(pack_f16_kernel, a, b);
+}
+
 std::vector<float> mma_16816(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
-                             const std::vector<float>& c, int fault) {
+                             const std::vector<float>& c, int fault, bool f16) {
   DeviceBuffer da(256 * 2), db(128 * 2), dc(128 * 4), dd(128 * 4);
   da.copy_from_host(a.data(), 256 * 2);
   db.copy_from_host(b.data(), 128 * 2);
   dc.copy_from_host(c.data(), 128 * 4);
   FP8SERVE_LAUNCH(mma_kernel, dim3(1), dim3(32), 0, nullptr, static_cast<const uint16_t*>(da.data()),
                   static_cast<const uint16_t*>(db.data()), static_cast<const float*>(dc.data()),
-                  static_cast<float*>(dd.data()), fault);
+                  static_cast<float*>(dd.data()), fault, f16);
   CUDA_CHECK(cudaGetLastError());
   CUDA_CHECK(cudaDeviceSynchronize());
   return download<float>(dd, 128);
