@@ -3,12 +3,15 @@
 // kMmaMinGroup and more): the item's query heads are the A operand of mma.sync m16n8k16 (16 rows:
 // 8 heads in rows g, or 16 in rows g and g + 8; the rest zero), the chunk's keys B, fp32
 // accumulators throughout.
-//  - Q: the A fragments of all head_dim / 16 k-steps stay in registers for a segment. For FP8 K
-//    they are f16: q (bf16) times 2^e, e chosen so that the item's largest |q| lands in
-//    [2^14, 2^15), is exact in f16 (8 significant bits; only values below 2^-28 of the largest
-//    lose bits, as f16 subnormals), and 2^-e joins qk_scale and the K scale in the score scale.
-//    For bf16 K they are bf16 (q as it is) and the MMA is the bf16 one: bf16 keys do not fit f16's
-//    range (65504), so converting them could overflow.
+//  - Q: the A fragment of each k-step is built from the item's q in shared memory for each chunk
+//    (one 16-byte load, two conversions) rather than held in registers: the MMA's A operand is 4
+//    consecutive registers, zero rows included, so holding all head_dim / 16 of them took 32
+//    registers and 4 CTAs per SM (128 registers) out of reach. For FP8 K they are f16: q (bf16)
+//    times 2^e, e chosen so that the item's largest |q| lands in [2^14, 2^15), is exact in f16
+//    (8 significant bits; only values below 2^-28 of the largest lose bits, as f16 subnormals),
+//    and 2^-e joins qk_scale and the K scale in the score scale. For bf16 K they are bf16 (q as it
+//    is) and the MMA is the bf16 one: bf16 keys do not fit f16's range (65504), so converting them
+//    could overflow.
 //  - S = Q K^T: the k order within a k-step is ours to choose (Q's A fragment uses the same), so
 //    a lane's b[0] (k = 2t, 2t+1) and b[1] (2t+8, 2t+9) of token g are dims 4t..4t+3 of the
 //    k-step: one 32-bit shared load of the staged FP8 word, two cvt.rn.f16x2.e4m3x2. (bf16 K:
@@ -28,10 +31,11 @@
 //    16-byte vectors by a multiple of (row / 2) % 4, so that the lanes of one shared load (8
 //    tokens x 4 word columns for K; 4 token rows x 32 bytes for V) fall in distinct banks at
 //    head_dim 128 and 256.
-// Count per 4 KiB chunk (FP8, head_dim 128, 16 tokens): S 8 k-steps x 2 n-tiles x (1 load, 2 cvt,
-// 1 mma); P V 4 x (4 loads, 4 prmt, 8 cvt, 2 mma per 8 heads); the softmax ~50; the copy ~40:
-// ~300 issue slots at any group up to 16, against the ~892 that 4.8 TB/s allows. The SASS
-// count is tests/scripts/sass_count.py's (README).
+// Count per 4 KiB chunk (FP8, head_dim 128, 16 tokens): S 8 k-steps x (Q: 1 load, 4 multiplies,
+// 2 cvt; 2 n-tiles x (1 load, 2 cvt, 1 mma)); P V 4 x (4 loads, 4 prmt, 8 cvt, 2 mma per 8
+// heads); the softmax ~50; the copy ~40: ~350 issue slots at any group up to 16, against the ~892
+// that 4.8 TB/s allows. The SASS has about twice that (address arithmetic, the copy's block
+// lookups): tests/scripts/sass_count.py, README.
 #include "kernels/cuda/decode_stage.cuh"
 
 namespace fp8serve::cuda::attn {
@@ -47,11 +51,11 @@ constexpr int kMmaMinGroup = 4;
 // the CUDA-core kernel serves head_dim 256 at every group.
 constexpr int kMmaMaxHeadDim = 128;
 
-// CTAs per SM the kernel is built for (__launch_bounds__): 3 (168 registers) for 8 heads per item,
+// CTAs per SM the kernel is built for (__launch_bounds__): 4 (128 registers) for 8 heads per item,
 // 2 for 16, whose O^T and Q fragments take twice the registers. Either keeps 2 chunks per warp in
-// flight for 3 x 4 (2 x 4) warps: 96 (64) KiB per SM against the ~25 KiB that HBM's latency needs.
+// flight for 4 x 4 (2 x 4) warps: 128 (64) KiB per SM against the ~25 KiB that HBM's latency needs.
 template <int kRows>
-constexpr int kMmaMinCtas = kRows <= 8 ? 3 : 2;
+constexpr int kMmaMinCtas = kRows <= 8 ? 4 : 2;
 
 template <int kD, int kRows>
 struct DecodeMmaCta {
@@ -84,14 +88,14 @@ ATTN_UNROLL
     st.o_scale = 1.0f;
   }
 
-  // Q's A fragments for k-step j (dims 16j + dim(h) .. + 1 in register pair h). kF16: f16 of
-  // q * q_mult, else bf16 of q.
+  // Q's A fragment for k-step j (dims 16j + dim(h) .. + 1 in register pair h), read from q_s
+  // for each chunk rather than held: 16 x 4 registers per k-step (the MMA's A is 4 consecutive
+  // registers, zero rows included) would leave the kernel short of the 128 that 4 CTAs per SM
+  // allow. kF16: f16 of q * q_mult, else bf16 of q.
   template <bool kF16>
-  ATTN_DEVICE void q_fragments(uint32_t (&qa)[kSteps][4], float q_mult) const {
+  ATTN_DEVICE void q_fragment(int j, float q_mult, uint32_t (&a)[4]) const {
     const float* q_s = reinterpret_cast<const float*>(smem + decode_smem(kRows, kD, 0, false).q);
     const int g = lane / 4, t = lane % 4;
-ATTN_UNROLL
-    for (int j = 0; j < kSteps; ++j)
 ATTN_UNROLL
       for (int h = 0; h < 2; ++h) {
         // FP8 K: k = 2t, 2t+1 | 2t+8, 2t+9 are dims 4t, 4t+1 | 4t+2, 4t+3; bf16 K: the PTX order.
@@ -100,8 +104,8 @@ ATTN_UNROLL
           const float x = q_s[row * kD + d] * q_mult, y = q_s[row * kD + d + 1] * q_mult;
           return kF16 ? ptx::cvt_f16x2_f32(x, y) : pack_bf16x2(x, y);
         };
-        qa[j][2 * h] = pack(g);
-        qa[j][2 * h + 1] = kUpper ? pack(g + 8) : 0u;
+        a[2 * h] = pack(g);
+        a[2 * h + 1] = kUpper ? pack(g + 8) : 0u;
       }
   }
 
@@ -153,15 +157,8 @@ ATTN_UNROLL
           for (int e = 0; e < 4; ++e) st.o[h][n][e] *= ratio;
       st.o_scale = seg.v_scale;
     }
-    uint32_t qa[kSteps][4];
-    float score_scale = args.qk_scale * seg.k_scale;
-    if constexpr (kKFp8) {
-      const float q_mult = q_power_of_two();
-      q_fragments<true>(qa, q_mult);
-      score_scale /= q_mult;  // exact: a power of two
-    } else {
-      q_fragments<false>(qa, 1.0f);
-    }
+    const float q_mult = kKFp8 ? q_power_of_two() : 1.0f;
+    const float score_scale = args.qk_scale * seg.k_scale / q_mult;  // exact: a power of two
 
     constexpr int kChunkShift = kChunk == 8 ? 3 : kChunk == 16 ? 4 : 5;
     constexpr int kSwizzleShift = 5 - kChunkShift;  // log2 of the word columns per 32 banks
@@ -194,21 +191,23 @@ ATTN_UNROLL
 ATTN_UNROLL
         for (int e = 0; e < 4; ++e) s[nb][e] = 0.0f;
 ATTN_UNROLL
-      for (int nb = 0; nb < kMaxTiles; ++nb) {
-        auto k_word = [&](int w) {  // w = t + a multiple of 4
-          return *reinterpret_cast<const uint32_t*>(stage + k_off[nb] + (w - t) * chunk * 4);
-        };
+      for (int j = 0; j < kSteps; ++j) {
+        if (16 * j >= head_dim) break;
+        uint32_t qa[4];
+        q_fragment<kKFp8>(j, q_mult, qa);
 ATTN_UNROLL
-        for (int j = 0; j < kSteps; ++j) {
-          if (16 * j >= head_dim) break;
+        for (int nb = 0; nb < kMaxTiles; ++nb) {
+          auto k_word = [&](int w) {  // w = t + a multiple of 4
+            return *reinterpret_cast<const uint32_t*>(stage + k_off[nb] + (w - t) * chunk * 4);
+          };
           if constexpr (kKFp8) {
             const uint32_t word = k_word(4 * j + t);
             const uint32_t b[2] = {ptx::cvt_f16x2_e4m3x2(static_cast<uint16_t>(word & 0xffffu)),
                                    ptx::cvt_f16x2_e4m3x2(static_cast<uint16_t>(word >> 16))};
-            ptx::mma_m16n8k16_f16(s[nb], qa[j], b);
+            ptx::mma_m16n8k16_f16(s[nb], qa, b);
           } else {
             const uint32_t b[2] = {k_word(8 * j + t), k_word(8 * j + 4 + t)};
-            ptx::mma_m16n8k16_bf16(s[nb], qa[j], b);
+            ptx::mma_m16n8k16_bf16(s[nb], qa, b);
           }
         }
       }

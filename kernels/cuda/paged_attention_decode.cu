@@ -19,8 +19,8 @@
 // the conversions: the sm_90a SASS has ~800 instructions per chunk at group 1, ~1,600 at group 4
 // and ~2,700 at group 8 (README: the static counts, tests/scripts/sass_count.py), so that kernel
 // is issue-bound from group 4 (<= 55% of HBM) and the tensor-core one, whose count hardly
-// depends on the group, takes over there. Loads in flight: 3 CTAs (4 at group 1-2) x 4 warps x 2
-// chunks x 4 KiB = 96 KiB per SM against the ~25 KiB that bandwidth x latency (4.8 TB/s x ~0.7 us
+// depends on the group, takes over there. Loads in flight: 4 CTAs (2 at 9-16 query heads per KV
+// head) x 4 warps x 2 chunks x 4 KiB = 128 KiB per SM against the ~25 KiB that bandwidth x latency (4.8 TB/s x ~0.7 us
 // / 132 SMs) needs: the in-flight chunks live in shared memory, not in registers. bf16 moves
 // twice the bytes for half the conversion work and is memory-bound throughout.
 #include <algorithm>

@@ -171,12 +171,13 @@ TEST_CASE("the decode grid is the device's occupancy: an H200's in the emulator"
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   // Llama-3-8B shapes (GQA 4, head_dim 128) run on tensor cores: ptxas gives the
-  // paged_decode_mma_kernel<128, 8> build 167 registers on sm_90a (its __launch_bounds__ asks for
-  // 3 CTAs), which lets an SM hold 3 of its 128-thread CTAs (kernels/cuda/emu/kernel_resources.inc).
+  // paged_decode_mma_kernel<128, 8> build 128 registers on sm_90a (its __launch_bounds__ asks for
+  // 4 CTAs), which lets an SM hold 4 of its 128-thread CTAs (kernels/cuda/emu/kernel_resources.inc;
+  // shared memory allows 4 up to ~1,000 sequences).
   const int32_t grid = cuda::paged_attention_cuda_decode_grid(4, 128, 64, sms);
   INFO("decode grid " << grid << " on " << sms << " SMs");
 #if defined(FP8SERVE_CUDA_EMU) && FP8SERVE_CUDA_EMU
-  CHECK(grid == 132 * 3);
+  CHECK(grid == 132 * 4);
 #else
   CHECK(grid % sms == 0);
 #endif
