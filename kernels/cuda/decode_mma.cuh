@@ -4,7 +4,7 @@
 // 8 heads in rows g, or 16 in rows g and g + 8; the rest zero), the chunk's keys B, fp32
 // accumulators throughout.
 //  - Q: the A fragment of each k-step is built from the item's q in shared memory for each chunk
-//    (one 16-byte load, two conversions) rather than held in registers: the MMA's A operand is 4
+//    (one 16-byte load, four multiplies, two conversions) rather than held in registers: the MMA's A operand is 4
 //    consecutive registers, zero rows included, so holding all head_dim / 16 of them took 32
 //    registers and 4 CTAs per SM (128 registers) out of reach. For FP8 K they are f16: q (bf16)
 //    times 2^e, e chosen so that the item's largest |q| lands in [2^14, 2^15), is exact in f16
