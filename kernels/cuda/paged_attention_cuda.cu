@@ -52,8 +52,8 @@ void check_shapes(int32_t num_heads, int32_t num_kv_heads, int32_t head_dim) {
     fail("head_dim " + std::to_string(head_dim) + " is not a multiple of 16 in [16, 256]");
 }
 
-int64_t subgroups(int32_t group) {
-  const int32_t rows = attn::decode_rows(group);
+int64_t subgroups(int32_t group, bool mma) {
+  const int32_t rows = attn::decode_rows(group, mma);
   return (group + rows - 1) / rows;
 }
 
@@ -110,17 +110,23 @@ std::size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaLimits&
   check_shapes(limits.num_heads, limits.num_kv_heads, limits.head_dim);
   if (limits.max_num_seqs < 1) throw std::invalid_argument("paged_attention_cuda_workspace_bytes: max_num_seqs < 1");
   const int32_t group = limits.num_heads / limits.num_kv_heads;
-  const int64_t head_items = limits.num_kv_heads * subgroups(group);
-  // The grid can only grow for fewer sequences (less shared memory); launch_decode caps its
-  // target at the slots there are.
-  const int64_t grid = attn::decode_grid(group, limits.head_dim, limits.max_num_seqs, sm_count());
-  const int64_t slots = attn::kTargetWaves * grid + limits.max_num_seqs * head_items;
-  return plan_bytes(limits.max_num_seqs) +
-         static_cast<std::size_t>(slots * attn::decode_slot_floats(group, limits.head_dim)) * sizeof(float);
+  // Enough for either decode kernel (options may choose the one `best` does not).
+  std::size_t bytes = 0;
+  for (bool mma : {false, attn::decode_on_tensor_cores(group, limits.head_dim, PagedAttentionCudaOptions::DecodeMath::mma)}) {
+    const int64_t head_items = limits.num_kv_heads * subgroups(group, mma);
+    // The grid can only grow for fewer sequences (less shared memory); launch_decode caps its
+    // target at the slots there are.
+    const int64_t grid = attn::decode_grid(group, limits.head_dim, limits.max_num_seqs, sm_count(), mma);
+    const int64_t slots = attn::kTargetWaves * grid + limits.max_num_seqs * head_items;
+    bytes = std::max(bytes, static_cast<std::size_t>(slots * attn::decode_slot_floats(group, limits.head_dim, mma)) *
+                                sizeof(float));
+  }
+  return plan_bytes(limits.max_num_seqs) + bytes;
 }
 
 int32_t paged_attention_cuda_decode_grid(int32_t group, int32_t head_dim, int32_t num_seqs, int32_t sms) {
-  return attn::decode_grid(group, head_dim, num_seqs, sms);
+  const bool mma = attn::decode_on_tensor_cores(group, head_dim, PagedAttentionCudaOptions::DecodeMath::best);
+  return attn::decode_grid(group, head_dim, num_seqs, sms, mma);
 }
 
 void paged_attention_cuda(const PagedAttentionParams& params, void* workspace, std::size_t workspace_bytes,
@@ -152,16 +158,17 @@ void paged_attention_cuda(const PagedAttentionParams& params, void* workspace, s
 
   // Decode: the plan, then the partial slots.
   const int32_t sms = sm_count();
-  const int64_t head_items = params.cache.num_kv_heads * subgroups(group);
+  const bool mma = attn::decode_on_tensor_cores(group, head_dim, options.decode_math);
+  const int64_t head_items = params.cache.num_kv_heads * subgroups(group, mma);
   const std::size_t plan = plan_bytes(batch.num_seqs);
-  const int64_t slot_bytes = attn::decode_slot_floats(group, head_dim) * int64_t{sizeof(float)};
+  const int64_t slot_bytes = attn::decode_slot_floats(group, head_dim, mma) * int64_t{sizeof(float)};
   if (workspace == nullptr || !aligned16(workspace) || workspace_bytes < plan + slot_bytes)
     fail("workspace missing, not 16-byte aligned, or smaller than paged_attention_cuda_workspace_bytes()");
   const int64_t slots = static_cast<int64_t>(workspace_bytes - plan) / slot_bytes;
   DecodeWork work;
   work.plan = static_cast<int32_t*>(workspace);
   work.partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + plan);
-  work.subgroups = static_cast<int32_t>(subgroups(group));
+  work.subgroups = static_cast<int32_t>(subgroups(group, mma));
   const int64_t spare = slots - batch.num_seqs * head_items;
   if (spare < 1) fail("workspace too small for " + std::to_string(batch.num_seqs) + " sequences");
   const int64_t max_context = int64_t{batch.max_blocks_per_seq} * params.cache.block_size;
@@ -176,7 +183,7 @@ void paged_attention_cuda(const PagedAttentionParams& params, void* workspace, s
     if (parts * batch.num_seqs * head_items > slots) fail("partition_tokens too small for the workspace");
     may_split = parts > 1;
   }
-  attn::launch_decode(args, work, spare, may_split, sms, stream);
+  attn::launch_decode(args, work, spare, may_split, mma, sms, stream);
   if (batch.num_tokens > batch.num_seqs) attn::launch_prefill(args, options.prefill_math, sms, stream);
 }
 

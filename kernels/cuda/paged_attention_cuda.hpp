@@ -7,9 +7,10 @@
 // Dispatch (paged_attention_cuda.cu): the kernels plan their own work on the device from
 // query_start_loc and context_lens, so the host needs none of the batch's contents and every
 // launch has a grid fixed by host-side integers (CUDA graphs capture it as is):
-//   1. decode kernel: the sequences with exactly one new token; work items (sequence, KV head,
-//      context partition), the partition size chosen on the device so that the items fill the
-//      GPU (flash-decoding when the batch is small, one partition per sequence when it is large);
+//   1. decode kernel: the sequences with exactly one new token, on CUDA cores below GQA group 4
+//      and on tensor cores from it on (head_dim <= 128); work items (sequence, KV head, context
+//      partition), the partition size chosen on the device so that the items fill the GPU
+//      (flash-decoding when the batch is small, one partition per sequence when it is large);
 //   2. merge kernel: combines the partitions of split sequences (skipped when no context can
 //      exceed the smallest partition);
 //   3. prefill kernel: the sequences with two or more new tokens (prefill and chunked-prefill
@@ -53,7 +54,7 @@ void paged_attention_cuda(const PagedAttentionParams& params, void* workspace, s
                           cudaStream_t stream);
 
 // The decode kernel's persistent grid for these shapes on the current device (its occupancy
-// times `sms`): what paged_attention_cuda() launches, for tests and benchmarks.
+// times `sms`): what paged_attention_cuda() launches by default, for tests and benchmarks.
 int32_t paged_attention_cuda_decode_grid(int32_t group, int32_t head_dim, int32_t num_seqs, int32_t sms);
 
 // Knobs for tests and benchmarks; the defaults are what paged_attention_cuda() runs.
@@ -64,6 +65,13 @@ struct PagedAttentionCudaOptions {
     simt,  // CUDA cores, fp32 P: more exact, slower
   };
   PrefillMath prefill_math = PrefillMath::best;
+  enum class DecodeMath : uint8_t {
+    best,  // what the GPU runs by default: mma from GQA group 4 on, simt below
+    mma,   // tensor cores: f16 (FP8 K/V) or bf16 mma.sync, P rounded to f16 / bf16 for P V;
+           // head_dim <= 128 only (beyond it simt runs, as for best)
+    simt,  // CUDA cores, fp32 throughout
+  };
+  DecodeMath decode_math = DecodeMath::best;
   // Decode partition size in tokens: 0 = adaptive (fill the GPU), > 0 = at most this many tokens
   // per partition (rounded up to whole blocks), < 0 = never split.
   int32_t partition_tokens = 0;

@@ -85,21 +85,26 @@ int32_t persistent_grid(Kernel* kernel, int threads, std::size_t shared, int32_t
   return grid;
 }
 
-// Query heads one decode item serves (1, 2, 4 or 8): the whole GQA group when it has at most 8.
-int32_t decode_rows(int32_t group);
+// Whether the decode runs on tensor cores (paged_decode_mma_kernel) for this GQA group and head
+// dim: `best` does from group 4 on, `mma` at any group; both only up to head_dim 128
+// (decode_mma.cuh says why), beyond which the CUDA-core kernel runs whatever the option.
+bool decode_on_tensor_cores(int32_t group, int32_t head_dim, PagedAttentionCudaOptions::DecodeMath math);
+// Query heads one decode item serves: on CUDA cores 1, 2, 4 or 8 (the whole GQA group when it has
+// at most 8), on tensor cores 8 or 16 (one MMA row block; groups up to 16 in one item).
+int32_t decode_rows(int32_t group, bool mma);
 // The compiled head dimension a head_dim runs under: the next of 32, 64, 128, 256.
 int32_t padded_head_dim(int32_t head_dim);
 // Floats of one decode partial slot for these shapes (rows * (dim_pad + 2)).
-int64_t decode_slot_floats(int32_t group, int32_t head_dim);
+int64_t decode_slot_floats(int32_t group, int32_t head_dim, bool mma);
 // The decode kernel's persistent grid for these shapes and up to num_seqs sequences.
-int32_t decode_grid(int32_t group, int32_t head_dim, int32_t num_seqs, int32_t sms);
+int32_t decode_grid(int32_t group, int32_t head_dim, int32_t num_seqs, int32_t sms, bool mma);
 // Adaptive decode partitions are never shorter than this many tokens: shorter ones cost more to
 // merge than they gain.
 constexpr int32_t kDecodeMinPartition = 256;
 
 // The decode kernel over the sequences with one new token, then (when may_split) the merge.
 // spare_slots: partial slots beyond one per (sequence, head item), which bound target_items.
-void launch_decode(const AttentionArgs& args, const DecodeWork& work, int64_t spare_slots, bool may_split,
+void launch_decode(const AttentionArgs& args, const DecodeWork& work, int64_t spare_slots, bool may_split, bool mma,
                    int32_t sms, cudaStream_t stream);
 
 // The prefill kernel over the sequences with two or more new tokens.

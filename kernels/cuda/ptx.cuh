@@ -38,9 +38,9 @@ FP8SERVE_PTX void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// The same with f16 inputs (mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32), same fragments:
-// each register holds an f16 pair. The FP8-weight GEMM's: E4M3 codes become f16 pairs with one
-// cvt (cvt_f16x2_e4m3x2), exactly; products of f16 are exact in fp32.
+// The same with f16 inputs (mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32): each register
+// packs two fp16 values (element 0 low), same fragments; products are exact in fp32 (11-bit
+// significands), the sum rounds in the tensor core's order.
 FP8SERVE_PTX void mma_m16n8k16_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -91,6 +91,14 @@ FP8SERVE_PTX void cvt_f32_f16x2(uint32_t pair, float& lo, float& hi) {
 FP8SERVE_PTX uint32_t cvt_bf16x2_f32(float lo, float hi) {
   uint32_t r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// cvt.rn.f16x2.f32: two floats -> an fp16 pair, rounded to nearest even (overflow: +-inf; NaN:
+// canonical 0x7fff).
+FP8SERVE_PTX uint32_t cvt_f16x2_f32(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
 

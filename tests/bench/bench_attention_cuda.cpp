@@ -6,6 +6,9 @@
 // its KV cold (calls rotate over disjoint block sets covering more than the L2). Bytes counted
 // are those attention must read: K and V of every context token (the tail's tokens in bf16).
 // Prefill: one prompt of 1k or 8k tokens (one chunk), and 8k as four 2k chunks.
+// Decode by GQA group: 8 KV heads with 1, 2, 4 or 8 query heads each, batch 4, contexts 4k-32k,
+// FP8 and bf16, on each decode kernel (CUDA cores and tensor cores, PagedAttentionCudaOptions::
+// decode_math), against the same copy bandwidth (issue 21's goal: FP8 >= 85% of it).
 // Usage: bench_attention_cuda [--quick] (small sweep) [--context C --batch B (one decode cell)]
 // Prints a table, then one line "json: {...}" with every figure for tests/gpu/run.sh.
 #include <cuda_runtime.h>
@@ -96,23 +99,24 @@ const char* kind_name(Kind k) { return k == Kind::fp8 ? "fp8" : k == Kind::fp8_t
 // A batch over the pool: `sets` disjoint block sets (calls rotate over them), each giving every
 // sequence its blocks at random places.
 struct Batch {
-  int32_t num_seqs, num_tokens, max_blocks, sets;
+  int32_t num_seqs, num_tokens, max_blocks, sets, heads;
   DeviceArray starts, lens, scales, fp8_lens, tail_slots, q, out;
   std::vector<std::unique_ptr<DeviceArray>> tables;
 
   Batch(const std::vector<int32_t>& contexts, const std::vector<int32_t>& new_tokens, int32_t pool_blocks,
-        int64_t bytes_per_call, std::mt19937& rng)
+        int64_t bytes_per_call, std::mt19937& rng, int32_t query_heads = kHeads)
       : num_seqs(static_cast<int32_t>(contexts.size())),
         num_tokens(std::accumulate(new_tokens.begin(), new_tokens.end(), 0)),
         max_blocks(0),
         sets(0),
+        heads(query_heads),
         starts((contexts.size() + 1) * 4),
         lens(contexts.size() * 4),
         scales(contexts.size() * 4),
         fp8_lens(contexts.size() * 4),
         tail_slots(contexts.size() * 4),
-        q(static_cast<std::size_t>(num_tokens) * kHeads * kHeadDim * 2),
-        out(static_cast<std::size_t>(num_tokens) * kHeads * kHeadDim * 2) {
+        q(static_cast<std::size_t>(num_tokens) * query_heads * kHeadDim * 2),
+        out(static_cast<std::size_t>(num_tokens) * query_heads * kHeadDim * 2) {
     std::vector<int32_t> start{0}, fp8(contexts.size()), slots(contexts.size());
     int64_t blocks_needed = 0;
     for (std::size_t s = 0; s < contexts.size(); ++s) {
@@ -128,7 +132,7 @@ struct Batch {
     upload(scales, std::vector<float>(contexts.size(), 0.01f));
     upload(fp8_lens, fp8);
     upload(tail_slots, slots);
-    CUDA_CHECK(cudaMemset(q.ptr, 0x3c, static_cast<std::size_t>(num_tokens) * kHeads * kHeadDim * 2));
+    CUDA_CHECK(cudaMemset(q.ptr, 0x3c, static_cast<std::size_t>(num_tokens) * heads * kHeadDim * 2));
     sets = static_cast<int32_t>(std::clamp<int64_t>((kColdBytes + bytes_per_call - 1) / bytes_per_call, 1,
                                                     pool_blocks / std::max<int64_t>(blocks_needed, 1)));
     std::vector<int32_t> ids(static_cast<std::size_t>(pool_blocks));
@@ -150,7 +154,7 @@ struct Batch {
     PagedAttentionParams p;
     p.q = q.ptr;
     p.out = out.ptr;
-    p.num_heads = kHeads;
+    p.num_heads = heads;
     p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
     const bool fp8 = kind != Kind::bf16;
     p.cache = make_paged_kv_view(fp8 ? pools.k8.ptr : pools.k16.ptr, fp8 ? pools.v8.ptr : pools.v16.ptr,
@@ -312,6 +316,47 @@ int main(int argc, char** argv) {
            << ", \"chunk\": " << cell.chunk << ", \"ms\": " << total_ms << ", \"tokens_s\": " << tokens_s
            << ", \"tflop_s\": " << flops / (total_ms * 1e-3) / 1e12 << "}";
       first_row = false;
+    }
+  }
+  json << "], \"decode_groups\": [";
+
+  // Decode by GQA group, each decode kernel: the group's query heads share each KV head's bytes,
+  // so the bytes (and the copy-bandwidth bound) are the same at every group; only the work grows.
+  using DecodeMath = cuda::PagedAttentionCudaOptions::DecodeMath;
+  std::printf("\n%-5s %-5s %-5s %6s %6s %10s %9s %7s\n", "group", "kv", "math", "batch", "context", "us/call",
+              "GB/s", "%copy");
+  first_row = true;
+  const int32_t group_batch = std::min(4, max_batch);
+  std::vector<int32_t> group_contexts{4096, 8192, 16384, 32768};
+  if (quick) group_contexts = {4096, 32768};
+  if (one_context > 0) group_contexts = {one_context};
+  cuda::PagedAttentionCudaLimits group_limits{group_batch, 8 * kKvHeads, kKvHeads, kHeadDim};
+  const std::size_t group_workspace_bytes = cuda::paged_attention_cuda_workspace_bytes(group_limits);
+  DeviceArray group_workspace(group_workspace_bytes);
+  for (int32_t group : {1, 2, 4, 8}) {
+    for (int32_t context : group_contexts) {
+      if (int64_t{group_batch} * ((context + kBlock - 1) / kBlock) > pool_blocks) continue;  // --context beyond the pool
+      const std::vector<int32_t> lens(static_cast<std::size_t>(group_batch), context);
+      const std::vector<int32_t> ones(static_cast<std::size_t>(group_batch), 1);
+      const Batch batch(lens, ones, pool_blocks, kv_bytes(lens, Kind::fp8), rng, group * kKvHeads);
+      for (Kind kind : {Kind::fp8, Kind::bf16}) {
+        for (DecodeMath math : {DecodeMath::simt, DecodeMath::mma}) {
+          cuda::PagedAttentionCudaOptions options;
+          options.decode_math = math;
+          const int64_t bytes = kv_bytes(lens, kind);
+          const int calls = static_cast<int>(std::clamp<int64_t>((int64_t{2} << 30) / bytes, 8, 200));
+          const double ms = time_calls(batch, pools, kind, group_workspace.ptr, group_workspace_bytes, options, calls);
+          const double gbs = static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+          const char* math_name = math == DecodeMath::simt ? "simt" : "mma";
+          std::printf("%-5d %-5s %-5s %6d %6d %10.1f %9.0f %6.1f%%\n", group, kind_name(kind), math_name, group_batch,
+                      context, ms * 1e3, gbs, 100.0 * gbs * 1e9 / copy);
+          json << (first_row ? "" : ", ") << "{\"group\": " << group << ", \"kv\": \"" << kind_name(kind)
+               << "\", \"math\": \"" << math_name << "\", \"batch\": " << group_batch << ", \"context\": " << context
+               << ", \"us\": " << ms * 1e3 << ", \"gb_s\": " << gbs << ", \"percent_of_copy\": " << 100.0 * gbs * 1e9 / copy
+               << "}";
+          first_row = false;
+        }
+      }
     }
   }
   json << "]}";

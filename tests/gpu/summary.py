@@ -161,6 +161,8 @@ def parse_bench_sampling(text, forward):
 
 DECODE_ROW = re.compile(r"(bf16|fp8|fp8\+tail)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%\s+([\d.]+)x$")
 PREFILL_ROW = re.compile(r"(bf16|fp8|fp8\+tail)\s+(\d+)\s+(\d+)\s+(yes|no)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$")
+# bench_attention_cuda's decode-by-GQA-group table: group, kv, math (simt | mma), batch, context, us, GB/s, %copy.
+GROUP_ROW = re.compile(r"(\d+)\s+(bf16|fp8)\s+(simt|mma)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%$")
 
 
 def parse_bench_attention(text):
@@ -171,9 +173,13 @@ def parse_bench_attention(text):
                 return dict(json.loads(line[len("json: "):]), complete=True, source="json")
             except ValueError:
                 break
-    out = {"decode": [], "prefill": [], "complete": False, "source": "table"}
+    out = {"decode": [], "prefill": [], "decode_groups": [], "complete": False, "source": "table"}
     for line in text.splitlines():
-        if m := DECODE_ROW.match(line.strip()):
+        if m := GROUP_ROW.match(line.strip()):
+            out["decode_groups"].append({"group": int(m[1]), "kv": m[2], "math": m[3], "batch": int(m[4]),
+                                         "context": int(m[5]), "us": float(m[6]), "gb_s": float(m[7]),
+                                         "percent_of_copy": float(m[8])})
+        elif m := DECODE_ROW.match(line.strip()):
             out["decode"].append({"kv": m[1], "batch": int(m[2]), "context": int(m[3]), "us": float(m[4]),
                                   "gb_s": float(m[5]), "percent_of_copy": float(m[6])})
         elif m := PREFILL_ROW.match(line.strip()):

@@ -66,9 +66,10 @@ def demangle(names):
 
 
 def launch_bounds(cu_path):
-    """{kernel base name: threads} from `__launch_bounds__(EXPR) name(` in a .cu file."""
+    """{kernel base name: threads} from `__launch_bounds__(EXPR[, MIN_CTAS]) name(` in a .cu file
+    (constants from it and from the .cuh headers next to it)."""
     text = ""
-    for path in (cu_path, os.path.join(ROOT, "kernels", "cuda", "attention_device.cuh")):
+    for path in [cu_path] + sorted(glob.glob(os.path.join(ROOT, "kernels", "cuda", "*.cuh"))):
         text += re.sub(r"//.*", "", open(path).read()) + "\n"
     constants, definitions = {}, re.findall(r"constexpr int (\w+) = ([^;]+);", text)
     for _ in range(len(definitions)):  # until every definition that can be resolved is
@@ -79,7 +80,7 @@ def launch_bounds(cu_path):
                 pass  # not (yet) a plain integer expression
     bounds = {}
     for expr, name in re.findall(r"__launch_bounds__\(([^)]+)\)\s*(\w+)\s*\(", text):
-        bounds[name] = int(eval(expr, {"__builtins__": {}}, constants))
+        bounds[name] = int(eval(expr.split(",")[0], {"__builtins__": {}}, constants))
     return bounds
 
 

@@ -1,4 +1,4 @@
-// mma.sync in the emulator: mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 as a warp
+// mma.sync in the emulator: mma.sync.aligned.m16n8k16.row.col.f32.{bf16.bf16,f16.f16}.f32 as a warp
 // collective (scheduler.cpp waits for the 32 lanes at one call site), D computed from the lanes'
 // fragments by the PTX ISA's tables (ptx.cuh repeats them), summed in the run's MmaOrder.
 #include <array>
@@ -30,15 +30,14 @@ std::atomic<int>& order_setting() {
 
 float bf16_lo(uint32_t pair) { return std::bit_cast<float>(pair << 16); }
 float bf16_hi(uint32_t pair) { return std::bit_cast<float>(pair & 0xffff0000u); }
-float f16_to_float(uint32_t bits) {
-  __half_raw raw;
-  raw.x = static_cast<unsigned short>(bits & 0xffffu);
-  return __half2float(__half(raw));
+float f16_lo(uint32_t pair) {
+  __half_raw h;
+  h.x = static_cast<unsigned short>(pair & 0xffffu);
+  return __half2float(__half(h));
 }
-float f16_lo(uint32_t pair) { return f16_to_float(pair); }
-float f16_hi(uint32_t pair) { return f16_to_float(pair >> 16); }
+float f16_hi(uint32_t pair) { return f16_lo(pair >> 16); }
 
-// c + the 16 products (each exact in fp32: 8-bit significands), in `order`.
+// c + the 16 products (each exact in fp32: 8-bit (bf16) or 11-bit (f16) significands), in `order`.
 float accumulate(float c, const std::array<float, 16>& p, MmaOrder order) {
   switch (order) {
     case MmaOrder::sequential: {
@@ -66,7 +65,7 @@ float accumulate(float c, const std::array<float, 16>& p, MmaOrder order) {
   return c;
 }
 
-// Both input types' products are exact in fp32 (bf16: 8-bit significands, f16: 11-bit).
+// D = A B + C over the 32 lanes' fragments, their registers' halves read by lo / hi.
 template <float (*lo)(uint32_t), float (*hi)(uint32_t)>
 void complete_mma_m16n8k16(const void* const* lanes) {
   float a[16][16], b[16][8], c[16][8];

@@ -1,6 +1,6 @@
 #pragma once
 // The emulator's kernels/cuda/ptx.cuh: the same named functions, implemented exactly.
-// - mma_m16n8k16_bf16 (and _f16) is a warp-collective operation: all 32 lanes of the warp must reach the
+// - mma_m16n8k16_bf16 and _f16 are warp-collective operations: all 32 lanes of the warp must reach the
 //   same call (.aligned), or the kernel aborts naming the lines; D is computed from the 32 lanes'
 //   fragments by the PTX ISA's tables, in the accumulation order chosen for the run
 //   (set_mma_order, FP8SERVE_EMU_MMA_ORDER): a tensor core's order is implementation defined.
@@ -78,6 +78,13 @@ inline void cvt_f32_f16x2(uint32_t pair, float& lo, float& hi) {
 
 inline uint32_t cvt_bf16x2_f32(float lo, float hi) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  uint32_t bits;
+  std::memcpy(&bits, &pair, sizeof bits);
+  return bits;
+}
+
+inline uint32_t cvt_f16x2_f32(float lo, float hi) {
+  const __half2 pair = __floats2half2_rn(lo, hi);
   uint32_t bits;
   std::memcpy(&bits, &pair, sizeof bits);
   return bits;

@@ -127,8 +127,19 @@ def bench_attention_lines():
             yield "%-9s %6d %6d %6s %10.2f %12.0f %8.1f" % (kv, prompt, chunk, "yes" if chunk < prompt else "no", ms, prompt / ms * 1e3, 300.0)
             prefill.append('{"kv": "%s", "prompt": %d, "chunk": %d, "ms": %g, "tokens_s": %g, "tflop_s": 300}'
                            % (kv, prompt, chunk, ms, prompt / ms * 1e3))
-    yield '\njson: {"device": "NVIDIA H200", "copy_gb_s": %g, "decode": [%s], "prefill": [%s]}' % (
-        copy, ", ".join(decode), ", ".join(prefill))
+    yield "\n%-5s %-5s %-5s %6s %6s %10s %9s %7s" % ("group", "kv", "math", "batch", "context", "us/call", "GB/s", "%copy")
+    groups = []
+    for group in (1, 8):
+        for kv in ("fp8", "bf16"):
+            for math in ("simt", "mma"):
+                tokens_bytes = 4 * 4096 * 2 * 8 * 128 * (2 if kv == "bf16" else 1)
+                us = 5.0 + tokens_bytes / 3.0e3 * 1e-3 * (group if math == "simt" and kv == "fp8" else 1)
+                gbs = tokens_bytes / (us * 1e-6) / 1e9
+                yield "%-5d %-5s %-5s %6d %6d %10.1f %9.0f %6.1f%%" % (group, kv, math, 4, 4096, us, gbs, 100 * gbs / copy)
+                groups.append('{"group": %d, "kv": "%s", "math": "%s", "batch": 4, "context": 4096, "us": %g, "gb_s": %g,'
+                              ' "percent_of_copy": %g}' % (group, kv, math, us, gbs, 100 * gbs / copy))
+    yield ('\njson: {"device": "NVIDIA H200", "copy_gb_s": %g, "decode": [%s], "prefill": [%s], "decode_groups": [%s]}'
+           % (copy, ", ".join(decode), ", ".join(prefill), ", ".join(groups)))
 
 
 def run_bench(lines):

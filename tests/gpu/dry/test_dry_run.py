@@ -95,7 +95,7 @@ def whole_run(tmp, build):
           f"bench_sampling's rows against the decode step: {sampling}")
     attention = s["bench"]["attention"]
     check(attention["complete"] and attention["source"] == "json" and len(attention["decode"]) == 12
-          and len(attention["prefill"]) == 4, "bench_attention_cuda's json line")
+          and len(attention["prefill"]) == 4 and len(attention["decode_groups"]) == 8, "bench_attention_cuda's json line")
     ab = s["bench"]["decode_ab"]
     check(len(ab) == 12 and {r["ratio"] for r in ab if r["kv"] == "bf16"} == {1.0}
           and {r["ratio"] for r in ab if r["kv"] != "bf16"} == {1.25}, f"the decode A/B ratios: {ab[:3]}")

@@ -28,8 +28,12 @@ __global__ void pack_bf16_kernel(const float* a, const float* b, uint32_t* out, 
 }
 
 // PTX's m16n8k16 fragments (ptx.cuh) loaded from row-major A, B, C. fault: a lane's fragment
-// index off by one (lane 5 loads its a[1] from row g + 9), to show that such a bug fails. f16:
-// the f16 mma (the elements are f16 bits), else the bf16 one.
+// index off by one (lane 5 loads its a[1] from row g + 9), to show that such a bug fails.
+__global__ void pack_f16_kernel(const float* a, const float* b, uint32_t* out, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = ptx::cvt_f16x2_f32(a[i], b[i]);
+}
+
 __global__ void mma_kernel(const uint16_t* a, const uint16_t* b, const float* c, float* d, int fault, bool f16) {
   const int lane = static_cast<int>(threadIdx.x), g = lane / 4, t = lane % 4;
   const int a1_row = fault == 1 && lane == 5 ? g + 9 : g + 8;
@@ -75,17 +79,30 @@ std::array<uint32_t, 256> decode_fp8_codes(bool bit_trick) {
   return bits;
 }
 
-std::vector<uint32_t> pack_bf16_pairs(const std::vector<float>& a, const std::vector<float>& b) {
+namespace {
+
+template <class Kernel>
+std::vector<uint32_t> pack_pairs(Kernel kernel, const std::vector<float>& a, const std::vector<float>& b) {
   const int n = static_cast<int>(a.size());
   DeviceBuffer da(a.size() * sizeof(float)), db(b.size() * sizeof(float)), out(a.size() * sizeof(uint32_t));
   da.copy_from_host(a.data(), a.size() * sizeof(float));
   db.copy_from_host(b.data(), b.size() * sizeof(float));
-  FP8SERVE_LAUNCH(pack_bf16_kernel, dim3(static_cast<unsigned>((n + 127) / 128)), dim3(128), 0, nullptr,
+  FP8SERVE_LAUNCH(kernel, dim3(static_cast<unsigned>((n + 127) / 128)), dim3(128), 0, nullptr,
                   static_cast<const float*>(da.data()), static_cast<const float*>(db.data()),
                   static_cast<uint32_t*>(out.data()), n);
   CUDA_CHECK(cudaGetLastError());
   CUDA_CHECK(cudaDeviceSynchronize());
   return download<uint32_t>(out, a.size());
+}
+
+}  // namespace
+
+std::vector<uint32_t> pack_bf16_pairs(const std::vector<float>& a, const std::vector<float>& b) {
+  return pack_pairs(pack_bf16_kernel, a, b);
+}
+
+std::vector<uint32_t> pack_f16_pairs(const std::vector<float>& a, const std::vector<float>& b) {
+  return pack_pairs(pack_f16_kernel, a, b);
 }
 
 std::vector<float> mma_16816(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,

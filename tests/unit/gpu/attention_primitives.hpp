@@ -16,10 +16,12 @@ std::array<uint32_t, 256> decode_fp8_codes(bool bits);
 // pack_bf16x2 of n pairs: out[i] = pack(a[i], b[i]).
 std::vector<uint32_t> pack_bf16_pairs(const std::vector<float>& a, const std::vector<float>& b);
 
-// One mma.sync m16n8k16 by one warp: D = A B + C with A [16][16], B [16][8] (bf16 bits, row-major),
-// C [16][8] f32, loaded into PTX's fragments; returns D [16][8] row-major. fault 1: one lane loads
-// one fragment register from the wrong row (an injected bug). f16: A and B are f16 bits and the
-// f16 mma runs (the FP8-weight GEMM's), else bf16.
+// ptx::cvt_f16x2_f32 of n pairs: out[i] = pack(a[i], b[i]) (fp16 bits).
+std::vector<uint32_t> pack_f16_pairs(const std::vector<float>& a, const std::vector<float>& b);
+
+// One mma.sync m16n8k16 by one warp: D = A B + C with A [16][16], B [16][8] (bf16 bits, or f16 bits
+// when f16, row-major), C [16][8] f32, loaded into PTX's fragments; returns D [16][8] row-major.
+// fault 1: one lane loads one fragment register from the wrong row (an injected bug).
 std::vector<float> mma_16816(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b,
                              const std::vector<float>& c, int fault = 0, bool f16 = false);
 

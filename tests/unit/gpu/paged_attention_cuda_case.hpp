@@ -8,6 +8,7 @@
 // reference), tail positions taken from the tail.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -38,6 +39,7 @@ struct CudaAttentionCase {
   std::vector<int32_t> fp8_lens;  // non-empty: the bf16 window is on; positions >= fp8_lens[s] in the tail
   int32_t tail_ring_blocks = 0;
   bool tail_k_only = false;  // the tail holds K alone; V is read from the FP8 pool everywhere
+  float q_multiplier = 1.0f;  // the queries' scale: N(0, 1) times this, in bf16
   cuda::PagedAttentionCudaOptions options;
   uint32_t seed = 1;
 
@@ -45,7 +47,7 @@ struct CudaAttentionCase {
     std::ostringstream s;
     s << (dtype == KvDtype::fp8_e4m3 ? "fp8" : "bf16") << " heads " << num_heads << "/" << num_kv_heads << " dim "
       << head_dim << " block " << block_size << " partition " << options.partition_tokens << " math "
-      << static_cast<int>(options.prefill_math) << " seqs";
+      << static_cast<int>(options.prefill_math) << " decode math " << static_cast<int>(options.decode_math) << " seqs";
     for (std::size_t i = 0; i < seqs.size(); ++i) {
       s << " " << seqs[i].context_len << "/" << seqs[i].num_new;
       if (!fp8_lens.empty()) s << "(fp8 " << fp8_lens[i] << (tail_k_only ? ", K-only tail)" : ")");
@@ -188,7 +190,7 @@ inline CudaAttentionResult run_cuda_attention_case(const CudaAttentionCase& c) {
   std::vector<float> q_packed(static_cast<std::size_t>(num_tokens) * row);
   for (int32_t t = 0; t < num_tokens; ++t)
     for (int64_t j = 0; j < q_stride; ++j) {
-      const uint16_t h = bf16_encode(std::normal_distribution<float>(0.0f, 1.0f)(rng));
+      const uint16_t h = bf16_encode(std::normal_distribution<float>(0.0f, 1.0f)(rng) * c.q_multiplier);
       q_bits[static_cast<std::size_t>(t * q_stride + j)] = h;
       if (j < row) q_packed[static_cast<std::size_t>(t * row + j)] = bf16_decode(h);
     }
@@ -267,13 +269,29 @@ inline CudaAttentionResult run_cuda_attention_case(const CudaAttentionCase& c) {
   return result;
 }
 
-// The tolerance of a case (the prefill test's header derives both): 1e-4 of max|v| when every
-// probability stays fp32 (decode tokens, SIMT prefill tiles), 4e-3 when prefill chunks run on
-// tensor cores, which round the probabilities to bf16 for P V.
+// Whether the case's decode tokens run on tensor cores (paged_attention_cuda.hpp's DecodeMath).
+inline bool decode_on_tensor_cores(const CudaAttentionCase& c) {
+  using Math = cuda::PagedAttentionCudaOptions::DecodeMath;
+  return c.options.decode_math == Math::mma || (c.options.decode_math == Math::best && c.num_heads / c.num_kv_heads >= 4);
+}
+
+// The tolerance of a case (the prefill and decode tests' headers derive them), as a fraction of
+// max|v|: 1e-4 when every probability stays fp32 (SIMT decode and prefill); tensor cores round
+// the probabilities for P V: to bf16 (relative 2^-8, so at most 2^-8 max|v| in the output: 4e-3)
+// for bf16 V and for prefill chunks, to f16 (2^-11: 1e-3) for FP8 V in the decode.
 inline double attention_tolerance(const CudaAttentionCase& c) {
-  bool chunks = false;
-  for (const SeqSpec& s : c.seqs) chunks = chunks || s.num_new >= 2;
-  return chunks && c.options.prefill_math != cuda::PagedAttentionCudaOptions::PrefillMath::simt ? 4e-3 : 1e-4;
+  bool chunks = false, decodes = false;
+  for (const SeqSpec& s : c.seqs) {
+    chunks = chunks || s.num_new >= 2;
+    decodes = decodes || s.num_new == 1;
+  }
+  double tolerance = 1e-4;
+  if (chunks && c.options.prefill_math != cuda::PagedAttentionCudaOptions::PrefillMath::simt) tolerance = 4e-3;
+  if (decodes && decode_on_tensor_cores(c)) {
+    const bool bf16_v = c.dtype == KvDtype::bf16 || (!c.fp8_lens.empty() && !c.tail_k_only);
+    tolerance = std::max(tolerance, bf16_v ? 4e-3 : 1e-3);
+  }
+  return tolerance;
 }
 
 // Runs the case and checks it: every output written and finite, nothing written between token

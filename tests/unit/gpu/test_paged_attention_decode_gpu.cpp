@@ -6,18 +6,42 @@
 // fp8_lens at and around block boundaries. Runs on the GPU (test_gpu) and on the emulator
 // (test_paged_attention_decode_gpu_emu) alike.
 //
+// Both decode kernels run: CUDA cores (groups below 4 by default) and tensor cores (4 and more),
+// each forced through the other's groups too (PagedAttentionCudaOptions::decode_math), the MMA
+// one in every accumulation order the emulator has.
+//
 // Tolerance. The output is bf16, so each element may be off by its rounding, up to 2^-8 of
-// |reference|; the check is on what remains, as a fraction of the sequence's largest |v|: the
-// kernels compute in fp32 what the reference computes in double over the same stored values (q is
-// bf16 in both), so only fp32 sums over at most a few thousand keys remain, ~1e-6 (measured on
-// the emulator: <= 4e-8). Limit 1e-4. A wrong scale, partition merge, mask or tail slot is off by
-// O(1) (or leaves an output NaN: every output starts as NaN).
+// |reference|; the check is on what remains, as a fraction of the sequence's largest |v|:
+// - CUDA cores: fp32 over the same stored values the reference takes in double (q is bf16 in
+//   both), so only fp32 sums over at most a few thousand keys remain, ~1e-6 (measured on the
+//   emulator: <= 4e-8). Limit 1e-4.
+// - tensor cores: q enters exactly (bf16, or f16 after an exact power-of-two scaling), E4M3 and
+//   bf16 K/V exactly, products are exact and sums fp32; what remains is P rounded for P V: to f16
+//   for FP8 V, relative error <= 2^-11 per probability (absolute <= 2^-25 below f16's normal
+//   range), so the output moves by at most 2^-11 max|v| = 4.9e-4: limit 1e-3; to bf16 for bf16
+//   V (the MMA's operand types must match): 2^-8 max|v| = 3.9e-3: limit 4e-3
+//   (attention_tolerance).
+// A wrong scale, partition merge, mask or tail slot is off by O(1) (or leaves an output NaN:
+// every output starts as NaN).
 #include "tests/unit/gpu/paged_attention_cuda_case.hpp"
+
+#if defined(FP8SERVE_CUDA_EMU) && FP8SERVE_CUDA_EMU
+#include "kernels/cuda/launch.hpp"  // fp8serve::emu::set_mma_order
+#endif
 
 using namespace fp8serve;
 using namespace fp8serve::test;
+using DecodeMath = fp8serve::cuda::PagedAttentionCudaOptions::DecodeMath;
 
 namespace {
+
+#if defined(FP8SERVE_CUDA_EMU) && FP8SERVE_CUDA_EMU
+constexpr int kMmaOrders = 4;  // sequential, pairwise, reversed, wide
+void use_mma_order(int order) { fp8serve::emu::set_mma_order(static_cast<fp8serve::emu::MmaOrder>(order)); }
+#else
+constexpr int kMmaOrders = 1;  // the GPU's own
+void use_mma_order(int) {}
+#endif
 
 // Decode tokens keep fp32 probabilities: 1e-4 (attention_tolerance), looser only for the cases
 // that mix in prefill chunks, which run on tensor cores.
@@ -77,6 +101,60 @@ TEST_CASE("CUDA decode attention reads the bf16 tail above fp8_lens in the same 
   }
 }
 
+TEST_CASE("both decode kernels match the reference at groups 1-16, head_dim 64-256, FP8 and bf16", "[gpu][attention]") {
+  if (!have_cuda_device()) return;
+  uint32_t seed = 500;
+  int turn = 0;
+  for (DecodeMath math : {DecodeMath::simt, DecodeMath::mma}) {
+    for (int32_t group : {1, 2, 4, 8, 16}) {
+      for (int32_t dim : {64, 128, 256}) {
+        for (KvDtype dtype : {KvDtype::fp8_e4m3, KvDtype::bf16}) {
+          CudaAttentionCase c = shaped_case(CaseShape{group, 1, dim, 8 << (turn % 3)}, dtype, decode_seqs({1, 45, 300}),
+                                            seed++);
+          c.options.decode_math = math;
+          c.options.partition_tokens = turn % 2 ? -1 : 64;  // split-K off, and forced
+          ++turn;
+          check_case(c);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("tensor-core decode: the bf16 window's tail in the same softmax, every MMA order", "[gpu][attention]") {
+  if (!have_cuda_device()) return;
+  for (int order = 0; order < kMmaOrders; ++order) {
+    use_mma_order(order);
+    INFO("mma accumulation order " << order);
+    for (int32_t block_size : {8, 16, 32}) {
+      CudaAttentionCase c = shaped_case(CaseShape{8, 1, 128, block_size}, KvDtype::fp8_e4m3,
+                                        decode_seqs({3 * block_size + 5, 2 * block_size + 1, 7, 300}),
+                                        600 + static_cast<uint32_t>(block_size + order));
+      c.fp8_lens = {2 * block_size, block_size + 1, 0, 300 - 2 * block_size};
+      c.tail_ring_blocks = 3;
+      c.options.decode_math = DecodeMath::mma;
+      check_case(c);
+      c.tail_k_only = true;  // K from the tail, V from the FP8 pool with its scale
+      check_case(c);
+    }
+  }
+  use_mma_order(0);
+}
+
+TEST_CASE("tensor-core decode: queries far outside fp16's range are scaled into it exactly", "[gpu][attention]") {
+  if (!have_cuda_device()) return;
+  // The f16 Q fragments take q times 2^e: a q of 1e30 would be infinite in f16 without it (and
+  // its scores NaN); 1e-30 checks that the exponent's clamp leaves tiny queries finite (their
+  // scores are ~0 either way: softmax_scale is fixed by the case, so vanishing would not show).
+  for (float magnitude : {1e-30f, 1e30f}) {
+    CudaAttentionCase c = shaped_case(CaseShape{4, 1, 128, 16}, KvDtype::fp8_e4m3, decode_seqs({50, 9}), 650);
+    c.q_multiplier = magnitude;
+    c.options.decode_math = DecodeMath::mma;
+    INFO("q x " << magnitude);
+    check_case(c);
+  }
+}
+
 TEST_CASE("CUDA attention plans batches of hundreds of sequences", "[gpu][attention]") {
   if (!have_cuda_device()) return;
   // More sequences than the kernels' 128 threads: each thread scans several in the plan, and
@@ -92,12 +170,14 @@ TEST_CASE("the decode grid is the device's occupancy: an H200's in the emulator"
   if (!have_cuda_device()) return;
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  // Llama-3-8B shapes (GQA 4, head_dim 128): ptxas gives the <128, 4> build 162 registers on
-  // sm_90a, which lets an SM hold 3 of its 128-thread CTAs (kernels/cuda/emu/kernel_resources.inc).
+  // Llama-3-8B shapes (GQA 4, head_dim 128) run on tensor cores: ptxas gives the
+  // paged_decode_mma_kernel<128, 8> build 128 registers on sm_90a (its __launch_bounds__ asks for
+  // 4 CTAs), which lets an SM hold 4 of its 128-thread CTAs (kernels/cuda/emu/kernel_resources.inc;
+  // shared memory allows 4 up to ~1,000 sequences).
   const int32_t grid = cuda::paged_attention_cuda_decode_grid(4, 128, 64, sms);
   INFO("decode grid " << grid << " on " << sms << " SMs");
 #if defined(FP8SERVE_CUDA_EMU) && FP8SERVE_CUDA_EMU
-  CHECK(grid == 132 * 3);
+  CHECK(grid == 132 * 4);
 #else
   CHECK(grid % sms == 0);
 #endif
