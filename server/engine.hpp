@@ -33,6 +33,7 @@
 #include "server/prompt_scoring.hpp"
 #include "server/sampling.hpp"
 #include "server/scheduler.hpp"
+#include "server/speculation.hpp"
 #include "server/stop_checker.hpp"
 
 namespace fp8serve {
@@ -61,6 +62,11 @@ struct EngineOptions {
   int threads = 0;                        // CPU threads, 0 = all cores
   bool enforce_eager = false;             // no CUDA graphs (decode steps replay them otherwise)
   bool lazy_graph_capture = false;        // capture decode graphs on first use, not at start-up
+  // Speculative decoding (server/speculation.hpp): 0 = off; else ngram proposals of up to this
+  // many tokens, verified in one pass (CPU only for now).
+  int num_speculative_tokens = 0;
+  NgramOptions ngram;
+  int speculative_disable_by_batch_size = 4;
 };
 
 constexpr uint64_t kDefaultCpuKvCacheMemory = 1ull << 30;
@@ -107,6 +113,7 @@ class Engine {
   // Budget checks of structured outputs (token-level shortest closing), summed over steps.
   double grammar_budget_seconds() const { return grammar_budget_seconds_; }
   int64_t grammar_mask_count() const { return grammar_mask_count_; }
+  const SpecDecodeCounters& spec_decode() const { return spec_counters_; }
 
  private:
   struct RequestState {
@@ -131,12 +138,24 @@ class Engine {
     std::unique_ptr<grammar::GrammarMatcher> matcher;  // structured output, else null
     bool prompt_logprobs_sent = false;  // with the choice's first output
     bool budget_free = false;  // no complete document fits in the budget: it cuts the text
+    AcceptanceGate gate;       // speculative decoding: proposals pause while rarely accepted
+  };
+  // A speculating sequence's rows in the step's logits: row, row + 1, ... one per proposal + 1.
+  struct Verify {
+    SeqId id;
+    std::size_t row;
+    const std::vector<int32_t>* proposals;
   };
 
   void reject(const GenerationRequest& request, const OutputSink& sink, const std::string& message);
   std::string validate(const GenerationRequest& request) const;
   void run_step(const StepPlan& plan);
   void on_token(SeqId id, const SampleResult& sample);
+  // Samples a speculating sequence's rows in order, handing out each token, up to the first one
+  // that differs from its proposal (server/speculation.hpp); the rest are rolled back.
+  void verify(const Verify& v);
+  // The proposals for one decoding sequence (Scheduler's ProposeFn).
+  void propose(SeqId id, std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out);
   // The step's rows that score prompt tokens, into scorer_ (before the forward pass).
   void add_score_rows(const ScheduledSeq& s, int32_t first_row);
   // A request's prompt logprobs go out with each choice's first output.
@@ -178,6 +197,7 @@ class Engine {
   int64_t grammar_mask_count_ = 0;
   std::vector<uint8_t> calibrate_;
   std::vector<KvWriteCounts> step_counts_;
+  SpecDecodeCounters spec_counters_;
 };
 
 }  // namespace fp8serve

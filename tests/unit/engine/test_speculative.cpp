@@ -1,0 +1,198 @@
+// Speculative decoding (ngram) must not change a request's output: greedy tokens and the
+// logprob of every chosen token (a function of the whole logits row, so a bitwise witness of
+// it) equal plain decoding's, for the bf16 and FP8 pools, with the bf16 window, several K,
+// requests joining and leaving, preemption in a tiny pool; and a seeded sampled request draws
+// the very tokens it draws without speculation (server/speculation.hpp says why). The pool's
+// invariants hold after every step (rejected proposals rolled back: no block, key or slot left).
+#include "engine_test_util.hpp"
+
+using namespace fp8serve;
+using namespace fp8serve::test;
+
+namespace {
+
+// eight_prompts() plus prompts that repeat themselves, so prompt lookup has something to find
+// in the prompt as well as in the (often looping) output of the random tiny models.
+std::vector<std::vector<int32_t>> spec_prompts() {
+  std::vector<std::vector<int32_t>> prompts = eight_prompts();
+  const std::vector<int32_t> base = prompts[4];
+  for (const int period : {5, 13}) {
+    std::vector<int32_t> p;
+    for (int i = 0; i < 60; ++i) p.push_back(base[static_cast<std::size_t>(i % period)]);
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+struct RunResult {
+  Outputs outputs;
+  SpecDecodeCounters counters;
+  uint64_t preemptions = 0;
+};
+
+// Half the requests start, run two steps, then the rest join; every step checks the pool.
+RunResult run_batch(const std::string& model, const EngineOptions& options, const std::vector<GenerationRequest>& requests) {
+  auto engine = make_engine(model, options);
+  RunResult result;
+  const std::size_t half = requests.size() / 2;
+  for (std::size_t i = 0; i < half; ++i) engine->add_request(requests[i], collect(result.outputs));
+  engine->step();
+  engine->step();
+  for (std::size_t i = half; i < requests.size(); ++i) engine->add_request(requests[i], collect(result.outputs));
+  for (int step = 0; step < 100000 && engine->has_work(); ++step) {
+    engine->step();
+    engine->block_manager().check_integrity();
+  }
+  REQUIRE_FALSE(engine->has_work());
+  CHECK(engine->block_manager().num_free_blocks() == engine->block_manager().num_blocks());
+  result.counters = engine->spec_decode();
+  result.preemptions = engine->stats().num_preemptions;
+  return result;
+}
+
+std::vector<GenerationRequest> greedy_requests(const std::vector<std::vector<int32_t>>& prompts, int max_tokens) {
+  std::vector<GenerationRequest> requests;
+  for (std::size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy_request(std::to_string(i), prompts[i], max_tokens));
+  return requests;
+}
+
+void check_same(const Outputs& plain, const Outputs& spec, const std::string& what) {
+  REQUIRE(plain.size() == spec.size());
+  for (const auto& [id, choices] : plain) {
+    for (const auto& [index, choice] : choices) {
+      const Choice& got = spec.at(id).at(index);
+      INFO(what << ": request " << id << " choice " << index);
+      CHECK(got.finish == choice.finish);
+      CHECK(got.tokens == choice.tokens);
+      CHECK(got.logprobs == choice.logprobs);  // bitwise
+      CHECK(got.text == choice.text);
+    }
+  }
+}
+
+void check_spec_equals_plain(const std::string& model, EngineOptions options, int k, int max_tokens) {
+  const auto requests = greedy_requests(spec_prompts(), max_tokens);
+  options.num_speculative_tokens = 0;
+  const RunResult plain = run_batch(model, options, requests);
+  options.num_speculative_tokens = k;
+  options.speculative_disable_by_batch_size = 64;  // speculate at every batch size here
+  const RunResult spec = run_batch(model, options, requests);
+  const std::string what = model + ", " + std::string(kv_dtype_name(options.kv_dtype)) + " pool, window " +
+                           std::to_string(options.kv_bf16_window) + ", K " + std::to_string(k);
+  check_same(plain.outputs, spec.outputs, what);
+  INFO(what);
+  std::printf("[spec] %s: %llu drafts, %llu of %llu proposed tokens accepted\n", what.c_str(),
+              static_cast<unsigned long long>(spec.counters.num_drafts),
+              static_cast<unsigned long long>(spec.counters.num_accepted_tokens),
+              static_cast<unsigned long long>(spec.counters.num_draft_tokens));
+  // The test means something only if proposals were made and some were accepted, some not.
+  CHECK(spec.counters.num_drafts > 0);
+  CHECK(spec.counters.num_accepted_tokens > 0);
+  CHECK(spec.counters.num_accepted_tokens < spec.counters.num_draft_tokens);
+}
+
+}  // namespace
+
+TEST_CASE("ngram speculation: greedy output == plain decoding, bitwise, bf16 and FP8 pools, several K", "[engine][spec]") {
+  const int max_tokens = kSanitized ? 12 : 40;
+  for (const int k : {1, 3, 6}) {
+    check_spec_equals_plain(fixture("models/tiny-llama"), small_options(KvDtype::bf16), k, max_tokens);
+    check_spec_equals_plain(fixture("models/tiny-qwen3"), small_options(KvDtype::fp8_e4m3), k, max_tokens);
+  }
+  check_spec_equals_plain(fixture("models/tiny-qwen2"), small_options(KvDtype::fp8_e4m3), 4, max_tokens);
+  check_spec_equals_plain(fixture("models/tiny-llama"), small_options(KvDtype::fp8_e4m3), 4, max_tokens);
+}
+
+TEST_CASE("ngram speculation with the bf16 window: proposals stop at the window's block boundary", "[engine][spec][window]") {
+  const int max_tokens = kSanitized ? 24 : 72;  // long enough to cross several window boundaries
+  for (const bool values : {false, true}) {
+    EngineOptions options = small_options(KvDtype::fp8_e4m3);
+    options.kv_bf16_window = 32;
+    options.kv_bf16_window_values = values;
+    options.enable_prefix_caching = true;
+    for (const int k : {2, 5}) check_spec_equals_plain(fixture("models/tiny-llama"), options, k, max_tokens);
+  }
+}
+
+TEST_CASE("ngram speculation with prefix caching: no key is published for a rejected proposal", "[engine][spec]") {
+  EngineOptions options = small_options(KvDtype::fp8_e4m3);
+  options.enable_prefix_caching = true;
+  check_spec_equals_plain(fixture("models/tiny-llama"), options, 4, kSanitized ? 12 : 48);
+}
+
+TEST_CASE("ngram speculation under preemption in a tiny pool: same output, every block back", "[engine][spec][preemption]") {
+  const int max_tokens = kSanitized ? 12 : 32;
+  for (const KvDtype dtype : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+    EngineOptions roomy = small_options(dtype);
+    roomy.enable_prefix_caching = true;
+    const auto requests = greedy_requests(spec_prompts(), max_tokens);
+    const RunResult plain = run_batch(fixture("models/tiny-llama"), roomy, requests);
+    EngineOptions tiny = roomy;
+    const uint64_t block_bytes = 2ull * 2 * 2 * 16 * 16 * kv_dtype_size(dtype);  // layers, K+V, kv heads, dim, tokens
+    tiny.kv_cache_memory = 12 * block_bytes;
+    tiny.num_speculative_tokens = 4;
+    tiny.speculative_disable_by_batch_size = 64;
+    const RunResult spec = run_batch(fixture("models/tiny-llama"), tiny, requests);
+    INFO(std::string(kv_dtype_name(dtype)) << " pool");
+    CHECK(spec.preemptions > 0);
+    CHECK(spec.counters.num_accepted_tokens > 0);
+    check_same(plain.outputs, spec.outputs, std::string("preemption, ") + std::string(kv_dtype_name(dtype)));
+  }
+}
+
+TEST_CASE("ngram speculation: seeded sampling, n > 1 and stop strings give plain decoding's output", "[engine][spec][sampling]") {
+  const auto prompts = spec_prompts();
+  std::vector<GenerationRequest> requests;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest r = greedy_request(std::to_string(i), prompts[i], kSanitized ? 12 : 40);
+    r.sampling.temperature = i % 2 == 0 ? 0.2f : 0.6f;  // low enough for the tiny model to repeat itself
+    r.sampling.top_k = i % 3 == 0 ? 20 : 0;
+    r.sampling.repetition_penalty = i == 3 ? 1.1f : 1.0f;
+    r.sampling.seed = 1000 + i;
+    r.n = i % 4 == 1 ? 3 : 1;
+    requests.push_back(r);
+  }
+  EngineOptions options = small_options(KvDtype::fp8_e4m3);
+  options.enable_prefix_caching = true;
+  const RunResult plain = run_batch(fixture("models/tiny-qwen2"), options, requests);
+  // Stop strings cut at a token taken from plain decoding's text: with speculation the cut
+  // lands inside an accepted run, whose remaining tokens must be dropped.
+  for (auto& r : requests) {
+    const std::string& text = plain.outputs.at(r.request_id).at(0).text;
+    if (text.size() > 12) r.stop = {text.substr(text.size() / 2, 3)};
+  }
+  const RunResult plain_stop = run_batch(fixture("models/tiny-qwen2"), options, requests);
+  options.num_speculative_tokens = 4;
+  options.speculative_disable_by_batch_size = 64;
+  const RunResult spec_stop = run_batch(fixture("models/tiny-qwen2"), options, requests);
+  check_same(plain_stop.outputs, spec_stop.outputs, "sampled, stop strings");
+  for (auto& r : requests) r.stop.clear();
+  const RunResult spec = run_batch(fixture("models/tiny-qwen2"), options, requests);
+  check_same(plain.outputs, spec.outputs, "sampled");
+  CHECK(spec.counters.num_accepted_tokens > 0);
+}
+
+TEST_CASE("ngram speculation on the default model: a repeated document, bitwise, high acceptance", "[engine][spec][default_model]") {
+  auto engine = make_engine(default_model_path(), EngineOptions{});
+  const Tokenizer& tokenizer = engine->tokenizer();
+  const std::string document =
+      "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "
+      "How vexingly quick daft zebras jump! The five boxing wizards jump quickly. ";
+  const std::vector<int32_t> prompt = tokenizer.encode("Repeat this text exactly.\n\n" + document + "\n\nRepeated:\n" + document.substr(0, 20), true);
+  engine.reset();
+  for (const KvDtype dtype : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+    EngineOptions options = small_options(dtype);
+    options.kv_cache_memory = 64u << 20;
+    options.kv_bf16_window = dtype == KvDtype::fp8_e4m3 ? 32 : 0;
+    const std::vector<GenerationRequest> requests{greedy_request("doc", prompt, kSanitized ? 16 : 48),
+                                                  greedy_request("doc2", prompt, kSanitized ? 16 : 32)};
+    const RunResult plain = run_batch(default_model_path(), options, requests);
+    options.num_speculative_tokens = 5;
+    const RunResult spec = run_batch(default_model_path(), options, requests);
+    check_same(plain.outputs, spec.outputs, std::string("default model, ") + std::string(kv_dtype_name(dtype)));
+    const double rate = static_cast<double>(spec.counters.num_accepted_tokens) / std::max<uint64_t>(1, spec.counters.num_draft_tokens);
+    std::printf("[spec] default model, %s: acceptance %.2f over %llu drafts\n", std::string(kv_dtype_name(dtype)).c_str(), rate,
+                static_cast<unsigned long long>(spec.counters.num_drafts));
+    CHECK(rate > 0.5);
+  }
+}
