@@ -1,8 +1,9 @@
 // Speculative decoding (ngram) must not change a request's output: greedy tokens and the
 // logprob of every chosen token (a function of the whole logits row, so a bitwise witness of
 // it) equal plain decoding's, for the bf16 and FP8 pools, with the bf16 window, several K,
-// requests joining and leaving, preemption in a tiny pool; and a seeded sampled request draws
-// the very tokens it draws without speculation (server/speculation.hpp says why). The pool's
+// requests joining and leaving, preemption in a tiny pool; a seeded sampled request draws
+// the very tokens it draws without speculation (server/speculation.hpp says why), and sampled
+// draws follow the model's exact distribution (a chi-square test). The pool's
 // invariants hold after every step (rejected proposals rolled back: no block, key or slot left).
 #include "engine_test_util.hpp"
 
@@ -195,4 +196,90 @@ TEST_CASE("ngram speculation on the default model: a repeated document, bitwise,
                 static_cast<unsigned long long>(spec.counters.num_drafts));
     CHECK(rate > 0.5);
   }
+}
+
+namespace {
+
+// The model's own distribution after `prefix`: the top-2 tokens and their probabilities
+// renormalized over the two (what top_k = 2 at temperature 1 samples from), from a greedy run's
+// logprobs (the raw model distribution, server/sampling.hpp).
+std::vector<std::pair<int32_t, double>> top2(Engine& engine, const std::vector<int32_t>& prefix) {
+  GenerationRequest r = greedy_request("top2", prefix, 1);
+  r.sampling.num_logprobs = 2;
+  std::vector<TokenLogprob> top;
+  engine.add_request(r, [&](RequestOutput&& out) {
+    if (!out.logprobs.empty()) top = out.logprobs[0].top_logprobs;
+  });
+  run_to_completion(engine);
+  REQUIRE(top.size() == 2);
+  const double a = std::exp(static_cast<double>(top[0].logprob)), b = std::exp(static_cast<double>(top[1].logprob));
+  return {{top[0].token, a / (a + b)}, {top[1].token, b / (a + b)}};
+}
+
+}  // namespace
+
+TEST_CASE("ngram speculation samples the model's distribution: chi-square over 3-token continuations", "[engine][spec][chi2]") {
+  // top_k = 2 makes every draw one of 8 continuations whose exact probabilities are products of
+  // the model's renormalized top-2 probabilities, computed here from logprobs of plain steps
+  // (bf16 KV: a prefill of the longer prefix computes what the decode did, up to rounding; FP8
+  // would calibrate other scales). The prompt ends with tiny-qwen2's own greedy loop, so lookup
+  // (from one token on) proposes a continuation after most first tokens, accepted or not.
+  const std::string model = fixture("models/tiny-qwen2");
+  EngineOptions options = small_options(KvDtype::bf16);
+  options.ngram = NgramOptions{1, 3};
+  auto reference = make_engine(model, options);
+  std::vector<int32_t> prompt = spec_prompts()[8];
+  {
+    Outputs greedy;
+    reference->add_request(greedy_request("loop", prompt, 32), collect(greedy));
+    run_to_completion(*reference);
+    const std::vector<int32_t>& loop = greedy.at("loop").at(0).tokens;
+    prompt.insert(prompt.end(), loop.begin(), loop.end());
+  }
+  std::map<std::vector<int32_t>, double> exact;
+  for (const auto& [t1, p1] : top2(*reference, prompt)) {
+    std::vector<int32_t> prefix1 = prompt;
+    prefix1.push_back(t1);
+    for (const auto& [t2, p2] : top2(*reference, prefix1)) {
+      std::vector<int32_t> prefix2 = prefix1;
+      prefix2.push_back(t2);
+      for (const auto& [t3, p3] : top2(*reference, prefix2)) exact[{t1, t2, t3}] = p1 * p2 * p3;
+    }
+  }
+  REQUIRE(exact.size() == 8);
+
+  options.num_speculative_tokens = 3;
+  options.speculative_disable_by_batch_size = 64;
+  auto engine = make_engine(model, options);
+  const int num_draws = kSanitized ? 800 : 4000;
+  std::map<std::vector<int32_t>, int> counts;
+  Outputs outputs;
+  for (int i = 0; i < num_draws; ++i) {
+    GenerationRequest r = greedy_request(std::to_string(i), prompt, 3);
+    r.sampling.temperature = 1.0f;
+    r.sampling.top_k = 2;
+    r.sampling.seed = 77 + static_cast<uint64_t>(i);
+    engine->add_request(r, collect(outputs));
+    if (i % 16 == 15) run_to_completion(*engine);
+  }
+  run_to_completion(*engine);
+  for (const auto& [id, choices] : outputs) ++counts[choices.at(0).tokens];
+  REQUIRE(counts.size() <= 8);
+  // Pearson's statistic over the 8 cells (7 degrees of freedom); at significance 0.001 the
+  // critical value is 24.32, so a correct sampler fails one run in a thousand.
+  double chi2 = 0;
+  for (const auto& [tokens, p] : exact) {
+    const double expected = p * num_draws;
+    const double observed = counts.count(tokens) ? counts.at(tokens) : 0;
+    chi2 += (observed - expected) * (observed - expected) / expected;
+    std::printf("[chi2] %d %d %d: exact %.4f, observed %.4f\n", tokens[0], tokens[1], tokens[2], p, observed / num_draws);
+  }
+  const SpecDecodeCounters& c = engine->spec_decode();
+  std::printf("[chi2] statistic %.2f (critical 24.32 at 0.001, 7 dof); %llu drafts, %llu of %llu tokens accepted\n", chi2,
+              static_cast<unsigned long long>(c.num_drafts), static_cast<unsigned long long>(c.num_accepted_tokens),
+              static_cast<unsigned long long>(c.num_draft_tokens));
+  // Speculation really ran, and both acceptance and rejection happened often.
+  CHECK(c.num_accepted_tokens > static_cast<uint64_t>(num_draws / 10));
+  CHECK(c.num_draft_tokens - c.num_accepted_tokens > static_cast<uint64_t>(num_draws / 10));
+  CHECK(chi2 < 24.32);
 }
