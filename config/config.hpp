@@ -51,12 +51,12 @@ struct Config {
 
   // Speculative decoding (README "Speculative decoding"; vLLM's names).
   std::string speculative_method = "none";  // none | ngram | draft (draft: refused, not built yet)
-  int num_speculative_tokens = 4;            // K: tokens proposed and verified per step
+  int num_speculative_tokens = 6;            // K: tokens proposed and verified per step
   int prompt_lookup_min = 2;                 // ngram: shortest suffix looked up in prompt + output
   int prompt_lookup_max = 4;                 // ngram: longest
   std::string speculative_model;             // draft: the draft model's path
   // No speculation in a step with more decoding sequences than this: the step is compute-bound.
-  int speculative_disable_by_batch_size = 4;
+  int speculative_disable_by_batch_size = 2;
 
   // Server.
   std::string host = "127.0.0.1";

@@ -66,7 +66,7 @@ struct EngineOptions {
   // many tokens, verified in one pass (CPU only for now).
   int num_speculative_tokens = 0;
   NgramOptions ngram;
-  int speculative_disable_by_batch_size = 4;
+  int speculative_disable_by_batch_size = 2;
 };
 
 constexpr uint64_t kDefaultCpuKvCacheMemory = 1ull << 30;

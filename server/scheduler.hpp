@@ -48,7 +48,7 @@ struct SchedulerOptions {
   int num_speculative_tokens = 0;
   // No proposals in a step with more decoding sequences than this (the step is compute-bound:
   // verifying K more rows per sequence then costs about what it saves).
-  int disable_by_batch_size = 4;
+  int disable_by_batch_size = 2;
 };
 
 // Proposes up to max_tokens tokens to follow `tokens` (prompt + generated, the last one not yet

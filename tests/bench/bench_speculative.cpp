@@ -3,7 +3,7 @@
 // summarize a ~1,000-token document, re-emit a code file with a variable renamed, a JSON answer
 // that copies fields from the prompt) and open-ended prompts, where there is little to look up.
 //
-//   bench_speculative [MODEL] [--threads N] [--k K] [--reps R] [--clients C] [--quick]
+//   bench_speculative [MODEL] [--threads N] [--k K] [--window W] [--reps R] [--clients C] [--quick]
 //
 //   single stream  per prompt: decode tokens/s (first token to last, so the prefill is out),
 //                  plain and ngram (K proposals), best of R alternating runs; the acceptance rate
@@ -13,7 +13,8 @@
 //   C clients      C requests (the prompts in turn) submitted at once: generated tokens / wall
 //                  time, plain and ngram with the default --speculative-disable-by-batch-size.
 //
-// The model is the default SmolLM2-135M (FP8 KV with the default bf16 window).
+// The model is the default SmolLM2-135M, FP8 KV with a bf16 window of W tokens (K only; the
+// server's default 64; 0 = none).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -162,31 +163,33 @@ std::vector<RunResult> run(Engine& engine, const std::vector<std::vector<int32_t
 
 int main(int argc, char** argv) {
   std::string model_path = bench::default_model_path();
-  int threads = 0, k = 4, reps = 3, clients = 16;
+  int threads = 0, k = 6, reps = 3, clients = 16, window = 64;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
     else if (arg == "--k" && i + 1 < argc) k = std::stoi(argv[++i]);
+    else if (arg == "--window" && i + 1 < argc) window = std::stoi(argv[++i]);
     else if (arg == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
     else if (arg == "--clients" && i + 1 < argc) clients = std::stoi(argv[++i]);
     else if (arg == "--quick") reps = 1, clients = 4;
     else if (arg.rfind("--", 0) != 0) model_path = arg;
     else {
-      std::fprintf(stderr, "usage: bench_speculative [MODEL] [--threads N] [--k K] [--reps R] [--clients C] [--quick]\n");
+      std::fprintf(stderr, "usage: bench_speculative [MODEL] [--threads N] [--k K] [--window W] [--reps R] [--clients C] [--quick]\n");
       return 2;
     }
   }
   EngineOptions plain_options;
   plain_options.threads = threads;
   plain_options.max_model_len = 4096;
+  plain_options.kv_bf16_window = window;
   EngineOptions spec_options = plain_options;
   spec_options.num_speculative_tokens = k;
   Engine plain(load_model(model_path), plain_options);
   Engine spec(load_model(model_path), spec_options);
   const Tokenizer& tokenizer = plain.tokenizer();
 
-  std::printf("ngram speculation, K = %d, lookup %d-%d tokens, best of %d alternating runs, %s\n\n", k,
-              spec_options.ngram.min_n, spec_options.ngram.max_n, reps, model_path.c_str());
+  std::printf("ngram speculation, K = %d, lookup %d-%d tokens, bf16 window %d, best of %d alternating runs, %s\n\n",
+              k, spec_options.ngram.min_n, spec_options.ngram.max_n, window, reps, model_path.c_str());
   std::printf("%-20s %7s %7s | %10s %10s %6s | %9s %10s\n", "workload", "prompt", "tokens", "plain t/s", "ngram t/s",
               "ratio", "accepted", "tok/step");
   double grounded_log = 0, open_log = 0;

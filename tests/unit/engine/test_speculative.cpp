@@ -6,6 +6,7 @@
 // draws follow the model's exact distribution (a chi-square test). The pool's
 // invariants hold after every step (rejected proposals rolled back: no block, key or slot left).
 #include "engine_test_util.hpp"
+#include "model/grammar/json_schema.hpp"
 
 using namespace fp8serve;
 using namespace fp8serve::test;
@@ -282,4 +283,42 @@ TEST_CASE("ngram speculation samples the model's distribution: chi-square over 3
   CHECK(c.num_accepted_tokens > static_cast<uint64_t>(num_draws / 10));
   CHECK(c.num_draft_tokens - c.num_accepted_tokens > static_cast<uint64_t>(num_draws / 10));
   CHECK(chi2 < 24.32);
+}
+
+TEST_CASE("ngram speculation with structured outputs: the grammar masks every verified row", "[engine][spec][structured]") {
+  // A JSON answer that copies fields from the prompt: lookup proposes them, the mask applies to
+  // each row as to a decode step (a proposal the grammar forbids cannot be the sampled token).
+  const char* schema = R"({"type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"},
+      "year": {"type": "integer"}}, "required": ["name", "city", "year"], "additionalProperties": false})";
+  EngineOptions options = small_options(KvDtype::fp8_e4m3);
+  options.kv_cache_memory = 64u << 20;
+  auto probe = make_engine(default_model_path(), options);
+  const auto vocab = grammar::TokenVocabulary::from_tokenizer(probe->tokenizer(), probe->model_config().vocab_size,
+                                                              probe->stop_token_ids());
+  const auto compiled = std::make_shared<const grammar::CompiledGrammar>(
+      grammar::json_schema_grammar(nlohmann::ordered_json::parse(schema)), vocab);
+  const std::vector<int32_t> prompt = probe->tokenizer().encode(
+      "Record: {\"name\": \"Grace Hopper\", \"city\": \"Arlington\", \"year\": 1906}\nThe same record as JSON:\n", true);
+  probe.reset();
+  std::vector<GenerationRequest> requests;
+  for (const bool greedy : {true, false}) {
+    GenerationRequest r = greedy_request(greedy ? "greedy" : "sampled", prompt, 48);
+    r.ignore_eos = false;
+    r.grammar = compiled;
+    if (!greedy) {
+      r.sampling.temperature = 0.7f;
+      r.sampling.seed = 5;
+    }
+    requests.push_back(r);
+  }
+  const RunResult plain = run_batch(default_model_path(), options, requests);
+  options.num_speculative_tokens = 4;
+  const RunResult spec = run_batch(default_model_path(), options, requests);
+  check_same(plain.outputs, spec.outputs, "structured output");
+  for (const auto& [id, choices] : spec.outputs) {
+    INFO(choices.at(0).text);
+    CHECK(choices.at(0).finish == FinishReason::stop);
+    CHECK(nlohmann::json::parse(choices.at(0).text).at("city") == "Arlington");
+  }
+  CHECK(spec.counters.num_accepted_tokens > 0);
 }
