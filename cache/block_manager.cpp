@@ -258,6 +258,20 @@ void BlockManager::free(SeqId id) {
   seqs_.erase(id);
 }
 
+void BlockManager::truncate(SeqId id, int num_tokens) {
+  Sequence& s = seq(id);
+  if (num_tokens < s.num_computed_tokens || num_tokens > static_cast<int>(s.tokens.size()) || num_tokens < 1) {
+    broken("truncate(" + std::to_string(num_tokens) + ") outside [max(1, " + std::to_string(s.num_computed_tokens) +
+           "), " + std::to_string(s.tokens.size()) + "]");
+  }
+  s.tokens.resize(static_cast<std::size_t>(num_tokens));
+  const auto keep = static_cast<std::size_t>(num_blocks_for(s.tokens.size()));
+  while (s.block_table.size() > keep) {
+    pool_.release(s.block_table.back());
+    s.block_table.pop_back();
+  }
+}
+
 int BlockManager::tail_ring(SeqId id) const { return seq(id).tail_ring; }
 int BlockManager::num_fp8_tokens(SeqId id) const { return seq(id).num_fp8_tokens; }
 int BlockManager::fp8_len_after(SeqId id, int num_tokens, int fp8_floor) const {

@@ -113,6 +113,11 @@ class BlockManager {
   void fork(SeqId parent, SeqId child);
   // Releases the sequence's blocks, tail first so the LRU evicts suffixes before prefixes.
   void free(SeqId id);
+  // Drops the tokens from num_tokens on (speculative decoding's rejected proposals) and the
+  // blocks that then hold none of the rest. Their KV was written but never marked computed: no
+  // key was published for them, the FP8 count and the scales did not move, so the sequence is
+  // as if they had never been appended. PRECOND: num_computed_tokens(id) <= num_tokens.
+  void truncate(SeqId id, int num_tokens);
 
   bool contains(SeqId id) const { return seqs_.count(id) != 0; }
   std::span<const int32_t> block_table(SeqId id) const;

@@ -49,6 +49,15 @@ struct Config {
   bool enforce_eager = false;             // CUDA: every step op by op, no CUDA graphs
   bool lazy_graph_capture = false;        // CUDA: capture a decode graph on first use, not at start-up
 
+  // Speculative decoding (README "Speculative decoding"; vLLM's names).
+  std::string speculative_method = "none";  // none | ngram | draft (draft: refused, not built yet)
+  int num_speculative_tokens = 6;            // K: tokens proposed and verified per step
+  int prompt_lookup_min = 2;                 // ngram: shortest suffix looked up in prompt + output
+  int prompt_lookup_max = 4;                 // ngram: longest
+  std::string speculative_model;             // draft: the draft model's path
+  // No speculation in a step with more decoding sequences than this: the step is compute-bound.
+  int speculative_disable_by_batch_size = 2;
+
   // Server.
   std::string host = "127.0.0.1";
   int port = 8000;

@@ -88,6 +88,8 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
   // Activations for the largest step, in the backend's activation dtype; logits in fp32.
   const auto rows = static_cast<std::size_t>(options.max_num_tokens);
   const auto seqs = static_cast<std::size_t>(options.max_num_seqs);
+  if (options_.max_sample_rows <= 0) options_.max_sample_rows = options.max_num_seqs;
+  const auto sampled_rows = static_cast<std::size_t>(options_.max_sample_rows);
   const auto hidden = static_cast<std::size_t>(c.hidden_size);
   const auto q_width = static_cast<std::size_t>(c.num_heads * c.head_dim);
   const auto qkv_width = static_cast<std::size_t>((c.num_heads + 2 * c.num_kv_heads) * c.head_dim);
@@ -98,9 +100,9 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
   attn_out_ = activations(rows * q_width);
   proj_out_ = activations(rows * hidden);
   gate_up_ = activations(rows * 2 * static_cast<std::size_t>(c.intermediate_size));
-  sampled_ = activations(seqs * hidden);
-  sampled_delta_ = activations(seqs * hidden);
-  logits_ = device_array<float>(backend_, seqs * static_cast<std::size_t>(c.vocab_size));
+  sampled_ = activations(std::max(seqs, sampled_rows) * hidden);
+  sampled_delta_ = activations(std::max(seqs, sampled_rows) * hidden);
+  logits_ = device_array<float>(backend_, std::max(seqs, sampled_rows) * static_cast<std::size_t>(c.vocab_size));
 
   const auto max_blocks = static_cast<std::size_t>((options.max_model_len + options.block_size - 1) /
                                                    options.block_size);
@@ -227,8 +229,8 @@ void Transformer::validate(const ForwardBatch& b, std::span<float> logits) const
       b.v_scales.size() != b.k_scales.size())
     fail("k_scales and v_scales must be [num_layers, num_seqs]");
   if (b.calibrate.size() != static_cast<std::size_t>(num_seqs)) fail("calibrate must be [num_seqs]");
-  if (b.sample_rows.size() > static_cast<std::size_t>(options_.max_num_seqs))
-    fail("more sample rows than max_num_seqs");
+  if (b.sample_rows.size() > static_cast<std::size_t>(options_.max_sample_rows))
+    fail("more sample rows than max_sample_rows");
   for (const int32_t row : b.sample_rows)
     if (row < 0 || row >= num_tokens) fail("a sample row outside [0, num_tokens)");
   if (b.score_rows.size() > static_cast<std::size_t>(num_tokens)) fail("more score rows than tokens");
@@ -270,7 +272,7 @@ Transformer::StepLayout Transformer::step_layout(std::size_t num_tokens, std::si
   l.context_lens = take(num_seqs * sizeof(int32_t));
   l.block_tables = take(num_seqs * max_blocks_per_seq * sizeof(int32_t));
   l.calibrate = take(num_seqs * sizeof(uint8_t));
-  l.sample_rows = take(num_seqs * sizeof(int32_t));
+  l.sample_rows = take(std::max(num_seqs, num_tokens) * sizeof(int32_t));  // speculation: up to a row per token
   l.score_rows = take(num_score_rows * sizeof(int32_t));
   const std::size_t window_seqs = options_.window.enabled() ? num_seqs : 0;
   l.fp8_lens = take(window_seqs * sizeof(int32_t));

@@ -42,6 +42,9 @@ struct TransformerOptions {
   int num_blocks = 0;
   int max_num_tokens = 2048;   // per step (--max-num-batched-tokens)
   int max_num_seqs = 64;       // per step
+  // Rows whose logits one step may ask for (sample_rows); 0 = max_num_seqs. Speculative decoding
+  // samples every verified row: 1 + K for each speculating sequence.
+  int max_sample_rows = 0;
   int max_model_len = 0;       // positions the rope table covers; block tables' width
   float kv_scale_margin = kDefaultKvScaleMargin;
   // --quantization fp8: every projection's weights to FP8 E4M3 with one scale per output channel
@@ -78,7 +81,7 @@ struct ForwardBatch {
   std::span<float> k_scales;
   std::span<float> v_scales;
   std::span<const uint8_t> calibrate;        // [num_seqs]
-  std::span<const int32_t> sample_rows;      // token rows whose logits are wanted, <= max_num_seqs
+  std::span<const int32_t> sample_rows;      // token rows whose logits are wanted, <= max_sample_rows
   // Token rows scored on top (prompt logprobs): any number, each in [0, num_tokens); their
   // logits go to forward()'s ScoreFn in groups, never all at once.
   std::span<const int32_t> score_rows;

@@ -36,6 +36,11 @@ EngineOptions engine_options_from_config(const Config& config) {
   options.threads = config.threads;
   options.enforce_eager = config.enforce_eager;
   options.lazy_graph_capture = config.lazy_graph_capture;
+  if (config.speculative_method == "ngram") options.num_speculative_tokens = config.num_speculative_tokens;
+  else if (config.speculative_method != "none")
+    throw ConfigError("--speculative-method " + config.speculative_method + " is not supported yet: use ngram");
+  options.ngram = NgramOptions{config.prompt_lookup_min, config.prompt_lookup_max};
+  options.speculative_disable_by_batch_size = config.speculative_disable_by_batch_size;
   return options;
 }
 
@@ -48,6 +53,14 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   if (options_.max_model_len <= 0) options_.max_model_len = c.max_position_embeddings;
   if (options_.max_model_len <= 0) throw std::invalid_argument("the model declares no context length: set --max-model-len");
   device_ = make_device(options_.device, options_.threads);
+  if (options_.num_speculative_tokens > 0 && device_.kind != "cpu") {
+    // The verification pass's bit-identity with decode is established for the CPU kernels
+    // (README "Speculative decoding"); the CUDA path (decode graphs for K + 1 tokens, its
+    // attention's chunk path) is not built yet.
+    throw std::invalid_argument("speculative decoding runs on --device cpu only for now");
+  }
+  if (options_.num_speculative_tokens < 0 || options_.ngram.min_n < 1 || options_.ngram.min_n > options_.ngram.max_n)
+    throw std::invalid_argument("speculative decoding: K >= 0 and 1 <= prompt-lookup-min <= prompt-lookup-max");
   Backend& backend = *device_.backend;
   logits_ = HostArray<float>(backend);
 
@@ -66,6 +79,9 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   topts.num_blocks = 0;  // sized below, from what the weights and buffers left
   topts.max_num_tokens = options_.max_num_batched_tokens;
   topts.max_num_seqs = options_.max_num_seqs;
+  // Every verified row samples: K more rows for each sequence that may speculate in a step.
+  topts.max_sample_rows = options_.max_num_seqs + options_.num_speculative_tokens *
+                                                      std::min(options_.max_num_seqs, options_.speculative_disable_by_batch_size);
   topts.max_model_len = options_.max_model_len;
   topts.kv_scale_margin = options_.kv_scale_margin;
   topts.quantize_fp8 = options_.quantize_fp8;
@@ -122,7 +138,18 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   bopts.num_tail_rings = num_rings;
   blocks_ = std::make_unique<BlockManager>(bopts);
   scheduler_ = std::make_unique<Scheduler>(
-      SchedulerOptions{options_.max_num_seqs, options_.max_num_batched_tokens}, *blocks_);
+      SchedulerOptions{options_.max_num_seqs, options_.max_num_batched_tokens, options_.num_speculative_tokens,
+                       options_.speculative_disable_by_batch_size},
+      *blocks_);
+  if (options_.num_speculative_tokens > 0) {
+    scheduler_->set_proposer([this](SeqId id, std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out) {
+      propose(id, tokens, max_tokens, out);
+    });
+    spdlog::info("speculative decoding: ngram, up to {} tokens per step (lookup of {}-{} tokens), off above {} "
+                 "decoding sequences",
+                 options_.num_speculative_tokens, options_.ngram.min_n, options_.ngram.max_n,
+                 options_.speculative_disable_by_batch_size);
+  }
 
   for (const int id : c.eos_token_ids) stop_ids_.push_back(id);
   if (const std::optional<int32_t> eos = model_.tokenizer->eos_id()) {
@@ -416,7 +443,10 @@ void Engine::run_step(const StepPlan& plan) {
       // ring 0 only keeps the slot in range.
       tail_slots_.push_back(std::max(0, blocks_->tail_ring(s.id)));
     }
-    if (s.samples) sample_rows_.push_back(static_cast<int32_t>(token_ids_.size()) - 1);
+    if (s.samples) {  // a speculating sequence samples every row: its token's and each proposal's
+      const auto last = static_cast<int32_t>(token_ids_.size()) - 1;
+      for (int32_t r = last - static_cast<int32_t>(s.proposals.size()); r <= last; ++r) sample_rows_.push_back(r);
+    }
     calibrate_.push_back(s.calibrate ? 1 : 0);
     const std::span<const int32_t> table = blocks_->block_table(s.id);
     std::copy(table.begin(), table.end(), block_tables_.begin() + static_cast<std::ptrdiff_t>(i) * max_blocks);
@@ -499,10 +529,16 @@ void Engine::run_step(const StepPlan& plan) {
     SampleResult sample;
   };
   std::vector<Pending> pending;
+  std::vector<Verify> verifying;
   std::size_t row = 0;
   std::vector<SeqId> scored_only;  // max_tokens 0: the prompt is scored, nothing sampled
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.samples) continue;
+    if (!s.proposals.empty()) {
+      verifying.push_back({s.id, row, &s.proposals});
+      row += 1 + s.proposals.size();
+      continue;
+    }
     const auto it = seqs_.find(s.id);
     if (it != seqs_.end() && requests_.at(it->second.request_id).request.max_tokens == 0) {
       scored_only.push_back(s.id);
@@ -569,6 +605,44 @@ void Engine::run_step(const StepPlan& plan) {
       on_token(id, *sample);
     }
   }
+  for (const Verify& v : verifying) verify(v);
+}
+
+void Engine::propose(SeqId id, std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out) {
+  out.clear();
+  const SeqState& seq = seqs_.at(id);
+  if (!seq.gate.allows(seq.num_generated)) return;
+  // The step samples 1 + accepted tokens: no proposal past what the request may still generate.
+  max_tokens = static_cast<int>(std::min<int64_t>(max_tokens, token_budget(seq) - 1));
+  ngram_propose(tokens, options_.ngram, max_tokens, out);
+}
+
+void Engine::verify(const Verify& v) {
+  const auto vocab = static_cast<std::size_t>(model_config().vocab_size);
+  const std::vector<int32_t>& proposals = *v.proposals;
+  int num_accepted = 0;
+  for (std::size_t j = 0; j <= proposals.size(); ++j) {
+    const auto it = seqs_.find(v.id);
+    if (it == seqs_.end()) break;  // finished by the previous token (stop, length, grammar)
+    SeqState& seq = it->second;
+    const std::span<float> logits(logits_.data() + (v.row + j) * vocab, vocab);
+    std::optional<SampleResult> sample;
+    if (!seq.matcher) {
+      sample = seq.sampler.sample(logits);  // each row once: it may serve as scratch
+    } else {
+      row_.assign(logits.begin(), logits.end());
+      sample = sample_structured(v.id, seq, logits);  // the grammar masks the proposals' rows too
+    }
+    if (!sample) break;
+    const bool matches = j < proposals.size() && sample->token == proposals[j];
+    on_token(v.id, *sample);
+    if (!matches || !scheduler_->contains(v.id)) break;
+    scheduler_->accept_proposed(v.id);
+    ++num_accepted;
+  }
+  scheduler_->end_speculation(v.id);
+  spec_counters_.record(static_cast<int>(proposals.size()), num_accepted);
+  if (const auto it = seqs_.find(v.id); it != seqs_.end()) it->second.gate.record(it->second.num_generated, num_accepted);
 }
 
 Engine::DeviceSampling Engine::device_sampling(const StepPlan& plan) const {
@@ -684,6 +758,11 @@ EngineStats Engine::stats() const {
   }
   s.kv_ringless_seqs = blocks_->num_seqs_without_ring();
   s.num_preemptions = scheduler_->num_preemptions();
+  s.spec_num_drafts = spec_counters_.num_drafts;
+  s.spec_num_draft_tokens = spec_counters_.num_draft_tokens;
+  s.spec_num_accepted_tokens = spec_counters_.num_accepted_tokens;
+  s.spec_accepted_per_pos = spec_counters_.accepted_per_pos;
+  s.speculative = options_.num_speculative_tokens > 0;
   const PrefixCacheStats prefix = blocks_->prefix_cache_stats();
   s.prefix_queries = prefix.num_queried_tokens;
   s.prefix_hits = prefix.num_hit_tokens;

@@ -33,6 +33,7 @@
 #include "server/prompt_scoring.hpp"
 #include "server/sampling.hpp"
 #include "server/scheduler.hpp"
+#include "server/speculation.hpp"
 #include "server/stop_checker.hpp"
 
 namespace fp8serve {
@@ -62,6 +63,11 @@ struct EngineOptions {
   bool enforce_eager = false;             // no CUDA graphs (decode steps replay them otherwise)
   bool lazy_graph_capture = false;        // capture decode graphs on first use, not at start-up
   bool device_sampling = true;            // off: the host samples every row (tests compare the two)
+  // Speculative decoding (server/speculation.hpp): 0 = off; else ngram proposals of up to this
+  // many tokens, verified in one pass (CPU only for now).
+  int num_speculative_tokens = 0;
+  NgramOptions ngram;
+  int speculative_disable_by_batch_size = 2;
 };
 
 constexpr uint64_t kDefaultCpuKvCacheMemory = 1ull << 30;
@@ -108,6 +114,7 @@ class Engine {
   // Budget checks of structured outputs (token-level shortest closing), summed over steps.
   double grammar_budget_seconds() const { return grammar_budget_seconds_; }
   int64_t grammar_mask_count() const { return grammar_mask_count_; }
+  const SpecDecodeCounters& spec_decode() const { return spec_counters_; }
 
  private:
   struct RequestState {
@@ -132,6 +139,13 @@ class Engine {
     std::unique_ptr<grammar::GrammarMatcher> matcher;  // structured output, else null
     bool prompt_logprobs_sent = false;  // with the choice's first output
     bool budget_free = false;  // no complete document fits in the budget: it cuts the text
+    AcceptanceGate gate;       // speculative decoding: proposals pause while rarely accepted
+  };
+  // A speculating sequence's rows in the step's logits: row, row + 1, ... one per proposal + 1.
+  struct Verify {
+    SeqId id;
+    std::size_t row;
+    const std::vector<int32_t>* proposals;
   };
 
   void reject(const GenerationRequest& request, const OutputSink& sink, const std::string& message);
@@ -142,6 +156,11 @@ class Engine {
   enum class DeviceSampling : uint8_t { none, greedy, candidates };
   DeviceSampling device_sampling(const StepPlan& plan) const;
   void on_token(SeqId id, const SampleResult& sample);
+  // Samples a speculating sequence's rows in order, handing out each token, up to the first one
+  // that differs from its proposal (server/speculation.hpp); the rest are rolled back.
+  void verify(const Verify& v);
+  // The proposals for one decoding sequence (Scheduler's ProposeFn).
+  void propose(SeqId id, std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out);
   // The step's rows that score prompt tokens, into scorer_ (before the forward pass).
   void add_score_rows(const ScheduledSeq& s, int32_t first_row);
   // A request's prompt logprobs go out with each choice's first output.
@@ -183,6 +202,7 @@ class Engine {
   int64_t grammar_mask_count_ = 0;
   std::vector<uint8_t> calibrate_;
   std::vector<KvWriteCounts> step_counts_;
+  SpecDecodeCounters spec_counters_;
 };
 
 }  // namespace fp8serve

@@ -133,6 +133,19 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
           static_cast<double>(engine.kv_ringless_seqs));
   counter("fp8serve:num_preemptions_total", "Sequences preempted (blocks freed, recomputed later).",
           static_cast<double>(engine.num_preemptions));
+  if (engine.speculative) {
+    counter("fp8serve:spec_decode_num_drafts_total", "Speculative decoding: drafts verified (one per sequence and step).",
+            static_cast<double>(engine.spec_num_drafts));
+    counter("fp8serve:spec_decode_num_draft_tokens_total", "Speculative decoding: tokens proposed.",
+            static_cast<double>(engine.spec_num_draft_tokens));
+    counter("fp8serve:spec_decode_num_accepted_tokens_total", "Speculative decoding: proposed tokens accepted.",
+            static_cast<double>(engine.spec_num_accepted_tokens));
+    family(out, "fp8serve:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+           "Speculative decoding: accepted tokens by position in the draft.");
+    for (size_t pos = 0; pos < engine.spec_accepted_per_pos.size(); ++pos)
+      sample(out, "fp8serve:spec_decode_num_accepted_tokens_per_pos_total", "position=\"" + std::to_string(pos) + "\"",
+             static_cast<double>(engine.spec_accepted_per_pos[pos]));
+  }
   counter("fp8serve:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
           static_cast<double>(engine.prefix_queries));
   counter("fp8serve:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",

@@ -100,6 +100,8 @@ StepPlan Scheduler::schedule() {
     plan.seqs.push_back(std::move(step));
   };
 
+  if (propose_ && options_.num_speculative_tokens > 0) schedule_proposals(plan, budget);
+
   // 2. Running prefills continue (chunked prefill).
   for (const SeqId id : running_) {
     if (budget <= 0) break;
@@ -146,16 +148,72 @@ StepPlan Scheduler::schedule() {
   return plan;
 }
 
+// Proposals come after every decode has its slot, so they never take a block that a decode
+// needs, and never preempt. A sequence's proposals are cut where the pool, the budget or the
+// bf16 window would stop them: with a window, every verified row must read the FP8 part that
+// its own single-token decode step would read (the window's boundary moves a block at a time),
+// so that the verified logits are the plain decode's bit for bit.
+void Scheduler::schedule_proposals(StepPlan& plan, int& budget) {
+  if (plan.seqs.empty() || static_cast<int>(plan.seqs.size()) > options_.disable_by_batch_size) return;
+  if (!plan.preempted.empty()) return;  // the pool is short: no blocks for guesses
+  for (ScheduledSeq& step : plan.seqs) {
+    if (budget <= 0) break;
+    Sequence& s = seq(step.id);
+    const int n = static_cast<int>(s.tokens.size());
+    int max_tokens = std::min(options_.num_speculative_tokens, budget);
+    if (blocks_.window().enabled()) {
+      while (max_tokens > 0 && blocks_.fp8_len_after(step.id, n + max_tokens) != blocks_.fp8_len_after(step.id, n))
+        --max_tokens;
+    }
+    if (max_tokens <= 0) continue;
+    proposal_scratch_.clear();
+    propose_(step.id, s.tokens, max_tokens, proposal_scratch_);
+    for (std::size_t i = 0; i < proposal_scratch_.size() && static_cast<int>(i) < max_tokens; ++i) {
+      if (!blocks_.can_append(step.id)) break;
+      const AppendResult slot = blocks_.append_slot(step.id, proposal_scratch_[i]);
+      if (slot.spill_copy) plan.block_copies.push_back(*slot.spill_copy);
+      if (slot.copy) plan.block_copies.push_back(*slot.copy);
+      step.proposals.push_back(proposal_scratch_[i]);
+    }
+    step.num_tokens += static_cast<int>(step.proposals.size());
+    budget -= static_cast<int>(step.proposals.size());
+  }
+}
+
+void Scheduler::mark_computed(SeqId id, Sequence& s, int num_computed, int fp8_floor) {
+  s.num_computed_tokens = num_computed;
+  blocks_.mark_computed(id, num_computed, fp8_floor);
+  if (blocks_.window().enabled() && (s.fp8_steps.empty() || num_computed > s.fp8_steps.back().end)) {
+    const int fp8_len = blocks_.num_fp8_tokens(id);  // a new step, not a replayed one
+    if (!s.fp8_steps.empty() && s.fp8_steps.back().fp8_len == fp8_len) s.fp8_steps.back().end = num_computed;
+    else s.fp8_steps.push_back({num_computed, fp8_len});
+  }
+}
+
+void Scheduler::accept_proposed(SeqId id) {
+  Sequence& s = seq(id);
+  const int position = s.num_computed_tokens;
+  const std::span<const int32_t> held = blocks_.tokens(id);
+  if (static_cast<int>(s.tokens.size()) != position + 1 || position >= static_cast<int>(held.size()) ||
+      held[static_cast<std::size_t>(position)] != s.tokens.back()) {
+    throw std::logic_error("Scheduler::accept_proposed: sequence " + std::to_string(id) +
+                           " has no computed proposal equal to its last token");
+  }
+  mark_computed(id, s, position + 1, 0);
+}
+
+void Scheduler::end_speculation(SeqId id) {
+  const auto it = seqs_.find(id);
+  if (it == seqs_.end() || !it->second.running) return;
+  blocks_.truncate(id, it->second.num_computed_tokens);
+}
+
 void Scheduler::on_step_done(const StepPlan& plan) {
   for (const ScheduledSeq& step : plan.seqs) {
     Sequence& s = seq(step.id);
-    s.num_computed_tokens = step.start + step.num_tokens;
-    blocks_.mark_computed(step.id, s.num_computed_tokens, step.fp8_floor);
-    if (blocks_.window().enabled() && (s.fp8_steps.empty() || s.num_computed_tokens > s.fp8_steps.back().end)) {
-      const int fp8_len = blocks_.num_fp8_tokens(step.id);  // a new step, not a replayed one
-      if (!s.fp8_steps.empty() && s.fp8_steps.back().fp8_len == fp8_len) s.fp8_steps.back().end = s.num_computed_tokens;
-      else s.fp8_steps.push_back({s.num_computed_tokens, fp8_len});
-    }
+    // A speculating step counts its first token; the proposals count as they are verified.
+    const int computed = step.start + step.num_tokens - static_cast<int>(step.proposals.size());
+    mark_computed(step.id, s, computed, step.fp8_floor);
     for (const SeqId child : step.forks) {
       blocks_.fork(step.id, child);
       Sequence c;

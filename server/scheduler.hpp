@@ -27,6 +27,7 @@
 // a window; the price is a recompute in steps of about a block per decode run.
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -42,7 +43,17 @@ struct SchedulerOptions {
   // admitted alone when nothing runs (the engine rejects n > max_num_seqs before that).
   int max_num_seqs = 64;
   int max_num_batched_tokens = 2048;  // tokens per step
+  // Speculative decoding (0: off): a decoding sequence may verify up to this many proposed tokens
+  // after its last one, taking 1 + proposals of the step's budget.
+  int num_speculative_tokens = 0;
+  // No proposals in a step with more decoding sequences than this (the step is compute-bound:
+  // verifying K more rows per sequence then costs about what it saves).
+  int disable_by_batch_size = 2;
 };
+
+// Proposes up to max_tokens tokens to follow `tokens` (prompt + generated, the last one not yet
+// computed) into `out` (cleared first); proposing none is always fine.
+using ProposeFn = std::function<void(SeqId id, std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out)>;
 
 // One sequence's share of a step: tokens [start, start + num_tokens) of its token list.
 struct ScheduledSeq {
@@ -52,6 +63,10 @@ struct ScheduledSeq {
   bool samples = false;    // the chunk ends at the sequence's last token: sample from it
   bool calibrate = false;  // first prefill chunk: kv_write calibrates the FP8 scales
   int fp8_floor = 0;       // a recompute replaying a step: BlockManager::fp8_len_after's floor
+  // Speculative decoding: tokens proposed after the decode's token (num_tokens = 1 + their
+  // count). Every row samples; on_step_done counts the first token computed, accept_proposed()
+  // each verified proposal, end_speculation() drops the rest.
+  std::vector<int32_t> proposals;
   std::vector<SeqId> forks;  // created from this sequence by on_step_done (n > 1): they sample too
 };
 
@@ -77,6 +92,17 @@ class Scheduler {
   void on_step_done(const StepPlan& plan);
   // The token sampled for a sequence that continues; its KV is computed by a later step.
   void append_token(SeqId id, int32_t token);
+
+  // Speculative decoding: schedule() asks `propose` for the decoding sequences' proposals.
+  void set_proposer(ProposeFn propose) { propose_ = std::move(propose); }
+  // The token just appended equals the step's next proposal, whose KV the step computed: it
+  // counts as computed (its full block may enter the prefix cache). PRECOND: it is a proposal
+  // of this step, still held by the block manager.
+  void accept_proposed(SeqId id);
+  // After a speculating step's tokens are handed out: the unverified proposals leave the block
+  // manager (their blocks return to the pool; their slots are rewritten by the tokens that
+  // really come there). Unknown (finished) ids are ignored.
+  void end_speculation(SeqId id);
   // Removes a sequence (finished or aborted) wherever it is; unknown ids are ignored (an abort
   // can race with the sequence's own finish). Pending forks of a waiting sequence go with it.
   void finish(SeqId id);
@@ -113,6 +139,10 @@ class Scheduler {
 
   Sequence& seq(SeqId id);
   void preempt(SeqId id, StepPlan& plan);
+  // Adds proposals to the step's decodes, within the budget and the pool (never preempting).
+  void schedule_proposals(StepPlan& plan, int& budget);
+  // Tokens [0, num_computed) now hold their KV: the block manager and the bf16 window's record.
+  void mark_computed(SeqId id, Sequence& s, int num_computed, int fp8_floor);
   // The longest prefix hit a recompute of s can take (block-aligned, within what is cached).
   int replay_hit_limit(const Sequence& s) const;
   // The recorded step that computed token `position`, or null past the record.
@@ -124,6 +154,8 @@ class Scheduler {
   std::deque<SeqId> waiting_;
   std::vector<SeqId> running_;  // admission order: back() is the newest
   uint64_t num_preemptions_ = 0;
+  ProposeFn propose_;
+  std::vector<int32_t> proposal_scratch_;
 };
 
 }  // namespace fp8serve

@@ -45,9 +45,9 @@ void merge_partials(const PagedAttentionParams& params, const AttentionWorkspace
   const bool mixed = params.batch.has_tail() && params.tail.v != nullptr;
   const int32_t part_tokens = partition_tokens(params.cache.block_size);
   auto exact = [&](int32_t p) {
-    return std::min(params.batch.context_lens[merge.seq], (p + 1) * part_tokens) > params.batch.fp8_lens[merge.seq];
+    return std::min(merge.context_len, (p + 1) * part_tokens) > params.batch.fp8_lens[merge.seq];
   };
-  const int32_t first_token = params.batch.query_start_loc[merge.seq];
+  const int32_t first_token = merge.first_token;
   float* out = static_cast<float*>(params.out);
   float acc[kMaxHeadDim];
   for (int32_t row = 0; row < merge.rows; ++row) {
@@ -88,11 +88,8 @@ void plan_work(const PagedAttentionParams& params, AttentionWorkspace& ws) {
   ws.work.clear();
   ws.merges.clear();
   int64_t scratch = 0;
-  for (int32_t s = 0; s < batch.num_seqs; ++s) {
-    const int32_t num_new = batch.num_new_tokens(s);
-    if (num_new == 0) continue;
-    const int32_t context_len = batch.context_lens[s];
-    const int32_t first_token = batch.query_start_loc[s];
+  // One span of a sequence's new tokens: all of them, or (a short chunk) one token at a time.
+  auto plan_span = [&](int32_t s, int32_t first_token, int32_t num_new, int32_t context_len) {
     const int32_t first_pos = context_len - num_new;
     const bool split = num_new <= kQueryTile;
     const int32_t num_tiles = split ? 1 : (num_new + kQueryTile - 1) / kQueryTile;
@@ -142,7 +139,7 @@ void plan_work(const PagedAttentionParams& params, AttentionWorkspace& ws) {
           ws.work.push_back({item, s, h});
         }
       }
-      continue;
+      return;
     }
     // Per head: o [parts, rows, head_dim], then m and l [parts, rows], from first_scratch.
     const int32_t rows = num_new * group;
@@ -150,7 +147,7 @@ void plan_work(const PagedAttentionParams& params, AttentionWorkspace& ws) {
     const int64_t head_scratch = o_size + 2 * static_cast<int64_t>(num_parts) * rows;
     const int64_t first_scratch = scratch;
     for (int32_t h = 0; h < cache.num_kv_heads; ++h) {
-      ws.merges.push_back({first_scratch + h * head_scratch, num_parts, rows, s, h});
+      ws.merges.push_back({first_scratch + h * head_scratch, num_parts, rows, s, h, first_token, context_len});
     }
     for (int32_t p = 0; p < num_parts; ++p) {
       for (int32_t h = 0; h < cache.num_kv_heads; ++h) {
@@ -170,6 +167,21 @@ void plan_work(const PagedAttentionParams& params, AttentionWorkspace& ws) {
       }
     }
     scratch += cache.num_kv_heads * head_scratch;
+  };
+  for (int32_t s = 0; s < batch.num_seqs; ++s) {
+    const int32_t num_new = batch.num_new_tokens(s);
+    if (num_new == 0) continue;
+    const int32_t first_token = batch.query_start_loc[s];
+    if (num_new > kQueryTile) {
+      plan_span(s, first_token, num_new, batch.context_lens[s]);
+      continue;
+    }
+    // A short chunk (a speculative verification, the end of a prompt) token by token, each as
+    // its own decode step: same items, partitions, rows per pass and key chunks, so every row is
+    // bitwise what a decode of that token gives (the rows per pass change the dot products'
+    // accumulators, a longer key range the last key chunk).
+    const int32_t first_pos = batch.context_lens[s] - num_new;
+    for (int32_t t = 0; t < num_new; ++t) plan_span(s, first_token + t, 1, first_pos + t + 1);
   }
   ws.partials.resize(static_cast<std::size_t>(scratch));
   float* base = ws.partials.data();

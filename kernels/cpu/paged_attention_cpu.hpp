@@ -2,9 +2,11 @@
 // CPU paged attention over a flattened batch (kernels/paged_attention.hpp for the contract).
 //
 // Work split: one item per (sequence, KV head, query tile, key partition), run on the pool.
-//  - A sequence with at most kQueryTile new tokens (decode, short chunks) is one query tile
-//    and its context is cut into partitions of kPartitionTokens keys (flash-decoding), so one
-//    long decode keeps every core busy; the partitions' (max, sum, acc) are merged in order.
+//  - A sequence with at most kQueryTile new tokens (decode, short chunks) is attended token by
+//    token, each token exactly as its own decode step (so a speculative verification's rows are
+//    bitwise the decodes'), and its context is cut into partitions of kPartitionTokens keys
+//    (flash-decoding), so one long decode keeps every core busy; the partitions' (max, sum,
+//    acc) are merged in order.
 //  - A longer prefill chunk is cut into query tiles of kQueryTile tokens that each read their
 //    whole causal range: plenty of items already, and no partial buffers the size of the chunk.
 // The split depends only on the sequence itself (its length and chunk size), never on the
@@ -45,6 +47,8 @@ struct AttentionWorkspace {
     int32_t rows = 0;
     int32_t seq = 0;
     int32_t kv_head = 0;
+    int32_t first_token = 0;  // of the rows merged
+    int32_t context_len = 0;  // keys the rows' span sees
   };
   std::vector<Work> work;
   std::vector<Merge> merges;

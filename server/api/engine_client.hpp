@@ -19,6 +19,11 @@ struct EngineStats {
   uint64_t kv_tail_tokens = 0;      // bf16 window: tokens its rings hold now
   uint64_t kv_ringless_seqs = 0;    // bf16 window: sequences that ran as pure FP8 for want of a ring
   uint64_t num_preemptions = 0;
+  bool speculative = false;         // speculative decoding on: the spec_decode counters below
+  uint64_t spec_num_drafts = 0;     // steps that verified proposals, summed over sequences
+  uint64_t spec_num_draft_tokens = 0;
+  uint64_t spec_num_accepted_tokens = 0;
+  std::vector<uint64_t> spec_accepted_per_pos;  // accepted tokens by position in the draft
   uint64_t prefix_queries = 0;      // prompt tokens looked up in the prefix cache
   uint64_t prefix_hits = 0;         // of those, found
   std::vector<uint64_t> saturated_per_layer;  // FP8 elements clipped to +-448, per layer

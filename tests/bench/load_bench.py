@@ -15,9 +15,10 @@ and the median inter-token time as a percentage of it. Usage:
     .venv/bin/python tests/bench/load_bench.py [--bin build/server/fp8serve] [--model .models/...gguf]
         [--levels 1,8,32,64] [--dtypes fp8_e4m3,bf16] [--quantization none,fp8] [--max-tokens N]
         [--requests-per-client K] [--bench-engine build/tests/bench/bench_engine]
-        [--base-url URL (use a running server)]
+        [--base-url URL (use a running server)] [--server-flags "FLAGS" (added to every server started)]
 
 Issue 14's runs: --quantization none,fp8 --dtypes fp8_e4m3 --levels 1,16 --max-tokens 128
+Issue 23's: the same levels with and without --server-flags "--speculative-method ngram".
 """
 import argparse
 import os
@@ -131,6 +132,8 @@ def main():
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--bench-engine", default=str(ROOT / "build" / "tests" / "bench" / "bench_engine"))
     ap.add_argument("--base-url", help="benchmark a server that is already running (one dtype: whatever it uses)")
+    ap.add_argument("--server-flags", default="", help="more flags for every server started, e.g. "
+                    "\"--speculative-method ngram\"")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     os.environ["FP8SERVE_BIN"] = args.bin
@@ -148,7 +151,7 @@ def main():
             weights = ["--quantization", "fp8", "--fp8-lm-head"] if quantization == "fp8head" else \
                 ["--quantization", quantization]
             server = Server(args.model, "--kv-cache-dtype", dtype, "--kv-cache-memory", args.kv_cache_memory,
-                            "--max-num-seqs", max(levels), "--max-model-len", 2048, *weights)
+                            "--max-num-seqs", max(levels), "--max-model-len", 2048, *weights, *args.server_flags.split())
             base = server.base
         try:
             client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
