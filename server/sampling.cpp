@@ -296,12 +296,20 @@ void LogitProcessingBatch::clear(int64_t vocab_size) {
   edits.clear();
 }
 
-void LogitProcessingBatch::add_row(const Sampler* sampler) {
+void LogitProcessingBatch::add_row(const Sampler* sampler, std::span<const uint64_t> grammar) {
   mask_index.push_back(-1);
   if (sampler != nullptr) {
     const size_t at = masks.size();
-    masks.resize(at + static_cast<size_t>(mask_words));
-    if (sampler->allow_mask(std::span<uint32_t>(masks).subspan(at)))
+    masks.resize(at + static_cast<size_t>(mask_words), ~0u);
+    const std::span<uint32_t> row = std::span<uint32_t>(masks).subspan(at);
+    const bool allowed = sampler->allow_mask(row);
+    if (!grammar.empty()) {
+      for (size_t w = 0; w < row.size(); ++w) {
+        const uint64_t word = w / 2 < grammar.size() ? grammar[w / 2] : 0;
+        row[w] &= static_cast<uint32_t>(word >> (32 * (w % 2)));
+      }
+    }
+    if (allowed || !grammar.empty())
       mask_index.back() = static_cast<int32_t>(at / static_cast<size_t>(mask_words));
     else
       masks.resize(at);

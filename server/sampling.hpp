@@ -131,7 +131,10 @@ struct LogitProcessingBatch {
   int64_t mask_words = 0;
 
   void clear(int64_t vocab_size);
-  void add_row(const Sampler* sampler);  // nullptr: a row left as it is
+  // nullptr: a row left as it is. `grammar`: a structured output's token bitmask (bit t of word
+  // t / 64 set = token t may come next; tokens past it masked, as grammar::apply_token_bitmask),
+  // ANDed into the row's mask: the host masks the row with it before sample(), the same bits.
+  void add_row(const Sampler* sampler, std::span<const uint64_t> grammar = {});
   bool any() const { return !masks.empty() || !edits.empty(); }
 };
 
