@@ -72,7 +72,7 @@ class Sampler {
   // ascending, `logits` theirs) and `row` (kernels/sampling_ops.hpp); the same draw, the same
   // logprobs. nullopt - nothing recorded, no random number used - when the candidates cannot
   // decide it (the nucleus or min-p's survivors reach past them, or a plain temperature draw
-  // over the whole row): then sample() the row. PRECOND: candidates_suffice(ids.size()).
+  // over the whole row): then sample_processed() the row. PRECOND: candidates_on_device(ids.size()).
   std::optional<SampleResult> sample_candidates(const CandidateRow& row, std::span<const int32_t> ids,
                                                 std::span<const float> logits, int64_t vocab);
 
