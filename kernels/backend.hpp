@@ -143,6 +143,11 @@ class Backend {
   virtual void sample_candidates(const CandidateSampleParams& /*params*/, Stream /*stream*/) {
     throw std::logic_error("sample_candidates: this backend samples on the host");
   }
+  // The host sampler's logit processors and penalties on the rows, in place, before either of
+  // the above: each row's allow mask, then its edits (LogitEdit, the host's arithmetic).
+  virtual void process_logits(const LogitProcessParams& /*params*/, Stream /*stream*/) {
+    throw std::logic_error("process_logits: this backend samples on the host");
+  }
 };
 
 inline void* Backend::allocate_host(std::size_t bytes) {

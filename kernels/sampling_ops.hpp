@@ -14,6 +14,8 @@
 //     starts and no value beats it) as one 64-bit integer, so that an argmax is an integer max.
 //   - GreedySampleParams / GreedyRow: the device argmax of kernels/backend.hpp's sample_greedy();
 //     CandidateSampleParams / CandidateRow: its top-k prefilter, sample_candidates().
+//   - LogitEdit / LogitProcessParams: the host sampler's logit processors and penalties applied
+//     to the device's rows first (process_logits()), each as the host computes it.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -130,6 +132,50 @@ struct CandidateSampleParams {
   CandidateRow* rows = nullptr;            // [num_rows], device
   int32_t* ids = nullptr;                  // [num_rows, K] the candidates' ids, ascending, device
   float* candidate_logits = nullptr;       // [num_rows, K] their logits, device
+};
+
+// One token's logit processing on the device (Backend::process_logits), in the host sampler's
+// order (server/sampling.cpp): + bias, then banned (-inf), then the repetition penalty (l > 0 ?
+// l / r : l * r), then minus the frequency and presence penalties. `subtract` is computed on the
+// host (frequency * count + presence, in the host's own expression), so the device does one
+// rounded operation per step, as the host, and no contraction into an FMA can differ.
+struct LogitEdit {
+  static constexpr uint32_t kBias = 1, kBan = 2, kRepetition = 4, kSubtract = 8;
+  int32_t token = 0;
+  uint32_t ops = 0;  // which of the four apply
+  float bias = 0.0f;
+  float repetition = 1.0f;
+  float subtract = 0.0f;
+};
+
+// nvcc contracts a product and a following difference into one FMA (one rounding, not the
+// host's two) even across statements: the device spells each rounded operation out.
+#if defined(__CUDA_ARCH__)
+#define SAMPLING_OP(device, expr) device
+#else
+#define SAMPLING_OP(device, expr) expr
+#endif
+SAMPLING_HD float apply_logit_edit(float l, const LogitEdit& e) {
+  if (e.ops & LogitEdit::kBias) l = SAMPLING_OP(__fadd_rn(l, e.bias), l + e.bias);
+  if (e.ops & LogitEdit::kBan) l = -INFINITY;
+  if (e.ops & LogitEdit::kRepetition)
+    l = l > 0 ? SAMPLING_OP(__fdiv_rn(l, e.repetition), l / e.repetition) : SAMPLING_OP(__fmul_rn(l, e.repetition), l * e.repetition);
+  if (e.ops & LogitEdit::kSubtract) l = SAMPLING_OP(__fsub_rn(l, e.subtract), l - e.subtract);
+  return l;
+}
+#undef SAMPLING_OP
+
+struct LogitProcessParams {
+  float* logits = nullptr;             // [num_rows, vocab_size] fp32, device, processed in place
+  int64_t num_rows = 0;
+  int64_t vocab_size = 0;
+  // Rows with an allow mask first set every token whose bit is clear to -inf (allowed_token_ids;
+  // bit t of a row is word t / 32, bit t % 32), then apply their edits.
+  const int32_t* mask_index = nullptr;  // [num_rows] the row's mask in `masks`, or -1, device
+  const uint32_t* masks = nullptr;      // [*, mask_words], device
+  int64_t mask_words = 0;               // ceil(vocab_size / 32)
+  const int32_t* edit_begin = nullptr;  // [num_rows + 1] row r's edits: [edit_begin[r], edit_begin[r + 1]), device
+  const LogitEdit* edits = nullptr;     // at most one per token of a row, device
 };
 
 }  // namespace fp8serve

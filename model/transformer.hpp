@@ -148,6 +148,11 @@ class Transformer {
     int32_t k = 0;
   };
   Candidates sample_candidates(std::span<const float> inv_temperature);
+  // The host sampler's logit processing of the same rows, in place, before either of the above
+  // (Backend::process_logits): mask_index [rows] each row's mask in masks ([*, ceil(vocab/32)]
+  // words) or -1; edit_begin [rows + 1] each row's range of `edits`. One upload of these.
+  void process_logits(std::span<const int32_t> mask_index, std::span<const uint32_t> masks,
+                      std::span<const int32_t> edit_begin, std::span<const LogitEdit> edits);
   // One sample row's logits of the last forward() ([vocab_size]), for a row its candidates could
   // not decide. `out`: best from the backend's allocate_host (one DMA).
   void download_logits_row(int64_t row, std::span<float> out);
@@ -270,6 +275,8 @@ class Transformer {
   HostArray<GreedyRow> greedy_host_;   // pinned: the picks come back with one DMA
   DeviceBuffer candidates_;             // [max_seqs] CandidateRow, ids [max_seqs, K], logits [max_seqs, K], 1/T [max_seqs]
   HostArray<std::byte> candidates_host_;  // pinned image of candidates_
+  DeviceBuffer process_;                  // process_logits()'s inputs: mask_index, edit_begin, masks, edits
+  HostArray<std::byte> process_host_;     // pinned image of process_ (grown as needed)
   int64_t last_sample_rows_ = -1;       // the last forward()'s sample rows in logits_; -1: none (scored rows overwrote them)
 
   // Step metadata (StepLayout): one device buffer sized for the largest step, and its host image.

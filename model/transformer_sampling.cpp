@@ -2,6 +2,7 @@
 // step's logits stay in logits_ on the device, the backend's sampling kernels read them there, and
 // only their results come back, into pinned memory (kernels/sampling_ops.hpp says what they hold).
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 
 #include "model/transformer.hpp"
@@ -72,6 +73,48 @@ Transformer::Candidates Transformer::sample_candidates(std::span<const float> in
   backend_.copy_to_host(host + logits_at, dev + logits_at, num_rows * ks * sizeof(float), stream_);
   backend_.synchronize(stream_);
   return out;
+}
+
+void Transformer::process_logits(std::span<const int32_t> mask_index, std::span<const uint32_t> masks,
+                                 std::span<const int32_t> edit_begin, std::span<const LogitEdit> edits) {
+  if (last_sample_rows_ < 0) throw std::logic_error("Transformer::process_logits: no forward() left its logits on the device");
+  const auto num_rows = static_cast<std::size_t>(last_sample_rows_);
+  const int64_t mask_words = (config_.vocab_size + 31) / 32;
+  const bool bad = mask_index.size() != num_rows || edit_begin.size() != num_rows + 1 ||
+                   masks.size() % static_cast<std::size_t>(mask_words) != 0 ||
+                   static_cast<std::size_t>(edit_begin.back()) != edits.size();
+  if (bad) throw std::invalid_argument("Transformer::process_logits: inconsistent rows, masks or edits");
+  if (num_rows == 0) return;
+  // Layout of process_ and its host image: mask_index, edit_begin, masks, edits (16-byte aligned).
+  auto align = [](std::size_t bytes) { return (bytes + 15) / 16 * 16; };
+  const std::size_t begin_at = align(mask_index.size_bytes());
+  const std::size_t masks_at = begin_at + align(edit_begin.size_bytes());
+  const std::size_t edits_at = masks_at + align(masks.size_bytes());
+  const std::size_t bytes = edits_at + edits.size_bytes();
+  if (process_.bytes() < bytes) {
+    process_ = DeviceBuffer(backend_, bytes * 2);  // room to grow: rows' edits change every step
+    process_host_ = HostArray<std::byte>(backend_);
+    process_host_.resize(bytes * 2);
+  }
+  std::byte* host = process_host_.data();
+  auto* dev = static_cast<std::byte*>(process_.data());
+  std::memcpy(host, mask_index.data(), mask_index.size_bytes());
+  std::memcpy(host + begin_at, edit_begin.data(), edit_begin.size_bytes());
+  if (!masks.empty()) std::memcpy(host + masks_at, masks.data(), masks.size_bytes());
+  if (!edits.empty()) std::memcpy(host + edits_at, edits.data(), edits.size_bytes());
+  backend_.copy_to_device(dev, host, bytes, stream_);
+  LogitProcessParams p;
+  p.logits = logits_.as<float>();
+  p.num_rows = last_sample_rows_;
+  p.vocab_size = config_.vocab_size;
+  p.mask_index = reinterpret_cast<const int32_t*>(dev);
+  p.masks = reinterpret_cast<const uint32_t*>(dev + masks_at);
+  p.mask_words = mask_words;
+  p.edit_begin = reinterpret_cast<const int32_t*>(dev + begin_at);
+  p.edits = reinterpret_cast<const LogitEdit*>(dev + edits_at);
+  backend_.process_logits(p, stream_);
+  // The pinned image is rewritten by the next step's call: its copy must have landed by then,
+  // which the sample_* call that follows (it synchronizes the stream) ensures.
 }
 
 void Transformer::download_logits_row(int64_t row, std::span<float> out) {

@@ -484,6 +484,16 @@ void Engine::run_step(const StepPlan& plan) {
   });
   std::span<const GreedyRow> picks;
   Transformer::Candidates candidates;
+  if (on_device != DeviceSampling::none) {  // logit processors and penalties, where the logits are
+    processing_.clear(model_config().vocab_size);
+    for (const ScheduledSeq& s : plan.seqs) {
+      if (!s.samples) continue;
+      const auto it = seqs_.find(s.id);
+      processing_.add_row(it == seqs_.end() ? nullptr : &it->second.sampler);
+    }
+    if (processing_.any())
+      transformer_->process_logits(processing_.mask_index, processing_.masks, processing_.edit_begin, processing_.edits);
+  }
   if (on_device == DeviceSampling::greedy) picks = transformer_->sample_greedy();
   if (on_device == DeviceSampling::candidates) {
     inv_temperature_.clear();
@@ -584,7 +594,7 @@ void Engine::run_step(const StepPlan& plan) {
     if (!declined[i]) continue;
     logits_.resize(vocab);
     transformer_->download_logits_row(static_cast<int64_t>(pending[i].row), logits_.span());
-    pending[i].sample = seqs_.at(pending[i].id).sampler.sample(logits_.span());
+    pending[i].sample = seqs_.at(pending[i].id).sampler.sample_processed(logits_.span());  // processed on the device
   }
 
   for (Pending& p : pending) {
@@ -650,7 +660,8 @@ Engine::DeviceSampling Engine::device_sampling(const StepPlan& plan) const {
   // Scoring prompt rows reruns the LM head into the same device logits: sample on the host then.
   if (!scorer_.rows().empty()) return DeviceSampling::none;
   // One sequence per row (no forks) and no grammar everywhere; then greedy if every token is its
-  // raw row's argmax, else the prefilter if no logit processor or penalty acts on any row.
+  // row's argmax, else the prefilter. Logit processors and penalties run on the device first
+  // (process_logits), for rows that ask no logprobs (those are of the raw row).
   bool greedy = true;
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.samples) continue;
@@ -658,8 +669,8 @@ Engine::DeviceSampling Engine::device_sampling(const StepPlan& plan) const {
     const auto it = seqs_.find(s.id);
     if (it == seqs_.end()) continue;
     const Sampler& sampler = it->second.sampler;
-    if (it->second.matcher || !sampler.candidates_suffice(kMaxSampleCandidates)) return DeviceSampling::none;
-    greedy = greedy && sampler.greedy_on_raw_logits();
+    if (it->second.matcher || !sampler.candidates_on_device(kMaxSampleCandidates)) return DeviceSampling::none;
+    greedy = greedy && sampler.greedy_on_device();
   }
   return greedy ? DeviceSampling::greedy : DeviceSampling::candidates;
 }

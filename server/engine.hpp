@@ -195,6 +195,7 @@ class Engine {
   PromptScorer scorer_;
   std::vector<int64_t> slot_mapping_;
   std::vector<float> k_scales_, v_scales_, row_, inv_temperature_;
+  LogitProcessingBatch processing_;  // device sampling: the step's logit processing (sampling.hpp)
   HostArray<float> logits_;  // the sampled rows' logits: pinned on a GPU, one DMA per step
   std::vector<uint64_t> token_mask_;
   double grammar_mask_seconds_ = 0;

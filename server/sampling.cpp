@@ -46,32 +46,58 @@ double Sampler::uniform01() {
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
 }
 
-void Sampler::apply_logit_processors(std::span<float> logits) const {
-  if (!params_.allowed_token_ids.empty()) {
+void Sampler::apply_processors(std::span<float> logits) {
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  mask_.assign(static_cast<size_t>((vocab + 31) / 32), 0u);
+  if (allow_mask(mask_)) {
     // Everything else goes to -inf: no temperature, top-k, top-p or min-p can bring it back.
-    std::vector<float> kept(params_.allowed_token_ids.size());
-    for (size_t i = 0; i < kept.size(); ++i) kept[i] = logits[params_.allowed_token_ids[i]];
-    std::fill(logits.begin(), logits.end(), -std::numeric_limits<float>::infinity());
-    for (size_t i = 0; i < kept.size(); ++i) logits[params_.allowed_token_ids[i]] = kept[i];
+    for (int64_t t = 0; t < vocab; ++t)
+      if (!(mask_[static_cast<size_t>(t / 32)] >> (t % 32) & 1u)) logits[static_cast<size_t>(t)] = -std::numeric_limits<float>::infinity();
   }
-  for (const auto& [token, bias] : params_.logit_bias) logits[token] += bias;
-  if (num_generated_ < params_.min_tokens)
-    for (const int32_t token : params_.min_tokens_banned) logits[token] = -std::numeric_limits<float>::infinity();
+  edits_.clear();
+  logit_edits(edits_);
+  for (const LogitEdit& e : edits_) logits[static_cast<size_t>(e.token)] = apply_logit_edit(logits[static_cast<size_t>(e.token)], e);
 }
 
-void Sampler::apply_penalties(std::span<float> logits) const {
+bool Sampler::allow_mask(std::span<uint32_t> words) const {
+  if (params_.allowed_token_ids.empty()) return false;
+  std::fill(words.begin(), words.end(), 0u);
+  for (const int32_t t : params_.allowed_token_ids) words[static_cast<size_t>(t / 32)] |= 1u << (t % 32);
+  return true;
+}
+
+void Sampler::logit_edits(std::vector<LogitEdit>& edits) const {
+  // Per token, in the host's order: bias, min_tokens' ban, repetition, frequency + presence.
+  // Tokens are independent of each other, so one combined edit per token is the same row.
+  std::unordered_map<int32_t, size_t> at;  // token -> its edit in `edits`
+  auto edit = [&](int32_t t) -> LogitEdit& {
+    const auto [it, fresh] = at.try_emplace(t, edits.size());
+    if (fresh) edits.push_back(LogitEdit{.token = t});
+    return edits[it->second];
+  };
+  for (const auto& [token, bias] : params_.logit_bias) {
+    LogitEdit& e = edit(token);
+    e.ops |= LogitEdit::kBias;
+    e.bias = bias;
+  }
+  if (num_generated_ < params_.min_tokens)
+    for (const int32_t token : params_.min_tokens_banned) edit(token).ops |= LogitEdit::kBan;
   const float r = params_.repetition_penalty;
   if (r != 1.0f) {
-    auto penalize = [&](int32_t t) { logits[t] = logits[t] > 0 ? logits[t] / r : logits[t] * r; };
-    std::unordered_set<int32_t> done;
-    for (int32_t t : prompt_tokens_)
-      if (done.insert(t).second) penalize(t);
-    for (const auto& [t, count] : output_counts_)
-      if (done.insert(t).second) penalize(t);
+    auto penalize = [&](int32_t t) {
+      LogitEdit& e = edit(t);
+      e.ops |= LogitEdit::kRepetition;
+      e.repetition = r;
+    };
+    for (const int32_t t : prompt_tokens_) penalize(t);
+    for (const auto& [t, count] : output_counts_) penalize(t);
   }
   if (params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f) {
-    for (const auto& [t, count] : output_counts_)
-      logits[t] -= params_.frequency_penalty * static_cast<float>(count) + params_.presence_penalty;
+    for (const auto& [t, count] : output_counts_) {
+      LogitEdit& e = edit(t);
+      e.ops |= LogitEdit::kSubtract;
+      e.subtract = params_.frequency_penalty * static_cast<float>(count) + params_.presence_penalty;
+    }
   }
 }
 
@@ -178,10 +204,17 @@ SampleResult Sampler::sample(std::span<float> logits) {
   SampleResult result;
   std::vector<float> raw;
   if (params_.num_logprobs >= 0) raw.assign(logits.begin(), logits.end());
-  apply_logit_processors(logits);
-  apply_penalties(logits);
+  apply_processors(logits);
   result.token = static_cast<int32_t>(*draw(logits, static_cast<int64_t>(logits.size()), nullptr));
   if (params_.num_logprobs >= 0) result.logprob = raw_logprobs(raw, result.token, params_.num_logprobs, result.top_logprobs);
+  record(result.token);
+  return result;
+}
+
+SampleResult Sampler::sample_processed(std::span<float> logits) {
+  SampleResult result;
+  result.token = static_cast<int32_t>(*draw(logits, static_cast<int64_t>(logits.size()), nullptr));
+  if (params_.num_logprobs >= 0) result.logprob = raw_logprobs(logits, result.token, params_.num_logprobs, result.top_logprobs);
   record(result.token);
   return result;
 }
@@ -204,6 +237,16 @@ bool Sampler::greedy_on_raw_logits() const {
 
 bool Sampler::candidates_suffice(int32_t num_candidates) const {
   return !processors_act() && params_.num_logprobs <= num_candidates;
+}
+
+bool Sampler::processed_on_device() const { return processors_act() && params_.num_logprobs < 0; }
+
+bool Sampler::greedy_on_device() const {
+  return params_.temperature <= 1e-5f && (greedy_on_raw_logits() || processed_on_device());
+}
+
+bool Sampler::candidates_on_device(int32_t num_candidates) const {
+  return candidates_suffice(num_candidates) || processed_on_device();
 }
 
 std::optional<SampleResult> Sampler::sample_candidates(const CandidateRow& row, std::span<const int32_t> ids,
@@ -243,6 +286,36 @@ void Sampler::forget(int32_t token) {
   if (it == output_counts_.end()) return;
   --num_generated_;
   if (--it->second == 0) output_counts_.erase(it);
+}
+
+void LogitProcessingBatch::clear(int64_t vocab_size) {
+  mask_words = (vocab_size + 31) / 32;
+  mask_index.clear();
+  masks.clear();
+  edit_begin.assign(1, 0);
+  edits.clear();
+}
+
+void LogitProcessingBatch::add_row(const Sampler* sampler, std::span<const uint64_t> grammar) {
+  mask_index.push_back(-1);
+  if (sampler != nullptr) {
+    const size_t at = masks.size();
+    masks.resize(at + static_cast<size_t>(mask_words), ~0u);
+    const std::span<uint32_t> row = std::span<uint32_t>(masks).subspan(at);
+    const bool allowed = sampler->allow_mask(row);
+    if (!grammar.empty()) {
+      for (size_t w = 0; w < row.size(); ++w) {
+        const uint64_t word = w / 2 < grammar.size() ? grammar[w / 2] : 0;
+        row[w] &= static_cast<uint32_t>(word >> (32 * (w % 2)));
+      }
+    }
+    if (allowed || !grammar.empty())
+      mask_index.back() = static_cast<int32_t>(at / static_cast<size_t>(mask_words));
+    else
+      masks.resize(at);
+    sampler->logit_edits(edits);
+  }
+  edit_begin.push_back(static_cast<int32_t>(edits.size()));
 }
 
 float raw_logprobs(std::span<const float> logits, int32_t token, int n, std::vector<TokenLogprob>& top) {

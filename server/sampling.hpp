@@ -72,9 +72,26 @@ class Sampler {
   // ascending, `logits` theirs) and `row` (kernels/sampling_ops.hpp); the same draw, the same
   // logprobs. nullopt - nothing recorded, no random number used - when the candidates cannot
   // decide it (the nucleus or min-p's survivors reach past them, or a plain temperature draw
-  // over the whole row): then sample() the row. PRECOND: candidates_suffice(ids.size()).
+  // over the whole row): then sample_processed() the row. PRECOND: candidates_on_device(ids.size()).
   std::optional<SampleResult> sample_candidates(const CandidateRow& row, std::span<const int32_t> ids,
                                                 std::span<const float> logits, int64_t vocab);
+
+  // Whether this step's logit processors and penalties may run where the logits are
+  // (Backend::process_logits, fed by logit_edits() and allow_mask()): some act, and no logprobs
+  // are asked (those are of the raw row, which processing in place loses).
+  bool processed_on_device() const;
+  // Whether the device may pick this step's token: greedy_on_raw_logits(), or greedy on a row
+  // processed there. And whether its candidates may stand in for the row, processed or raw.
+  bool greedy_on_device() const;
+  bool candidates_on_device(int32_t num_candidates) const;
+  // This step's processing of the row as one edit per token (appended to `edits`), after the
+  // allow mask (allowed_token_ids) when allow_mask() fills one: bit t set = token t kept. The
+  // host applies the same edits (apply_logit_edit), so device and host compute the same bits.
+  void logit_edits(std::vector<LogitEdit>& edits) const;
+  bool allow_mask(std::span<uint32_t> words) const;  // false (words untouched): no mask
+  // sample() of a row the device has already processed (processed_on_device() or nothing acted):
+  // the draw and the record, no processing again. The row's logprobs, if asked, are its own.
+  SampleResult sample_processed(std::span<float> logits);
 
   // Un-records a token sample() chose and the caller then refused (structured outputs' budget
   // check), so the penalties count only tokens really generated.
@@ -83,8 +100,8 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
-  void apply_logit_processors(std::span<float> logits) const;  // allowed_token_ids, logit_bias
-  void apply_penalties(std::span<float> logits) const;
+  // allowed_token_ids, logit_bias, min_tokens, the penalties: the mask, then logit_edits()
+  void apply_processors(std::span<float> logits);
   // The draw from a whole row (vocab == logits.size()), or from a prefilter's best candidates of
   // a longer one (ascending ids; row_scaled_sum its ExpSum of exp((l - max) / T)): the position
   // drawn, or nullopt - before any RNG use - when the candidates cannot decide it.
@@ -100,6 +117,25 @@ class Sampler {
   int num_generated_ = 0;
   std::vector<int32_t> order_;                        // scratch: candidate ids
   std::vector<double> weights_;                       // scratch: exp((l - l_max) / T) per id
+  std::vector<LogitEdit> edits_;                      // scratch: apply_processors()
+  std::vector<uint32_t> mask_;                        // scratch: apply_processors()
+};
+
+// A step's logit processing for the device (Transformer::process_logits): row by row, each
+// sampler's allow mask and edits, or nothing for a row without a sampler or without processing.
+struct LogitProcessingBatch {
+  std::vector<int32_t> mask_index;  // [rows] the row's mask in `masks`, or -1
+  std::vector<uint32_t> masks;      // [*, mask_words]
+  std::vector<int32_t> edit_begin;  // [rows + 1]
+  std::vector<LogitEdit> edits;
+  int64_t mask_words = 0;
+
+  void clear(int64_t vocab_size);
+  // nullptr: a row left as it is. `grammar`: a structured output's token bitmask (bit t of word
+  // t / 64 set = token t may come next; tokens past it masked, as grammar::apply_token_bitmask),
+  // ANDed into the row's mask: the host masks the row with it before sample(), the same bits.
+  void add_row(const Sampler* sampler, std::span<const uint64_t> grammar = {});
+  bool any() const { return !masks.empty() || !edits.empty(); }
 };
 
 // log_softmax of one row, for the reported logprobs: returns the log-probability of `token` and

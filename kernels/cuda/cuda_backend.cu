@@ -463,6 +463,10 @@ void CudaBackend::sample_candidates(const CandidateSampleParams& p, Stream strea
   sample_candidates_cuda(p, stream_of(stream));
 }
 
+void CudaBackend::process_logits(const LogitProcessParams& p, Stream stream) {
+  process_logits_cuda(p, stream_of(stream));
+}
+
 std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
 
 }  // namespace fp8serve::cuda

@@ -75,6 +75,7 @@ class CudaBackend final : public Backend {
   bool supports_device_sampling() const override { return true; }
   void sample_greedy(const GreedySampleParams& params, Stream stream) override;
   void sample_candidates(const CandidateSampleParams& params, Stream stream) override;
+  void process_logits(const LogitProcessParams& params, Stream stream) override;
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }

@@ -74,6 +74,8 @@ void kv_spill_cuda(const KvSpillParams& params, unsigned* errors, cudaStream_t s
 void sample_greedy_cuda(const GreedySampleParams& params, cudaStream_t stream);
 // The top-k prefilter (kernels/sampling_ops.hpp): each row's best K candidates and its two ExpSums.
 void sample_candidates_cuda(const CandidateSampleParams& params, cudaStream_t stream);
+// The host sampler's logit processing (kernels/sampling_ops.hpp, LogitEdit), in place.
+void process_logits_cuda(const LogitProcessParams& params, cudaStream_t stream);
 
 // aligned16: every base and block_bytes a multiple of 16 (16-byte copies).
 void copy_blocks_cuda(const BlockCopyPool* pools, int32_t num_pools, const int32_t* pairs,

@@ -190,7 +190,33 @@ __global__ void __launch_bounds__(kThreads) sample_candidates_kernel(const Candi
   }
 }
 
+// The host sampler's processing of each row (kernels/sampling_ops.hpp, LogitEdit), in place: the
+// allow mask over the row, then each edit by one thread (at most one edit a token: no races).
+__global__ void __launch_bounds__(kThreads) process_logits_kernel(const LogitProcessParams p) {
+  float* row = p.logits + static_cast<int64_t>(blockIdx.x) * p.vocab_size;
+  const int32_t mask = p.mask_index[blockIdx.x];
+  if (mask >= 0) {
+    const uint32_t* words = p.masks + static_cast<int64_t>(mask) * p.mask_words;
+    for (int64_t i = threadIdx.x; i < p.vocab_size; i += kThreads)
+      if (!(words[i / 32] >> (i % 32) & 1u)) row[i] = -INFINITY;
+    __syncthreads();  // an edit's token may have been masked by another thread
+  }
+  for (int32_t e = p.edit_begin[blockIdx.x] + static_cast<int32_t>(threadIdx.x); e < p.edit_begin[blockIdx.x + 1]; e += kThreads) {
+    const LogitEdit edit = p.edits[e];
+    row[edit.token] = apply_logit_edit(row[edit.token], edit);
+  }
+}
+
 }  // namespace
+
+void process_logits_cuda(const LogitProcessParams& p, cudaStream_t stream) {
+  const bool bad = p.num_rows < 0 || p.vocab_size < 1 || p.vocab_size > INT32_MAX || p.num_rows > INT32_MAX ||
+                   p.mask_words != (p.vocab_size + 31) / 32;
+  if (bad) throw std::invalid_argument("process_logits (cuda): bad shape");
+  if (p.num_rows == 0) return;
+  FP8SERVE_LAUNCH(process_logits_kernel, dim3(static_cast<unsigned>(p.num_rows)), dim3(kThreads), 0, stream, p);
+  CUDA_CHECK(cudaGetLastError());
+}
 
 void sample_candidates_cuda(const CandidateSampleParams& p, cudaStream_t stream) {
   const bool bad = p.num_rows < 0 || p.vocab_size < 1 || p.vocab_size > INT32_MAX || p.num_rows > INT32_MAX ||

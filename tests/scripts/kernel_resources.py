@@ -8,7 +8,7 @@ The nvcc build compiles every kernels/cuda/*.cu with -Xptxas=-v; kernels/cuda/to
 keeps ptxas's report next to each object (OBJECT.ptxas). From the sm_90a entries this script
 builds one row per kernel - registers, stack frame, spill stores and loads, static shared memory -
 and:
-  - fails if a kernel of the attention, kv_write, kv_spill, linear or sampling families spills (or uses a
+  - fails if a kernel of the attention, kv_write, kv_spill, linear or sampling families (process_logits too) spills (or uses a
     stack frame: local memory at every access);
   - prints the table, with the CTAs one H200 SM holds by registers and threads alone (at the
     kernel's block size: its __launch_bounds__);
@@ -31,7 +31,7 @@ BEGIN, END = "<!-- kernel-resources:begin -->", "<!-- kernel-resources:end -->"
 
 # Threads per block: each kernel's __launch_bounds__(N), which every launch of ours uses, read
 # from its source file (the .cu the report came from) with the file's constexpr ints resolved.
-NO_SPILLS = ("paged_", "kv_write_kernel", "kv_amax_kernel", "kv_spill_kernel", "linear_", "sample_")
+NO_SPILLS = ("paged_", "kv_write_kernel", "kv_amax_kernel", "kv_spill_kernel", "linear_", "sample_", "process_logits_kernel")
 
 # H200 (sm_90): 65536 registers per SM, allocated per warp in units of 256; 2048 threads and 32
 # CTAs per SM.

@@ -124,7 +124,8 @@ TEST_CASE("the engine on CUDA samples on the device exactly as the host does [gp
   }
   // The same requests on the same GPU, device sampling on and off: the logits are the same, so
   // the tokens must be (greedy picks, and seeded draws from the prefilter's candidates or, where
-  // they cannot decide, from the row), and the logprobs up to CUDA's exp() against glibc's.
+  // they cannot decide, from the row; logit processors and penalties applied on the device first),
+  // and the logprobs up to CUDA's exp() against glibc's.
   std::vector<GenerationRequest> requests;
   auto add = [&](const std::string& id, float temperature, float top_p, int top_k, float min_p, int logprobs) {
     GenerationRequest r = greedy_request(id, {1, 15, 200, 33, 7, 400, 12, 90}, 24);
@@ -143,6 +144,22 @@ TEST_CASE("the engine on CUDA samples on the device exactly as the host does [gp
   add("temperature", 1.0f, 1.0f, 0, 0.0f, 0);  // a plain draw: always from the row
   add("prompt-logprobs", 0.7f, 0.9f, 0, 0.0f, 0);  // its prefill step scores rows: sampled on the host
   requests.back().num_prompt_logprobs = 1;
+  // Logit processors and penalties (no logprobs: those run on the device, process_logits).
+  add("greedy-bias-penalties", 0.0f, 1.0f, 0, 0.0f, -1);
+  requests.back().sampling.logit_bias = {{15, 5.0f}, {200, -100.0f}};
+  requests.back().sampling.repetition_penalty = 1.3f;
+  requests.back().sampling.frequency_penalty = 0.5f;
+  requests.back().sampling.presence_penalty = 0.25f;
+  add("greedy-allowed", 0.0f, 1.0f, 0, 0.0f, -1);
+  requests.back().sampling.allowed_token_ids = {5, 15, 33, 90, 200};
+  add("top-p-allowed-min-tokens", 0.9f, 0.95f, 0, 0.0f, -1);
+  requests.back().sampling.allowed_token_ids = {2, 5, 15, 33, 90, 200, 311};
+  requests.back().sampling.min_tokens = 4;
+  requests.back().stop_token_ids = {2, 33};  // with EOS, banned before min_tokens
+  add("top-k-penalties", 1.0f, 1.0f, 20, 0.0f, -1);
+  requests.back().sampling.frequency_penalty = 1.5f;
+  requests.back().sampling.presence_penalty = -0.5f;
+  requests.back().sampling.repetition_penalty = 0.9f;
   for (const bool all_greedy : {true, false}) {  // a step of greedy picks, then mixed steps
     std::map<bool, Outputs> runs;
     for (const bool on_device : {true, false}) {

@@ -124,6 +124,32 @@ void check_device_sampling(Backend& backend, Transformer& transformer, const std
       if (kEmulated) CHECK(got->logprob == want.logprob);
     }
   }
+  // Last (it rewrites the rows in place): logit processors and penalties on the device
+  // (Transformer::process_logits), then greedy picks, against the host sampler on the raw rows.
+  std::vector<Sampler> hosts, devices;
+  LogitProcessingBatch batch;
+  batch.clear(vocab);
+  for (std::size_t r = 0; r < picks.size(); ++r) {
+    SamplingParams processed;
+    processed.temperature = 0.0f;
+    processed.logit_bias = {{picks[r].token, -100.0f}};  // the raw argmax pushed down
+    for (int32_t t = static_cast<int32_t>(r); t < vocab; t += 3) processed.allowed_token_ids.push_back(t);
+    processed.allowed_token_ids.push_back(picks[r].token);
+    processed.repetition_penalty = 1.5f;
+    const std::vector<int32_t> prompt = {0, 1, 2, 3, 4, 5};
+    hosts.emplace_back(processed, prompt, 1);
+    devices.emplace_back(processed, prompt, 1);
+    REQUIRE(devices.back().greedy_on_device());
+    batch.add_row(&devices.back());
+  }
+  transformer.process_logits(batch.mask_index, batch.masks, batch.edit_begin, batch.edits);
+  const std::span<const GreedyRow> processed_picks = transformer.sample_greedy();
+  for (std::size_t r = 0; r < picks.size(); ++r) {
+    std::vector<float> row(logits.begin() + static_cast<std::ptrdiff_t>(r * vocab),
+                           logits.begin() + static_cast<std::ptrdiff_t>((r + 1) * vocab));
+    const SampleResult want = hosts[r].sample(row);
+    CHECK(devices[r].accept_greedy(processed_picks[r]).token == want.token);
+  }
 }
 
 // Two sequences: one prefill step for both, then `steps` decode steps, greedy.

@@ -21,6 +21,7 @@
 #include <limits>
 
 #include "cuda_test_util.hpp"
+#include "sampling_test_util.hpp"
 #include "server/sampling.hpp"
 
 using namespace fp8serve;
@@ -105,40 +106,13 @@ void check_greedy(Backend& gpu, const std::vector<std::vector<float>>& rows, int
   }
 }
 
-struct Candidates {
-  std::vector<CandidateRow> rows;
-  std::vector<int32_t> ids;
-  std::vector<float> logits;
-  int32_t k = 0;
-};
-
 // One launch of the prefilter over `rows`, each with its own 1/T.
 Candidates prefilter(Backend& gpu, const std::vector<std::vector<float>>& rows, int64_t vocab,
                      const std::vector<float>& inv_t, int32_t k) {
   std::vector<float> flat;
   for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
-  const std::size_t n = rows.size();
   DeviceBuffer d_logits = to_device(gpu, flat);
-  DeviceBuffer d_inv_t = to_device(gpu, inv_t);
-  DeviceBuffer d_rows(gpu, n * sizeof(CandidateRow));
-  DeviceBuffer d_ids(gpu, n * static_cast<std::size_t>(k) * sizeof(int32_t));
-  DeviceBuffer d_cand(gpu, n * static_cast<std::size_t>(k) * sizeof(float));
-  CandidateSampleParams p;
-  p.logits = d_logits.as<float>();
-  p.num_rows = static_cast<int64_t>(n);
-  p.vocab_size = vocab;
-  p.inv_temperature = d_inv_t.as<float>();
-  p.num_candidates = k;
-  p.rows = d_rows.as<CandidateRow>();
-  p.ids = d_ids.as<int32_t>();
-  p.candidate_logits = d_cand.as<float>();
-  gpu.sample_candidates(p, Stream{});
-  Candidates c;
-  c.k = k;
-  c.rows = to_host<CandidateRow>(gpu, d_rows, n);
-  c.ids = to_host<int32_t>(gpu, d_ids, n * static_cast<std::size_t>(k));
-  c.logits = to_host<float>(gpu, d_cand, n * static_cast<std::size_t>(k));
-  return c;
+  return prefilter_device(gpu, d_logits.as<float>(), rows.size(), vocab, inv_t, k);
 }
 
 // The K best of a row by the host's order, ascending ids: what the prefilter must return.

@@ -92,6 +92,27 @@ TEST_CASE("greedy_on_raw_logits: only when nothing but the raw argmax and its lo
   CHECK(s.greedy_on_raw_logits());
 }
 
+TEST_CASE("processors run on the device only for rows that ask no logprobs (those are of the raw row)", "[sampling]") {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.logit_bias = {{3, 1.0f}};
+  CHECK(Sampler(p, {}, 1).processed_on_device());
+  CHECK(Sampler(p, {}, 1).greedy_on_device());
+  CHECK(Sampler(p, {}, 1).candidates_on_device(kMaxSampleCandidates));
+  p.num_logprobs = 0;  // logprobs of the raw row: processing in place would lose it
+  CHECK_FALSE(Sampler(p, {}, 1).processed_on_device());
+  CHECK_FALSE(Sampler(p, {}, 1).greedy_on_device());
+  CHECK_FALSE(Sampler(p, {}, 1).candidates_on_device(kMaxSampleCandidates));
+  p.logit_bias.clear();  // nothing acts: the raw row's device paths, logprobs allowed
+  CHECK_FALSE(Sampler(p, {}, 1).processed_on_device());
+  CHECK(Sampler(p, {}, 1).greedy_on_device());
+  p.temperature = 0.8f;
+  p.num_logprobs = -1;
+  p.frequency_penalty = 0.5f;
+  CHECK_FALSE(Sampler(p, {}, 1).greedy_on_device());
+  CHECK(Sampler(p, {}, 1).candidates_on_device(kMaxSampleCandidates));
+}
+
 TEST_CASE("accept_greedy reports what sample() would for the same row", "[sampling]") {
   SamplingParams p;
   p.temperature = 0.0f;
