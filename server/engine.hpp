@@ -29,6 +29,7 @@
 #include "model/transformer.hpp"
 #include "server/api/engine_client.hpp"
 #include "server/device.hpp"
+#include "server/draft_model.hpp"
 #include "server/engine_api.hpp"
 #include "server/prompt_scoring.hpp"
 #include "server/sampling.hpp"
@@ -66,6 +67,8 @@ struct EngineOptions {
   // many tokens, verified in one pass (CPU only for now).
   int num_speculative_tokens = 0;
   NgramOptions ngram;
+  // Non-empty: draft-model proposals from this model (server/draft_model.hpp) instead of ngram.
+  std::string speculative_model;
   int speculative_disable_by_batch_size = 2;
 };
 
@@ -114,6 +117,7 @@ class Engine {
   double grammar_budget_seconds() const { return grammar_budget_seconds_; }
   int64_t grammar_mask_count() const { return grammar_mask_count_; }
   const SpecDecodeCounters& spec_decode() const { return spec_counters_; }
+  const DraftModel* draft() const { return draft_.get(); }  // --speculative-method draft, else null
 
  private:
   struct RequestState {
@@ -174,6 +178,7 @@ class Engine {
   std::unique_ptr<Transformer> transformer_;
   std::unique_ptr<BlockManager> blocks_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<DraftModel> draft_;
   KvSaturationCounters saturation_;
   std::vector<int32_t> stop_ids_;  // the model's EOS ids
 
