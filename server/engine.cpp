@@ -157,9 +157,7 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
                        options_.speculative_disable_by_batch_size},
       *blocks_);
   if (options_.num_speculative_tokens > 0) {
-    scheduler_->set_proposer([this](SeqId id, std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out) {
-      propose(id, tokens, max_tokens, out);
-    });
+    scheduler_->set_proposer([this](std::span<ProposalRequest> requests) { propose(requests); });
     if (!draft_) {
       spdlog::info("speculative decoding: ngram, up to {} tokens per step (lookup of {}-{} tokens), off above {} "
                    "decoding sequences",
@@ -592,18 +590,18 @@ void Engine::run_step(const StepPlan& plan) {
   for (const Verify& v : verifying) verify(v);
 }
 
-void Engine::propose(SeqId id, std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out) {
-  out.clear();
-  const SeqState& seq = seqs_.at(id);
-  if (!seq.gate.allows(seq.num_generated)) return;
-  // The step samples 1 + accepted tokens: no proposal past what the request may still generate.
-  max_tokens = static_cast<int>(std::min<int64_t>(max_tokens, token_budget(seq) - 1));
-  if (!draft_) {
-    ngram_propose(tokens, options_.ngram, max_tokens, out);
-    return;
+void Engine::propose(std::span<ProposalRequest> requests) {
+  std::vector<DraftJob> jobs;
+  for (ProposalRequest& r : requests) {
+    r.out.clear();
+    const SeqState& seq = seqs_.at(r.id);
+    if (!seq.gate.allows(seq.num_generated)) continue;
+    // The step samples 1 + accepted tokens: no proposal past what the request may still generate.
+    const auto max_tokens = static_cast<int>(std::min<int64_t>(r.max_tokens, token_budget(seq) - 1));
+    if (!draft_) ngram_propose(r.tokens, options_.ngram, max_tokens, r.out);
+    else jobs.push_back({r.id, r.tokens, max_tokens, &r.out, static_cast<int>(requests_.at(seq.request_id).request.prompt_tokens.size())});
   }
-  DraftJob job{id, tokens, max_tokens, &out, static_cast<int>(requests_.at(seq.request_id).request.prompt_tokens.size())};
-  draft_->propose(std::span<DraftJob>(&job, 1));
+  if (draft_ && !jobs.empty()) draft_->propose(jobs);  // one batch: its decode passes run every sequence
 }
 
 void Engine::verify(const Verify& v) {

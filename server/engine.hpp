@@ -158,8 +158,9 @@ class Engine {
   // Samples a speculating sequence's rows in order, handing out each token, up to the first one
   // that differs from its proposal (server/speculation.hpp); the rest are rolled back.
   void verify(const Verify& v);
-  // The proposals for one decoding sequence (Scheduler's ProposeFn).
-  void propose(SeqId id, std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out);
+  // The proposals for the step's decoding sequences (Scheduler's BatchProposeFn): ngram, or the
+  // draft model's, batched.
+  void propose(std::span<ProposalRequest> requests);
   // The step's rows that score prompt tokens, into scorer_ (before the forward pass).
   void add_score_rows(const ScheduledSeq& s, int32_t first_row);
   // A request's prompt logprobs go out with each choice's first output.
