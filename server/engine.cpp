@@ -128,7 +128,7 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
     draft_->allocate_kv_cache(share);
     budget -= share;
     spdlog::info("speculative decoding: draft model {}, K = {}, off above {} decoding sequences; its KV {} of the budget "
-                 "({} blocks, {} bytes/token: as many tokens as the target's pool)",
+                 "({} blocks, {} bytes/token: the budget split by bytes per token, room for as many tokens in each)",
                  draft_->name(), options_.num_speculative_tokens, options_.speculative_disable_by_batch_size,
                  mib_text(draft_->kv_cache_bytes()), draft_->block_manager().num_blocks(), draft_->spec().bytes_per_token());
   }

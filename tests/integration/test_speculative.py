@@ -33,11 +33,15 @@ def servers(tmp_path_factory):
     if not DEFAULT_MODEL.exists():
         pytest.skip("default model not fetched")
     tmp = tmp_path_factory.mktemp("spec")
-    common = ["--served-model-name", "m", "--max-model-len", 1024, "--kv-cache-memory", "64MiB"]
-    plain = Server(DEFAULT_MODEL, *common, tmp_path=tmp)
-    ngram = Server(DEFAULT_MODEL, *common, "--speculative-method", "ngram", "--num-speculative-tokens", 5,
+    common = ["--served-model-name", "m", "--max-model-len", 1024]
+    plain = Server(DEFAULT_MODEL, *common, "--kv-cache-memory", "64MiB", tmp_path=tmp)
+    ngram = Server(DEFAULT_MODEL, *common, "--kv-cache-memory", "64MiB", "--speculative-method", "ngram", "--num-speculative-tokens", 5,
                    "--speculative-disable-by-batch-size", 8, tmp_path=tmp)
-    draft = Server(DEFAULT_MODEL, *common, "--speculative-method", "draft", "--speculative-model", DEFAULT_MODEL,
+    # The draft's pool takes half the budget (the same bytes per token): twice the budget leaves the
+    # target the plain server's 64 MiB, so the same bf16 window rings and no extra preemption, which
+    # would change the numerics of plain and speculative runs alike but not in the same places.
+    draft = Server(DEFAULT_MODEL, *common, "--kv-cache-memory", "128MiB", "--speculative-method", "draft",
+                   "--speculative-model", DEFAULT_MODEL,
                    "--num-speculative-tokens", 5, "--speculative-disable-by-batch-size", 8, tmp_path=tmp)
     yield {"plain": plain, "ngram": ngram, "draft": draft}
     for server in (plain, ngram, draft):
