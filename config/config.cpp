@@ -213,13 +213,13 @@ const std::vector<FlagSpec>& flag_specs() {
                           "(a faster start; a pause on first use)",
                           &Config::lazy_graph_capture, true));
     s.push_back(integer_flag("threads", "CPU threads (0 = all cores)", 0, 1024, &Config::threads));
-    s.push_back(choice_flag("speculative-method", "speculative decoding: ngram (prompt lookup); draft is not built yet",
+    s.push_back(choice_flag("speculative-method", "speculative decoding: ngram (prompt lookup) or draft (--speculative-model)",
                             {"none", "ngram", "draft"}, &Config::speculative_method));
     s.push_back(integer_flag("num-speculative-tokens", "tokens proposed and verified per step", 1, 15,
                              &Config::num_speculative_tokens));
     s.push_back(integer_flag("prompt-lookup-min", "ngram: shortest suffix looked up", 1, 64, &Config::prompt_lookup_min));
     s.push_back(integer_flag("prompt-lookup-max", "ngram: longest suffix looked up", 1, 64, &Config::prompt_lookup_max));
-    s.push_back(text_flag("speculative-model", "draft: the draft model (not built yet)", &Config::speculative_model));
+    s.push_back(text_flag("speculative-model", "draft: the draft model (GGUF file or HF folder) with the same tokenizer", &Config::speculative_model));
     s.push_back(integer_flag("speculative-disable-by-batch-size",
                              "no speculation in a step with more decoding sequences than this (compute-bound)", 1, 4096,
                              &Config::speculative_disable_by_batch_size));
@@ -418,11 +418,10 @@ Config parse_command_line(const std::vector<std::string>& args, const Environmen
                                std::to_string(config.kv_bf16_window));
   if (config.prompt_lookup_min > config.prompt_lookup_max)
     fail("prompt-lookup-min", "must be <= --prompt-lookup-max (" + std::to_string(config.prompt_lookup_max) + ")");
-  if (config.speculative_method == "draft") {
-    fail("speculative-method", "draft (a draft model) is not supported yet: use ngram");
-  }
+  if (config.speculative_method == "draft" && config.speculative_model.empty())
+    fail("speculative-method", "draft needs --speculative-model PATH (a model with the same tokenizer)");
   if (!config.speculative_model.empty() && config.speculative_method != "draft")
-    fail("speculative-model", "needs --speculative-method draft, which is not supported yet");
+    fail("speculative-model", "needs --speculative-method draft");
   if (config.command == Command::generate && config.prompt.empty())
     fail("prompt", "generate needs a non-empty --prompt");
   return config;

@@ -50,7 +50,7 @@ struct Config {
   bool lazy_graph_capture = false;        // CUDA: capture a decode graph on first use, not at start-up
 
   // Speculative decoding (README "Speculative decoding"; vLLM's names).
-  std::string speculative_method = "none";  // none | ngram | draft (draft: refused, not built yet)
+  std::string speculative_method = "none";  // none | ngram | draft (--speculative-model)
   int num_speculative_tokens = 6;            // K: tokens proposed and verified per step
   int prompt_lookup_min = 2;                 // ngram: shortest suffix looked up in prompt + output
   int prompt_lookup_max = 4;                 // ngram: longest

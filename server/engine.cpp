@@ -36,9 +36,8 @@ EngineOptions engine_options_from_config(const Config& config) {
   options.threads = config.threads;
   options.enforce_eager = config.enforce_eager;
   options.lazy_graph_capture = config.lazy_graph_capture;
-  if (config.speculative_method == "ngram") options.num_speculative_tokens = config.num_speculative_tokens;
-  else if (config.speculative_method != "none")
-    throw ConfigError("--speculative-method " + config.speculative_method + " is not supported yet: use ngram");
+  if (config.speculative_method != "none") options.num_speculative_tokens = config.num_speculative_tokens;
+  if (config.speculative_method == "draft") options.speculative_model = config.speculative_model;
   options.ngram = NgramOptions{config.prompt_lookup_min, config.prompt_lookup_max};
   options.speculative_disable_by_batch_size = config.speculative_disable_by_batch_size;
   return options;
@@ -91,6 +90,13 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
                                                                       : TransformerOptions::Graphs::off;
   transformer_ = std::make_unique<Transformer>(c, model_.weights, backend, topts);
   model_.weights = ModelWeights{};  // the backend holds its own copy now
+  if (!options_.speculative_model.empty() && options_.num_speculative_tokens > 0) {
+    draft_ = std::make_unique<DraftModel>(load_model(options_.speculative_model), model_, backend,
+                                          DraftOptions{options_.kv_dtype, options_.kv_scale_margin, options_.block_size,
+                                                       options_.max_num_batched_tokens,
+                                                       std::min(options_.max_num_seqs, options_.speculative_disable_by_batch_size),
+                                                       options_.max_model_len});
+  }
 
   uint64_t budget = options_.kv_cache_memory;
   std::string budget_source = "--kv-cache-memory";
@@ -117,6 +123,15 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   // run, as many as fit in its share (--kv-bf16-window-share); sequences beyond that run as
   // pure FP8, and a budget with no room for one ring runs without a window. So the tail never
   // makes a budget fail that the FP8 pool alone could serve.
+  if (draft_) {  // the draft's pool: a share of the budget that holds as many tokens as the target's
+    const uint64_t share = draft_->kv_share(budget, spec.bytes_per_token());
+    draft_->allocate_kv_cache(share);
+    budget -= share;
+    spdlog::info("speculative decoding: draft model {}, K = {}, off above {} decoding sequences; its KV {} of the budget "
+                 "({} blocks, {} bytes/token: the budget split by bytes per token, room for as many tokens in each)",
+                 draft_->name(), options_.num_speculative_tokens, options_.speculative_disable_by_batch_size,
+                 mib_text(draft_->kv_cache_bytes()), draft_->block_manager().num_blocks(), draft_->spec().bytes_per_token());
+  }
   const KvWindow asked_window = spec.window;
   const uint64_t ring_bytes = spec.tail_bytes(1);
   const KvCacheSpec::BudgetSplit split = spec.split_budget(budget, options_.max_num_seqs, options_.max_tail_share);
@@ -142,13 +157,13 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
                        options_.speculative_disable_by_batch_size},
       *blocks_);
   if (options_.num_speculative_tokens > 0) {
-    scheduler_->set_proposer([this](SeqId id, std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out) {
-      propose(id, tokens, max_tokens, out);
-    });
-    spdlog::info("speculative decoding: ngram, up to {} tokens per step (lookup of {}-{} tokens), off above {} "
-                 "decoding sequences",
-                 options_.num_speculative_tokens, options_.ngram.min_n, options_.ngram.max_n,
-                 options_.speculative_disable_by_batch_size);
+    scheduler_->set_proposer([this](std::span<ProposalRequest> requests) { propose(requests); });
+    if (!draft_) {
+      spdlog::info("speculative decoding: ngram, up to {} tokens per step (lookup of {}-{} tokens), off above {} "
+                   "decoding sequences",
+                   options_.num_speculative_tokens, options_.ngram.min_n, options_.ngram.max_n,
+                   options_.speculative_disable_by_batch_size);
+    }
   }
 
   for (const int id : c.eos_token_ids) stop_ids_.push_back(id);
@@ -319,6 +334,7 @@ void Engine::finish_seq(SeqId id, RequestOutput& out, FinishReason reason) {
   out.completion_tokens = seq.num_generated;
   out.cached_tokens = scheduler_->contains(id) ? scheduler_->num_cached_tokens(id) : 0;
   out.queue_s = request.queue_s;
+  if (draft_) draft_->release(id);
   scheduler_->finish(id);  // choices not forked yet are finished by the caller (abort loops all)
   const OutputSink sink = request.sink;
   seqs_.erase(id);
@@ -618,13 +634,18 @@ void Engine::run_step(const StepPlan& plan) {
   for (const Verify& v : verifying) verify(v);
 }
 
-void Engine::propose(SeqId id, std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out) {
-  out.clear();
-  const SeqState& seq = seqs_.at(id);
-  if (!seq.gate.allows(seq.num_generated)) return;
-  // The step samples 1 + accepted tokens: no proposal past what the request may still generate.
-  max_tokens = static_cast<int>(std::min<int64_t>(max_tokens, token_budget(seq) - 1));
-  ngram_propose(tokens, options_.ngram, max_tokens, out);
+void Engine::propose(std::span<ProposalRequest> requests) {
+  std::vector<DraftJob> jobs;
+  for (ProposalRequest& r : requests) {
+    r.out.clear();
+    const SeqState& seq = seqs_.at(r.id);
+    if (!seq.gate.allows(seq.num_generated)) continue;
+    // The step samples 1 + accepted tokens: no proposal past what the request may still generate.
+    const auto max_tokens = static_cast<int>(std::min<int64_t>(r.max_tokens, token_budget(seq) - 1));
+    if (!draft_) ngram_propose(r.tokens, options_.ngram, max_tokens, r.out);
+    else jobs.push_back({r.id, r.tokens, max_tokens, &r.out, static_cast<int>(requests_.at(seq.request_id).request.prompt_tokens.size())});
+  }
+  if (draft_ && !jobs.empty()) draft_->propose(jobs);  // one batch: its decode passes run every sequence
 }
 
 void Engine::verify(const Verify& v) {
@@ -774,6 +795,10 @@ EngineStats Engine::stats() const {
   s.spec_num_accepted_tokens = spec_counters_.num_accepted_tokens;
   s.spec_accepted_per_pos = spec_counters_.accepted_per_pos;
   s.speculative = options_.num_speculative_tokens > 0;
+  if (draft_) {
+    const BlockManager& draft_blocks = draft_->block_manager();
+    s.spec_draft_kv_usage = static_cast<double>(draft_blocks.num_blocks() - draft_blocks.num_free_blocks()) / draft_blocks.num_blocks();
+  }
   const PrefixCacheStats prefix = blocks_->prefix_cache_stats();
   s.prefix_queries = prefix.num_queried_tokens;
   s.prefix_hits = prefix.num_hit_tokens;

@@ -29,6 +29,7 @@
 #include "model/transformer.hpp"
 #include "server/api/engine_client.hpp"
 #include "server/device.hpp"
+#include "server/draft_model.hpp"
 #include "server/engine_api.hpp"
 #include "server/prompt_scoring.hpp"
 #include "server/sampling.hpp"
@@ -67,6 +68,8 @@ struct EngineOptions {
   // many tokens, verified in one pass (CPU only for now).
   int num_speculative_tokens = 0;
   NgramOptions ngram;
+  // Non-empty: draft-model proposals from this model (server/draft_model.hpp) instead of ngram.
+  std::string speculative_model;
   int speculative_disable_by_batch_size = 2;
 };
 
@@ -115,6 +118,7 @@ class Engine {
   double grammar_budget_seconds() const { return grammar_budget_seconds_; }
   int64_t grammar_mask_count() const { return grammar_mask_count_; }
   const SpecDecodeCounters& spec_decode() const { return spec_counters_; }
+  const DraftModel* draft() const { return draft_.get(); }  // --speculative-method draft, else null
 
  private:
   struct RequestState {
@@ -159,8 +163,9 @@ class Engine {
   // Samples a speculating sequence's rows in order, handing out each token, up to the first one
   // that differs from its proposal (server/speculation.hpp); the rest are rolled back.
   void verify(const Verify& v);
-  // The proposals for one decoding sequence (Scheduler's ProposeFn).
-  void propose(SeqId id, std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out);
+  // The proposals for the step's decoding sequences (Scheduler's BatchProposeFn): ngram, or the
+  // draft model's, batched.
+  void propose(std::span<ProposalRequest> requests);
   // The step's rows that score prompt tokens, into scorer_ (before the forward pass).
   void add_score_rows(const ScheduledSeq& s, int32_t first_row);
   // A request's prompt logprobs go out with each choice's first output.
@@ -179,6 +184,7 @@ class Engine {
   std::unique_ptr<Transformer> transformer_;
   std::unique_ptr<BlockManager> blocks_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<DraftModel> draft_;
   KvSaturationCounters saturation_;
   std::vector<int32_t> stop_ids_;  // the model's EOS ids
 

@@ -145,6 +145,9 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
     for (size_t pos = 0; pos < engine.spec_accepted_per_pos.size(); ++pos)
       sample(out, "fp8serve:spec_decode_num_accepted_tokens_per_pos_total", "position=\"" + std::to_string(pos) + "\"",
              static_cast<double>(engine.spec_accepted_per_pos[pos]));
+    if (engine.spec_draft_kv_usage >= 0)
+      gauge("fp8serve:spec_decode_draft_kv_cache_usage_perc", "Fraction of the draft model's KV cache blocks in use.",
+            engine.spec_draft_kv_usage);
   }
   counter("fp8serve:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
           static_cast<double>(engine.prefix_queries));

@@ -153,27 +153,44 @@ StepPlan Scheduler::schedule() {
 // bf16 window would stop them: with a window, every verified row must read the FP8 part that
 // its own single-token decode step would read (the window's boundary moves a block at a time),
 // so that the verified logits are the plain decode's bit for bit.
+void Scheduler::set_proposer(ProposeFn propose) {
+  propose_ = [propose = std::move(propose)](std::span<ProposalRequest> requests) {
+    for (ProposalRequest& r : requests) propose(r.id, r.tokens, r.max_tokens, r.out);
+  };
+}
+
 void Scheduler::schedule_proposals(StepPlan& plan, int& budget) {
   if (plan.seqs.empty() || static_cast<int>(plan.seqs.size()) > options_.disable_by_batch_size) return;
   if (!plan.preempted.empty()) return;  // the pool is short: no blocks for guesses
-  for (ScheduledSeq& step : plan.seqs) {
-    if (budget <= 0) break;
-    Sequence& s = seq(step.id);
+  // Each sequence's cap first (the budget shared out in plan order), then every proposal at once.
+  proposal_requests_.clear();
+  int left = budget;
+  for (const ScheduledSeq& step : plan.seqs) {
+    if (left <= 0) break;
+    const Sequence& s = seq(step.id);
     const int n = static_cast<int>(s.tokens.size());
-    int max_tokens = std::min(options_.num_speculative_tokens, budget);
+    int max_tokens = std::min(options_.num_speculative_tokens, left);
     if (blocks_.window().enabled()) {
       while (max_tokens > 0 && blocks_.fp8_len_after(step.id, n + max_tokens) != blocks_.fp8_len_after(step.id, n))
         --max_tokens;
     }
     if (max_tokens <= 0) continue;
-    proposal_scratch_.clear();
-    propose_(step.id, s.tokens, max_tokens, proposal_scratch_);
-    for (std::size_t i = 0; i < proposal_scratch_.size() && static_cast<int>(i) < max_tokens; ++i) {
+    left -= max_tokens;
+    proposal_requests_.push_back({step.id, s.tokens, max_tokens, {}});
+  }
+  if (proposal_requests_.empty()) return;
+  propose_(proposal_requests_);
+  std::size_t r = 0;
+  for (ScheduledSeq& step : plan.seqs) {
+    if (r == proposal_requests_.size()) break;
+    if (proposal_requests_[r].id != step.id) continue;
+    const ProposalRequest& request = proposal_requests_[r++];
+    for (std::size_t i = 0; i < request.out.size() && static_cast<int>(i) < request.max_tokens; ++i) {
       if (!blocks_.can_append(step.id)) break;
-      const AppendResult slot = blocks_.append_slot(step.id, proposal_scratch_[i]);
+      const AppendResult slot = blocks_.append_slot(step.id, request.out[i]);
       if (slot.spill_copy) plan.block_copies.push_back(*slot.spill_copy);
       if (slot.copy) plan.block_copies.push_back(*slot.copy);
-      step.proposals.push_back(proposal_scratch_[i]);
+      step.proposals.push_back(request.out[i]);
     }
     step.num_tokens += static_cast<int>(step.proposals.size());
     budget -= static_cast<int>(step.proposals.size());

@@ -54,6 +54,14 @@ struct SchedulerOptions {
 // Proposes up to max_tokens tokens to follow `tokens` (prompt + generated, the last one not yet
 // computed) into `out` (cleared first); proposing none is always fine.
 using ProposeFn = std::function<void(SeqId id, std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out)>;
+// The same for all of a step's decoding sequences at once (a draft model runs them as one batch).
+struct ProposalRequest {
+  SeqId id = 0;
+  std::span<const int32_t> tokens;
+  int max_tokens = 0;
+  std::vector<int32_t> out;
+};
+using BatchProposeFn = std::function<void(std::span<ProposalRequest> requests)>;
 
 // One sequence's share of a step: tokens [start, start + num_tokens) of its token list.
 struct ScheduledSeq {
@@ -94,7 +102,8 @@ class Scheduler {
   void append_token(SeqId id, int32_t token);
 
   // Speculative decoding: schedule() asks `propose` for the decoding sequences' proposals.
-  void set_proposer(ProposeFn propose) { propose_ = std::move(propose); }
+  void set_proposer(BatchProposeFn propose) { propose_ = std::move(propose); }
+  void set_proposer(ProposeFn propose);  // one sequence at a time
   // The token just appended equals the step's next proposal, whose KV the step computed: it
   // counts as computed (its full block may enter the prefix cache). PRECOND: it is a proposal
   // of this step, still held by the block manager.
@@ -154,8 +163,8 @@ class Scheduler {
   std::deque<SeqId> waiting_;
   std::vector<SeqId> running_;  // admission order: back() is the newest
   uint64_t num_preemptions_ = 0;
-  ProposeFn propose_;
-  std::vector<int32_t> proposal_scratch_;
+  BatchProposeFn propose_;
+  std::vector<ProposalRequest> proposal_requests_;
 };
 
 }  // namespace fp8serve

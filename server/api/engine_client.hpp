@@ -24,6 +24,7 @@ struct EngineStats {
   uint64_t spec_num_draft_tokens = 0;
   uint64_t spec_num_accepted_tokens = 0;
   std::vector<uint64_t> spec_accepted_per_pos;  // accepted tokens by position in the draft
+  double spec_draft_kv_usage = -1;  // --speculative-method draft: the draft's KV pool in use; -1 without
   uint64_t prefix_queries = 0;      // prompt tokens looked up in the prefix cache
   uint64_t prefix_hits = 0;         // of those, found
   std::vector<uint64_t> saturated_per_layer;  // FP8 elements clipped to +-448, per layer

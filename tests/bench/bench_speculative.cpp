@@ -4,6 +4,14 @@
 // that copies fields from the prompt) and open-ended prompts, where there is little to look up.
 //
 //   bench_speculative [MODEL] [--threads N] [--k K] [--window W] [--reps R] [--clients C] [--quick]
+//                     [--draft DRAFT_MODEL]
+//
+//   --draft        draft-model speculation instead of ngram. With the model as its own draft
+//                  (every proposal its own argmax) the run measures what a draft step costs:
+//                  per step, verify = spec step time - proposals x plain decode time (a draft
+//                  pass costs a target decode here), so a smaller draft of relative cost c per
+//                  token and acceptance a breaks even when (E(a) - verify/decode) / K = c, with
+//                  E(a) = (1 - a^(K+1)) / (1 - a) tokens per step; printed for several a.
 //
 //   single stream  per prompt: decode tokens/s (first token to last, so the prefill is out) and
 //                  the process's CPU seconds over that span (robust to a loaded machine),
@@ -182,6 +190,7 @@ std::vector<RunResult> run(Engine& engine, const std::vector<std::vector<int32_t
 int main(int argc, char** argv) {
   std::string model_path = bench::default_model_path();
   int threads = 0, k = 6, reps = 3, clients = 16, window = 64;
+  std::string draft_path;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
@@ -190,9 +199,10 @@ int main(int argc, char** argv) {
     else if (arg == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
     else if (arg == "--clients" && i + 1 < argc) clients = std::stoi(argv[++i]);
     else if (arg == "--quick") reps = 1, clients = 4;
+    else if (arg == "--draft" && i + 1 < argc) draft_path = argv[++i];
     else if (arg.rfind("--", 0) != 0) model_path = arg;
     else {
-      std::fprintf(stderr, "usage: bench_speculative [MODEL] [--threads N] [--k K] [--window W] [--reps R] [--clients C] [--quick]\n");
+      std::fprintf(stderr, "usage: bench_speculative [MODEL] [--threads N] [--k K] [--window W] [--reps R] [--clients C] [--quick] [--draft MODEL]\n");
       return 2;
     }
   }
@@ -202,14 +212,22 @@ int main(int argc, char** argv) {
   plain_options.kv_bf16_window = window;
   EngineOptions spec_options = plain_options;
   spec_options.num_speculative_tokens = k;
+  spec_options.speculative_model = draft_path;
+  const char* method = draft_path.empty() ? "ngram" : "draft";
   Engine plain(load_model(model_path), plain_options);
   Engine spec(load_model(model_path), spec_options);
   const Tokenizer& tokenizer = plain.tokenizer();
 
-  std::printf("ngram speculation, K = %d, lookup %d-%d tokens, bf16 window %d, best of %d alternating runs, %s\n\n",
-              k, spec_options.ngram.min_n, spec_options.ngram.max_n, window, reps, model_path.c_str());
-  std::printf("%-20s %7s %7s | %10s %10s %6s | %13s %6s | %9s %10s\n", "workload", "prompt", "tokens", "plain t/s",
-              "ngram t/s", "ratio", "CPU s plain/ng", "ratio", "accepted", "tok/step");
+  if (draft_path.empty()) {
+    std::printf("ngram speculation, K = %d, lookup %d-%d tokens, bf16 window %d, best of %d alternating runs, %s\n\n",
+                k, spec_options.ngram.min_n, spec_options.ngram.max_n, window, reps, model_path.c_str());
+  } else {
+    std::printf("draft speculation (%s), K = %d, bf16 window %d, best of %d alternating runs, %s\n\n", draft_path.c_str(),
+                k, window, reps, model_path.c_str());
+  }
+  std::printf("%-20s %7s %7s | %10s %10s %6s | %13s %6s | %9s %10s | %11s\n", "workload", "prompt", "tokens", "plain t/s",
+              "spec t/s", "ratio", "CPU s plain/sp", "ratio", "accepted", "tok/step", "verify/dec");
+  double verify_per_decode_sum = 0;
   double grounded_log = 0, open_log = 0, grounded_cpu_log = 0, open_cpu_log = 0;
   int num_grounded = 0, num_open = 0;
   std::vector<std::vector<int32_t>> all_prompts;
@@ -229,7 +247,7 @@ int main(int argc, char** argv) {
       cpu_spec = std::min(cpu_spec, last_spec.decode_cpu_s);
     }
     if (last_plain.tokens != last_spec.tokens) {
-      std::fprintf(stderr, "%s: ngram output differs from plain output\n", w.name.c_str());
+      std::fprintf(stderr, "%s: %s output differs from plain output\n", w.name.c_str(), method);
       return 1;
     }
     const double n = static_cast<double>(last_plain.tokens.size() - 1);
@@ -239,9 +257,15 @@ int main(int argc, char** argv) {
     // Tokens per forward pass: every token is produced by one step, a draft's step produces
     // 1 + accepted of them.
     const double steps = n + 1 - static_cast<double>(c.num_accepted_tokens);
-    std::printf("%-20s %7zu %7zu | %10.1f %10.1f %5.2fx | %6.2f %6.2f %5.2fx | %8.0f%% %10.2f\n", w.name.c_str(),
+    // A step's cost beyond its draft passes, in plain decode steps (meaningful with --draft and
+    // a model drafting for itself: each of its passes costs about one plain decode step).
+    const double decode_step = best_plain / n;
+    const double per_draft = c.num_drafts > 0 ? static_cast<double>(c.num_draft_tokens) / c.num_drafts : 0;
+    const double verify_per_decode = (best_spec / (steps - 1) - per_draft * decode_step) / decode_step;
+    verify_per_decode_sum += verify_per_decode;
+    std::printf("%-20s %7zu %7zu | %10.1f %10.1f %5.2fx | %6.2f %6.2f %5.2fx | %8.0f%% %10.2f | %11.2f\n", w.name.c_str(),
                 prompt[0].size(), last_plain.tokens.size(), n / best_plain, n / best_spec, ratio, cpu_plain, cpu_spec,
-                cpu_plain / cpu_spec, 100 * acceptance, (n + 1) / steps);
+                cpu_plain / cpu_spec, 100 * acceptance, (n + 1) / steps, verify_per_decode);
     (w.grounded ? grounded_log : open_log) += std::log(ratio);
     (w.grounded ? grounded_cpu_log : open_cpu_log) += std::log(cpu_plain / cpu_spec);
     ++(w.grounded ? num_grounded : num_open);
@@ -249,6 +273,16 @@ int main(int argc, char** argv) {
   std::printf("\ngeometric mean speed-up, wall: input-grounded %.2fx, open-ended %.2fx; CPU time: %.2fx, %.2fx\n",
               std::exp(grounded_log / num_grounded), std::exp(open_log / num_open),
               std::exp(grounded_cpu_log / num_grounded), std::exp(open_cpu_log / num_open));
+  if (!draft_path.empty()) {
+    const double verify = verify_per_decode_sum / (num_grounded + num_open);
+    std::printf("mean verify step = %.2f plain decode steps; a draft breaks even at a cost per token (relative to the "
+                "target's decode) of:\n", verify);
+    for (const double a : {0.5, 0.6, 0.7, 0.8, 0.9, 0.99}) {
+      const double tokens_per_step = (1 - std::pow(a, k + 1)) / (1 - a);
+      std::printf("  acceptance %.2f: %.1f tokens/step, break-even cost %.2f\n", a, tokens_per_step,
+                  (tokens_per_step - verify) / k);
+    }
+  }
 
   std::vector<std::vector<int32_t>> prompts;
   std::vector<int> max_tokens;
@@ -263,12 +297,12 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < a.size(); ++i) {
     tokens += a[i].tokens.size();
     if (a[i].tokens != b[i].tokens) {
-      std::fprintf(stderr, "client %zu: ngram output differs from plain output\n", i);
+      std::fprintf(stderr, "client %zu: %s output differs from plain output\n", i, method);
       return 1;
     }
   }
-  std::printf("%d clients at once (96 tokens each, prefill included): plain %.1f tok/s, ngram %.1f tok/s (%.2fx; "
+  std::printf("%d clients at once (96 tokens each, prefill included): plain %.1f tok/s, %s %.1f tok/s (%.2fx; "
               "speculation off above %d decoding sequences)\n",
-              clients, tokens / plain_s, tokens / spec_s, plain_s / spec_s, spec_options.speculative_disable_by_batch_size);
+              clients, tokens / plain_s, method, tokens / spec_s, plain_s / spec_s, spec_options.speculative_disable_by_batch_size);
   return 0;
 }

@@ -212,3 +212,20 @@ TEST_CASE("a flag the command does not use is an error, not silently ignored", "
   // Likewise the environment (a container's variables may serve several commands).
   CHECK(parse_command_line({"generate", "m", "--prompt", "p"}, {{"FP8SERVE_PORT", "9000"}}).port == 8000);
 }
+
+TEST_CASE("draft-model speculation: flags and --config keys, the model required", "[config][spec]") {
+  const std::string path = "test_config_draft_tmp.json";
+  {
+    std::ofstream out(path);
+    out << R"({"speculative-method": "draft", "speculative-model": "draft.gguf", "num-speculative-tokens": 3})";
+  }
+  const auto c = parse_command_line({"serve", "m", "--config", path});
+  CHECK(c.speculative_method == "draft");
+  CHECK(c.speculative_model == "draft.gguf");
+  CHECK(c.num_speculative_tokens == 3);
+  std::remove(path.c_str());
+  CHECK(message_of({"serve", "m", "--speculative-method", "draft"}) ==
+        "--speculative-method: draft needs --speculative-model PATH (a model with the same tokenizer)");
+  CHECK(message_of({"serve", "m", "--speculative-model", "d.gguf"}) == "--speculative-model: needs --speculative-method draft");
+  CHECK(message_of({"serve", "m", "--speculative-method", "draft", "--speculative-model", "d.gguf"}) == "no error");
+}

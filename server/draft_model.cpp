@@ -1,0 +1,225 @@
+#include "server/draft_model.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace fp8serve {
+
+namespace {
+
+// The same vocabulary: equal sizes (tokenizer and logits) and every id the same string.
+void check_vocabulary(const LoadedModel& draft, const LoadedModel& target) {
+  const std::string prefix = "--speculative-model " + draft.name + ": its vocabulary differs from " + target.name + "'s";
+  const Tokenizer& d = *draft.tokenizer;
+  const Tokenizer& t = *target.tokenizer;
+  if (d.vocab_size() != t.vocab_size() || draft.config.vocab_size != target.config.vocab_size) {
+    throw std::invalid_argument(prefix + " (" + std::to_string(d.vocab_size()) + " tokens, logits " +
+                                std::to_string(draft.config.vocab_size) + ", against " + std::to_string(t.vocab_size()) +
+                                ", " + std::to_string(target.config.vocab_size) + "): a draft must share the tokenizer");
+  }
+  for (int32_t id = 0; id < t.vocab_size(); ++id) {
+    if (d.id_to_piece(id) != t.id_to_piece(id))
+      throw std::invalid_argument(prefix + " (token id " + std::to_string(id) + " is another string): a draft must share the tokenizer");
+  }
+}
+
+}  // namespace
+
+DraftModel::DraftModel(LoadedModel draft, const LoadedModel& target, Backend& backend, const DraftOptions& options)
+    : name_(draft.name), options_(options), config_(draft.config), vocab_(target.config.vocab_size) {
+  check_vocabulary(draft, target);
+  spec_.block_size = options_.block_size;
+  spec_.num_layers = config_.num_layers;
+  spec_.num_kv_heads = config_.num_kv_heads;
+  spec_.head_dim = config_.head_dim;
+  spec_.dtype = options_.kv_dtype;
+  spec_.validate();
+  TransformerOptions topts;
+  topts.kv_dtype = options_.kv_dtype;
+  topts.block_size = options_.block_size;
+  topts.num_blocks = 0;
+  topts.max_num_tokens = options_.max_num_tokens;
+  topts.max_num_seqs = std::max(1, options_.max_num_seqs);
+  topts.max_sample_rows = topts.max_num_seqs;
+  topts.max_model_len = options_.max_model_len;
+  topts.kv_scale_margin = options_.kv_scale_margin;
+  topts.graphs = TransformerOptions::Graphs::off;
+  transformer_ = std::make_unique<Transformer>(config_, draft.weights, backend, topts);
+}
+
+uint64_t DraftModel::kv_share(uint64_t budget, uint64_t target_bytes_per_token) const {
+  const double draft = static_cast<double>(spec_.bytes_per_token());
+  return static_cast<uint64_t>(static_cast<double>(budget) * draft / (draft + static_cast<double>(target_bytes_per_token)));
+}
+
+void DraftModel::allocate_kv_cache(uint64_t bytes) {
+  const int num_blocks = spec_.num_blocks_for_budget(bytes);
+  if (num_blocks < 1)
+    throw std::invalid_argument("the draft model's share of the KV budget (" + std::to_string(bytes) + " bytes) holds no block: raise --kv-cache-memory");
+  transformer_->allocate_kv_cache(num_blocks, 0);
+  BlockManagerOptions bopts;
+  bopts.block_size = options_.block_size;
+  bopts.num_layers = config_.num_layers;
+  bopts.num_blocks = num_blocks;
+  bopts.enable_prefix_caching = false;
+  blocks_ = std::make_unique<BlockManager>(bopts);
+}
+
+void DraftModel::release(SeqId id) {
+  if (blocks_->contains(id)) blocks_->free(id);
+  held_.erase(std::remove(held_.begin(), held_.end(), id), held_.end());
+}
+
+bool DraftModel::make_room(int blocks, std::span<const SeqId> keep) {
+  // Oldest first: a sequence that stopped speculating (a larger batch, a paused gate) goes first.
+  std::vector<SeqId> others;
+  for (const SeqId id : held_)
+    if (std::find(keep.begin(), keep.end(), id) == keep.end()) others.push_back(id);
+  for (std::size_t i = 0; i < others.size() && blocks_->num_free_blocks() < blocks; ++i) release(others[i]);
+  return blocks_->num_free_blocks() >= blocks;
+}
+
+bool DraftModel::catch_up(SeqId id, std::span<const int32_t> tokens, std::span<const SeqId> keep) {
+  const int bs = options_.block_size;
+  if (blocks_->contains(id)) {
+    // Keep what the target kept: the computed tokens and the draft's own proposals it accepted
+    // (their KV is written); the rest is rolled back as the target rolls back its own.
+    const std::span<const int32_t> held = blocks_->tokens(id);
+    const auto mismatch = std::mismatch(held.begin(), held.end(), tokens.begin(), tokens.end());
+    const int common = static_cast<int>(mismatch.first - held.begin());
+    // The last token is run again even when held: its row gives the first proposal.
+    const int kept = std::min(common, static_cast<int>(tokens.size()) - 1);
+    if (kept < blocks_->num_computed_tokens(id)) {
+      release(id);  // not a continuation of what the draft computed: start again
+    } else {
+      blocks_->mark_computed(id, kept);
+      blocks_->truncate(id, kept);
+    }
+  }
+  if (!blocks_->contains(id)) {
+    const int need = (static_cast<int>(tokens.size()) + bs - 1) / bs;
+    if (!make_room(need, keep) || !blocks_->can_allocate(tokens)) return false;
+    blocks_->allocate(id, tokens);
+    held_.push_back(id);
+    return true;
+  }
+  for (std::size_t p = static_cast<std::size_t>(blocks_->num_tokens(id)); p < tokens.size(); ++p) {
+    if (!blocks_->can_append(id) && !make_room(1, keep)) {
+      release(id);
+      return false;
+    }
+    blocks_->append_slot(id, tokens[p]);
+  }
+  return true;
+}
+
+void DraftModel::propose(std::span<DraftJob> jobs) {
+  std::vector<SeqId> keep;
+  for (const DraftJob& job : jobs) {
+    job.out->clear();
+    keep.push_back(job.id);
+  }
+  std::vector<SeqId> live;
+  std::vector<DraftJob*> live_jobs;
+  for (DraftJob& job : jobs) {
+    if (job.max_tokens <= 0 || job.tokens.empty()) continue;
+    if (!catch_up(job.id, job.tokens, keep)) continue;
+    live.push_back(job.id);
+    live_jobs.push_back(&job);
+  }
+  std::vector<int32_t> next;
+  // Catch-up: one sequence at a time (a prompt may take several chunks); its last row is d1.
+  for (std::size_t i = 0; i < live.size(); ++i) {
+    forward(std::span<const SeqId>(&live[i], 1), true, next, live_jobs[i]->num_prompt_tokens);
+    live_jobs[i]->out->push_back(next[0]);
+  }
+  // Greedy decode, batched: feed d_k, read d_{k+1}. The fed tokens are never marked computed;
+  // the next propose() keeps those the target accepted.
+  for (int k = 1;; ++k) {
+    std::vector<SeqId> step;
+    std::vector<std::size_t> which;
+    for (std::size_t i = 0; i < live.size(); ++i) {
+      if (k >= live_jobs[i]->max_tokens || !blocks_->contains(live[i])) continue;
+      if (!blocks_->can_append(live[i])) continue;  // the pool is full: fewer proposals
+      blocks_->append_slot(live[i], live_jobs[i]->out->back());
+      step.push_back(live[i]);
+      which.push_back(i);
+    }
+    if (step.empty()) break;
+    forward(step, false, next);
+    for (std::size_t j = 0; j < which.size(); ++j) live_jobs[which[j]]->out->push_back(next[j]);
+  }
+}
+
+void DraftModel::forward(std::span<const SeqId> ids, bool catching_up, std::vector<int32_t>& next, int calibrate_end) {
+  const int num_layers = config_.num_layers;
+  const auto vocab = static_cast<std::size_t>(config_.vocab_size);
+  const auto num_seqs = static_cast<int32_t>(ids.size());
+  // Where each sequence's unprocessed tokens start: a catch-up at the computed count, a decode
+  // step at its one appended token (past the uncomputed proposals).
+  std::vector<int> begin;
+  for (const SeqId id : ids) begin.push_back(catching_up ? blocks_->num_computed_tokens(id) : blocks_->num_tokens(id) - 1);
+  std::vector<int> ends(ids.size());
+  next.assign(ids.size(), 0);
+  for (bool more = true; more;) {
+    more = false;
+    HostBatch& b = batch_;
+    b = HostBatch{};
+    b.query_start_loc.push_back(0);
+    int32_t max_blocks = 1;
+    for (const SeqId id : ids) max_blocks = std::max(max_blocks, static_cast<int32_t>(blocks_->block_table(id).size()));
+    b.max_blocks_per_seq = max_blocks;
+    b.block_tables.assign(static_cast<std::size_t>(num_seqs * max_blocks), -1);
+    b.k_scales.assign(static_cast<std::size_t>(num_layers * num_seqs), 1.0f);
+    b.v_scales.assign(b.k_scales.size(), 1.0f);
+    for (int32_t i = 0; i < num_seqs; ++i) {
+      const auto si = static_cast<std::size_t>(i);
+      const SeqId id = ids[si];
+      const int total = blocks_->num_tokens(id);
+      const int start = begin[si];
+      ends[si] = std::min(total, start + std::max(1, options_.max_num_tokens / num_seqs));
+      if (blocks_->scales_to_calibrate(id) != nullptr && calibrate_end > start) ends[si] = std::min(ends[si], calibrate_end);
+      if (ends[si] < total) more = true;
+      const std::span<const int32_t> tokens = blocks_->tokens(id);
+      for (int p = start; p < ends[si]; ++p) {
+        b.token_ids.push_back(tokens[static_cast<std::size_t>(p)]);
+        b.positions.push_back(p);
+        b.slot_mapping.push_back(blocks_->slot(id, p));
+      }
+      b.query_start_loc.push_back(static_cast<int32_t>(b.token_ids.size()));
+      b.context_lens.push_back(ends[si]);
+      b.sample_rows.push_back(static_cast<int32_t>(b.token_ids.size()) - 1);
+      b.calibrate.push_back(blocks_->scales_to_calibrate(id) != nullptr ? 1 : 0);
+      const std::span<const int32_t> table = blocks_->block_table(id);
+      std::copy(table.begin(), table.end(), b.block_tables.begin() + static_cast<std::ptrdiff_t>(i) * max_blocks);
+      const KvScales& scales = blocks_->scales(id);
+      for (int layer = 0; layer < num_layers; ++layer) {
+        b.k_scales[static_cast<std::size_t>(layer * num_seqs + i)] = scales.k[static_cast<std::size_t>(layer)];
+        b.v_scales[static_cast<std::size_t>(layer * num_seqs + i)] = scales.v[static_cast<std::size_t>(layer)];
+      }
+    }
+    logits_.resize(ids.size() * vocab);
+    transformer_->forward(b.view(), logits_);
+    for (int32_t i = 0; i < num_seqs; ++i) {
+      const auto si = static_cast<std::size_t>(i);
+      const SeqId id = ids[si];
+      if (KvScales* scales = blocks_->scales_to_calibrate(id); scales != nullptr && b.calibrate[si] != 0) {
+        for (int layer = 0; layer < num_layers; ++layer) {
+          scales->k[static_cast<std::size_t>(layer)] = b.k_scales[static_cast<std::size_t>(layer * num_seqs + i)];
+          scales->v[static_cast<std::size_t>(layer)] = b.v_scales[static_cast<std::size_t>(layer * num_seqs + i)];
+        }
+      }
+      // Catch-up tokens are the target's own: computed (the scales freeze after the first chunk).
+      if (catching_up) blocks_->mark_computed(id, ends[si]);
+      begin[si] = ends[si];
+      next[si] = argmax(std::span<const float>(logits_.data() + si * vocab, vocab));
+    }
+  }
+}
+
+int32_t DraftModel::argmax(std::span<const float> row) const {
+  const auto end = row.begin() + std::min<std::ptrdiff_t>(vocab_, static_cast<std::ptrdiff_t>(row.size()));
+  return static_cast<int32_t>(std::max_element(row.begin(), end) - row.begin());
+}
+
+}  // namespace fp8serve
