@@ -100,8 +100,9 @@ def test_streaming_concurrent_clients_sampling_n_and_stop_strings(servers, metho
 
     # Six different prompts: two copies of one prompt would make the output depend on timing (a
     # copy admitted after the other's prefill maps its blocks from the prefix cache, and those
-    # tokens are FP8 from the start rather than in the bf16 window), in either server.
-    prompts = [f"{i + 1}. {p}" for i, p in enumerate(PROMPTS * 2)]
+    # tokens are FP8 from the start rather than in the bf16 window), in either server. New to both
+    # servers too (the plain one also served the other method's run).
+    prompts = [f"{method} {i + 1}. {p}" for i, p in enumerate(PROMPTS * 2)]
     with ThreadPoolExecutor(6) as pool:
         want = list(pool.map(lambda p: streamed(plain, p), prompts))
         got = list(pool.map(lambda p: streamed(spec, p), prompts))
