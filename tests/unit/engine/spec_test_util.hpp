@@ -69,10 +69,10 @@ inline void check_same(const Outputs& plain, const Outputs& spec, const std::str
   }
 }
 
-// Returns speculation's counters; expect_rejections: some proposals must have been rejected too
-// (a draft model drafting for itself may have every one accepted).
-inline SpecDecodeCounters check_spec_equals_plain(const std::string& model, EngineOptions options, int k, int max_tokens,
-                                                  bool expect_rejections = true) {
+// Returns speculation's counters. That some proposals were rejected is for the caller to check,
+// over a test case's runs: a short run (the sanitizers') or a draft model drafting for itself may
+// have every one accepted.
+inline SpecDecodeCounters check_spec_equals_plain(const std::string& model, EngineOptions options, int k, int max_tokens) {
   const auto requests = greedy_requests(spec_prompts(), max_tokens);
   options.num_speculative_tokens = 0;
   const RunResult plain = run_batch(model, options, requests);
@@ -87,12 +87,13 @@ inline SpecDecodeCounters check_spec_equals_plain(const std::string& model, Engi
               static_cast<unsigned long long>(spec.counters.num_drafts),
               static_cast<unsigned long long>(spec.counters.num_accepted_tokens),
               static_cast<unsigned long long>(spec.counters.num_draft_tokens));
-  // The test means something only if proposals were made and some were accepted, some not.
+  // The test means something only if proposals were made and accepted.
   CHECK(spec.counters.num_drafts > 0);
   CHECK(spec.counters.num_accepted_tokens > 0);
-  if (expect_rejections) CHECK(spec.counters.num_accepted_tokens < spec.counters.num_draft_tokens);
   return spec.counters;
 }
+
+inline uint64_t rejected(const SpecDecodeCounters& c) { return c.num_draft_tokens - c.num_accepted_tokens; }
 
 
 }  // namespace fp8serve::test

@@ -14,12 +14,14 @@ using namespace fp8serve::test;
 
 TEST_CASE("ngram speculation: greedy output == plain decoding, bitwise, bf16 and FP8 pools, several K", "[engine][spec]") {
   const int max_tokens = kSanitized ? 12 : 40;
+  uint64_t n = 0;
   for (const int k : {1, 3, 6}) {
-    check_spec_equals_plain(fixture("models/tiny-llama"), small_options(KvDtype::bf16), k, max_tokens);
-    check_spec_equals_plain(fixture("models/tiny-qwen3"), small_options(KvDtype::fp8_e4m3), k, max_tokens);
+    n += rejected(check_spec_equals_plain(fixture("models/tiny-llama"), small_options(KvDtype::bf16), k, max_tokens));
+    n += rejected(check_spec_equals_plain(fixture("models/tiny-qwen3"), small_options(KvDtype::fp8_e4m3), k, max_tokens));
   }
-  check_spec_equals_plain(fixture("models/tiny-qwen2"), small_options(KvDtype::fp8_e4m3), 4, max_tokens);
-  check_spec_equals_plain(fixture("models/tiny-llama"), small_options(KvDtype::fp8_e4m3), 4, max_tokens);
+  n += rejected(check_spec_equals_plain(fixture("models/tiny-qwen2"), small_options(KvDtype::fp8_e4m3), 4, max_tokens));
+  n += rejected(check_spec_equals_plain(fixture("models/tiny-llama"), small_options(KvDtype::fp8_e4m3), 4, max_tokens));
+  CHECK(n > 0);  // rollbacks happened
 }
 
 TEST_CASE("ngram speculation with the bf16 window: proposals stop at the window's block boundary", "[engine][spec][window]") {
@@ -29,14 +31,17 @@ TEST_CASE("ngram speculation with the bf16 window: proposals stop at the window'
     options.kv_bf16_window = 32;
     options.kv_bf16_window_values = values;
     options.enable_prefix_caching = true;
-    for (const int k : {2, 5}) check_spec_equals_plain(fixture("models/tiny-llama"), options, k, max_tokens);
+    uint64_t n = 0;
+    for (const int k : {2, 5}) n += rejected(check_spec_equals_plain(fixture("models/tiny-llama"), options, k, max_tokens));
+    CHECK(n > 0);
   }
 }
 
 TEST_CASE("ngram speculation with prefix caching: no key is published for a rejected proposal", "[engine][spec]") {
   EngineOptions options = small_options(KvDtype::fp8_e4m3);
   options.enable_prefix_caching = true;
-  check_spec_equals_plain(fixture("models/tiny-llama"), options, 4, kSanitized ? 12 : 48);
+  // 48 tokens also under the sanitizers: a shorter run (12) accepted every proposal there.
+  CHECK(rejected(check_spec_equals_plain(fixture("models/tiny-llama"), options, 4, 48)) > 0);
 }
 
 TEST_CASE("ngram speculation under preemption in a tiny pool: same output, every block back", "[engine][spec][preemption]") {

@@ -17,7 +17,7 @@ TEST_CASE("draft speculation: tiny-llama drafting for itself, greedy == plain, b
     for (const int k : {1, 4}) {
       EngineOptions options = small_options(dtype);
       options.speculative_model = model;
-      const SpecDecodeCounters c = check_spec_equals_plain(model, options, k, max_tokens, false);
+      const SpecDecodeCounters c = check_spec_equals_plain(model, options, k, max_tokens);
       // The same model, its cache rounded as the target's (FP8: scales calibrated on the same
       // prompt): the draft computes the target's own logits, so every proposal is accepted.
       CHECK(c.num_accepted_tokens == c.num_draft_tokens);
@@ -32,7 +32,7 @@ TEST_CASE("draft speculation: a draft that disagrees (tiny-llama's FP8 window of
   options.kv_bf16_window = 32;
   options.enable_prefix_caching = true;
   options.speculative_model = fixture("models/tiny-llama");
-  check_spec_equals_plain(fixture("models/tiny-llama"), options, 3, kSanitized ? 24 : 72, false);
+  check_spec_equals_plain(fixture("models/tiny-llama"), options, 3, kSanitized ? 24 : 72);
 }
 
 TEST_CASE("draft speculation under preemption in a tiny pool: same output, every block back to both pools", "[engine][spec][draft][preemption]") {
