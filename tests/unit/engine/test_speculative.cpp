@@ -72,7 +72,8 @@ void check_same(const Outputs& plain, const Outputs& spec, const std::string& wh
   }
 }
 
-void check_spec_equals_plain(const std::string& model, EngineOptions options, int k, int max_tokens) {
+// Returns how many proposed tokens were rejected.
+uint64_t check_spec_equals_plain(const std::string& model, EngineOptions options, int k, int max_tokens) {
   const auto requests = greedy_requests(spec_prompts(), max_tokens);
   options.num_speculative_tokens = 0;
   const RunResult plain = run_batch(model, options, requests);
@@ -87,22 +88,25 @@ void check_spec_equals_plain(const std::string& model, EngineOptions options, in
               static_cast<unsigned long long>(spec.counters.num_drafts),
               static_cast<unsigned long long>(spec.counters.num_accepted_tokens),
               static_cast<unsigned long long>(spec.counters.num_draft_tokens));
-  // The test means something only if proposals were made and some were accepted, some not.
+  // The test means something only if proposals were made and accepted here; that some were
+  // rejected too is checked over each test case's runs (a short run may accept every one).
   CHECK(spec.counters.num_drafts > 0);
   CHECK(spec.counters.num_accepted_tokens > 0);
-  CHECK(spec.counters.num_accepted_tokens < spec.counters.num_draft_tokens);
+  return spec.counters.num_draft_tokens - spec.counters.num_accepted_tokens;
 }
 
 }  // namespace
 
 TEST_CASE("ngram speculation: greedy output == plain decoding, bitwise, bf16 and FP8 pools, several K", "[engine][spec]") {
   const int max_tokens = kSanitized ? 12 : 40;
+  uint64_t rejected = 0;
   for (const int k : {1, 3, 6}) {
-    check_spec_equals_plain(fixture("models/tiny-llama"), small_options(KvDtype::bf16), k, max_tokens);
-    check_spec_equals_plain(fixture("models/tiny-qwen3"), small_options(KvDtype::fp8_e4m3), k, max_tokens);
+    rejected += check_spec_equals_plain(fixture("models/tiny-llama"), small_options(KvDtype::bf16), k, max_tokens);
+    rejected += check_spec_equals_plain(fixture("models/tiny-qwen3"), small_options(KvDtype::fp8_e4m3), k, max_tokens);
   }
-  check_spec_equals_plain(fixture("models/tiny-qwen2"), small_options(KvDtype::fp8_e4m3), 4, max_tokens);
-  check_spec_equals_plain(fixture("models/tiny-llama"), small_options(KvDtype::fp8_e4m3), 4, max_tokens);
+  rejected += check_spec_equals_plain(fixture("models/tiny-qwen2"), small_options(KvDtype::fp8_e4m3), 4, max_tokens);
+  rejected += check_spec_equals_plain(fixture("models/tiny-llama"), small_options(KvDtype::fp8_e4m3), 4, max_tokens);
+  CHECK(rejected > 0);  // rollbacks happened
 }
 
 TEST_CASE("ngram speculation with the bf16 window: proposals stop at the window's block boundary", "[engine][spec][window]") {
@@ -112,14 +116,17 @@ TEST_CASE("ngram speculation with the bf16 window: proposals stop at the window'
     options.kv_bf16_window = 32;
     options.kv_bf16_window_values = values;
     options.enable_prefix_caching = true;
-    for (const int k : {2, 5}) check_spec_equals_plain(fixture("models/tiny-llama"), options, k, max_tokens);
+    uint64_t rejected = 0;
+    for (const int k : {2, 5}) rejected += check_spec_equals_plain(fixture("models/tiny-llama"), options, k, max_tokens);
+    CHECK(rejected > 0);
   }
 }
 
 TEST_CASE("ngram speculation with prefix caching: no key is published for a rejected proposal", "[engine][spec]") {
   EngineOptions options = small_options(KvDtype::fp8_e4m3);
   options.enable_prefix_caching = true;
-  check_spec_equals_plain(fixture("models/tiny-llama"), options, 4, kSanitized ? 12 : 48);
+  // 48 tokens also under the sanitizers: a shorter run (12) accepted every proposal there.
+  CHECK(check_spec_equals_plain(fixture("models/tiny-llama"), options, 4, 48) > 0);
 }
 
 TEST_CASE("ngram speculation under preemption in a tiny pool: same output, every block back", "[engine][spec][preemption]") {
