@@ -119,6 +119,15 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
     family(out, name, "counter", help);
     sample(out, name, "", value);
   };
+  // A counter with one sample per index: label="0", "1", ...
+  auto indexed_counter = [&](const char* name, const char* help, const char* label, const auto& values) {
+    family(out, name, "counter", help);
+    for (size_t i = 0; i < values.size(); ++i) {
+      std::string labels(label);
+      labels.append("=\"").append(std::to_string(i)).append("\"");
+      sample(out, name, labels, static_cast<double>(values[i]));
+    }
+  };
   gauge("fp8serve:num_requests_running", "Sequences in the running batch.", engine.num_running);
   gauge("fp8serve:num_requests_waiting", "Sequences waiting to be scheduled.", engine.num_waiting);
   gauge("fp8serve:kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = full).", engine.kv_usage);
@@ -140,11 +149,9 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
             static_cast<double>(engine.spec_num_draft_tokens));
     counter("fp8serve:spec_decode_num_accepted_tokens_total", "Speculative decoding: proposed tokens accepted.",
             static_cast<double>(engine.spec_num_accepted_tokens));
-    family(out, "fp8serve:spec_decode_num_accepted_tokens_per_pos_total", "counter",
-           "Speculative decoding: accepted tokens by position in the draft.");
-    for (size_t pos = 0; pos < engine.spec_accepted_per_pos.size(); ++pos)
-      sample(out, "fp8serve:spec_decode_num_accepted_tokens_per_pos_total", "position=\"" + std::to_string(pos) + "\"",
-             static_cast<double>(engine.spec_accepted_per_pos[pos]));
+    indexed_counter("fp8serve:spec_decode_num_accepted_tokens_per_pos_total",
+                    "Speculative decoding: accepted tokens by position in the draft.", "position",
+                    engine.spec_accepted_per_pos);
     if (engine.spec_draft_kv_usage >= 0)
       gauge("fp8serve:spec_decode_draft_kv_cache_usage_perc", "Fraction of the draft model's KV cache blocks in use.",
             engine.spec_draft_kv_usage);
@@ -154,11 +161,8 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
   counter("fp8serve:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
           static_cast<double>(engine.prefix_hits));
 
-  family(out, "fp8serve:kv_fp8_saturated_elements_total", "counter",
-         "KV elements clipped to +-448 by a frozen FP8 scale, per layer.");
-  for (size_t layer = 0; layer < engine.saturated_per_layer.size(); ++layer)
-    sample(out, "fp8serve:kv_fp8_saturated_elements_total", "layer=\"" + std::to_string(layer) + "\"",
-           static_cast<double>(engine.saturated_per_layer[layer]));
+  indexed_counter("fp8serve:kv_fp8_saturated_elements_total",
+                  "KV elements clipped to +-448 by a frozen FP8 scale, per layer.", "layer", engine.saturated_per_layer);
   {
     Histogram k(scale_buckets()), v(scale_buckets());
     for (float s : engine.k_scales) k.observe(s);

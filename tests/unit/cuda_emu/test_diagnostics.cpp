@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cuda/launch.hpp"
+#include "tests/unit/asan.hpp"
 #include "tests/unit/cuda_emu/child_process.hpp"
 #include "tests/unit/cuda_emu/device_memory.hpp"
 
@@ -173,22 +174,15 @@ TEST_CASE("the child helper tells an abort from a clean exit") {
   CHECK(clean.exit_code == 0);
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-#define FP8SERVE_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define FP8SERVE_TEST_ASAN 1
-#endif
-#endif
 
-#if defined(FP8SERVE_TEST_ASAN)
+#if FP8SERVE_TEST_ASAN
 namespace {
 __global__ void out_of_bounds_kernel(int* out, int n) { out[n + static_cast<int>(threadIdx.x)] = 1; }
 }  // namespace
 #endif
 
 TEST_CASE("ASan reports a kernel's access one past a cudaMalloc allocation") {
-#if defined(FP8SERVE_TEST_ASAN)
+#if FP8SERVE_TEST_ASAN
   const ChildResult r = run_kernel_in_child([] { FP8SERVE_LAUNCH(out_of_bounds_kernel, 1, 1, 0, nullptr, device_ints(10), 10); });
   INFO(r.stderr_text);
   CHECK((r.aborted || r.exit_code != 0));

@@ -12,20 +12,11 @@
 
 #include "cuda_test_util.hpp"
 #include "kernels/cuda/device.hpp"
+#include "tests/unit/asan.hpp"
 
 using namespace fp8serve;
 using namespace fp8serve::gpu_test;
 
-#if defined(__SANITIZE_ADDRESS__)
-#define FP8SERVE_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define FP8SERVE_TEST_ASAN 1
-#endif
-#endif
-#if !defined(FP8SERVE_TEST_ASAN)
-#define FP8SERVE_TEST_ASAN 0
-#endif
 
 namespace {
 
