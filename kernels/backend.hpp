@@ -103,10 +103,11 @@ class Backend {
   }
 
   // Allocates now what paged_attention() needs as workspace for steps of up to max_num_seqs
-  // sequences of this shape, so that the memory is in use before the KV pool is sized from what
-  // is left (a no-op where attention needs none, as on the CPU).
+  // sequences of this shape and up to max_context tokens each, so that the memory is in use
+  // before the KV pool is sized from what is left (a no-op where attention needs none, as on the
+  // CPU).
   virtual void reserve_attention_workspace(int32_t /*max_num_seqs*/, int32_t /*num_heads*/, int32_t /*num_kv_heads*/,
-                                           int32_t /*head_dim*/) {}
+                                           int32_t /*head_dim*/, int32_t /*max_context*/) {}
 
   // Copy-on-write of paged KV blocks: block src -> dst in K and V of every layer's pool (K
   // only where a view's v is null: a K-only tail pool). Also copies a forked sequence's tail

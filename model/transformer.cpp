@@ -114,7 +114,8 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
 
   // The attention's workspace for the largest step is taken now, before the engine sizes the
   // KV pool from the device memory left.
-  backend_.reserve_attention_workspace(options.max_num_seqs, c.num_heads, c.num_kv_heads, c.head_dim);
+  backend_.reserve_attention_workspace(options.max_num_seqs, c.num_heads, c.num_kv_heads, c.head_dim,
+                                       options.max_model_len);
   if (options.graphs == TransformerOptions::Graphs::on && !backend_.supports_graphs())
     throw std::invalid_argument("Transformer: graphs on a backend without graphs");
   if (options.graphs != TransformerOptions::Graphs::off)

@@ -421,12 +421,13 @@ void CudaBackend::kv_write(const KvWriteParams& p, Stream stream) {
 }
 
 void CudaBackend::reserve_attention_workspace(int32_t max_num_seqs, int32_t num_heads, int32_t num_kv_heads,
-                                              int32_t head_dim) {
+                                              int32_t head_dim, int32_t max_context) {
   PagedAttentionCudaLimits limits;
   limits.max_num_seqs = max_num_seqs;
   limits.num_heads = num_heads;
   limits.num_kv_heads = num_kv_heads;
   limits.head_dim = head_dim;
+  limits.max_context = max_context;
   const std::size_t bytes = paged_attention_cuda_workspace_bytes(limits);
   if (bytes) scratch(attention_workspace_, attention_workspace_bytes_, bytes, stream_);
 }
@@ -440,6 +441,7 @@ void CudaBackend::paged_attention(const PagedAttentionParams& p, Stream stream) 
   limits.num_heads = p.num_heads;
   limits.num_kv_heads = p.cache.num_kv_heads;
   limits.head_dim = p.cache.head_dim;
+  limits.max_context = p.batch.max_blocks_per_seq * p.cache.block_size;
   const std::size_t bytes = paged_attention_cuda_workspace_bytes(limits);
   void* workspace = bytes ? scratch(attention_workspace_, attention_workspace_bytes_, bytes, s) : nullptr;
   paged_attention_cuda(p, workspace, attention_workspace_bytes_, s);

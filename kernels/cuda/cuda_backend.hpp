@@ -54,7 +54,7 @@ class CudaBackend final : public Backend {
   std::optional<DeviceMemory> memory_info() const override;
   void copy_blocks(const CopyBlocksParams& params, Stream stream) override;
   void reserve_attention_workspace(int32_t max_num_seqs, int32_t num_heads, int32_t num_kv_heads,
-                                   int32_t head_dim) override;
+                                   int32_t head_dim, int32_t max_context) override;
   bool supports_graphs() const override { return true; }
   bool supports_weight_dtype(WeightDtype) const override { return true; }
   void begin_capture(Stream stream) override;

@@ -3,10 +3,10 @@
 // which sequences each serves and why the host needs none of the batch's contents).
 //
 // Workspace: [plan: (num_seqs + 1) ints, padded to 16 bytes][decode partial slots]. A slot holds
-// one decode item's unnormalised output and (max, sum) per row. The kernel's adaptive partition
-// size keeps the items of split sequences at about target_items; any item may own a slot, so
-// the workspace holds target + num_seqs * head_items of them (every sequence's last, partial
-// partition included).
+// one decode item's unnormalised output and (max, sum) per row. A sequence's partitions depend on
+// its own context alone (attn::decode_partition), at most kDecodeMaxParts of them, and any item
+// may own a slot: the workspace holds max_num_seqs * head_items * the most partitions a context
+// of limits.max_context tokens has.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -114,10 +114,8 @@ std::size_t paged_attention_cuda_workspace_bytes(const PagedAttentionCudaLimits&
   std::size_t bytes = 0;
   for (bool mma : {false, attn::decode_on_tensor_cores(group, limits.head_dim, PagedAttentionCudaOptions::DecodeMath::mma)}) {
     const int64_t head_items = limits.num_kv_heads * subgroups(group, mma);
-    // The grid can only grow for fewer sequences (less shared memory); launch_decode caps its
-    // target at the slots there are.
-    const int64_t grid = attn::decode_grid(group, limits.head_dim, limits.max_num_seqs, sm_count(), mma);
-    const int64_t slots = attn::kTargetWaves * grid + limits.max_num_seqs * head_items;
+    const int64_t max_context = limits.max_context > 0 ? limits.max_context : int64_t{1} << 30;
+    const int64_t slots = limits.max_num_seqs * head_items * attn::decode_max_parts(max_context);
     bytes = std::max(bytes, static_cast<std::size_t>(slots * attn::decode_slot_floats(group, limits.head_dim, mma)) *
                                 sizeof(float));
   }
@@ -169,21 +167,23 @@ void paged_attention_cuda(const PagedAttentionParams& params, void* workspace, s
   work.plan = static_cast<int32_t*>(workspace);
   work.partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + plan);
   work.subgroups = static_cast<int32_t>(subgroups(group, mma));
-  const int64_t spare = slots - batch.num_seqs * head_items;
-  if (spare < 1) fail("workspace too small for " + std::to_string(batch.num_seqs) + " sequences");
+  // The most partitions any sequence of this batch can have, from what the host knows (the
+  // block tables' width): every one of them must find a slot.
   const int64_t max_context = int64_t{batch.max_blocks_per_seq} * params.cache.block_size;
-  bool may_split = max_context > attn::kDecodeMinPartition;
+  int64_t max_parts = attn::decode_max_parts(max_context);
   if (options.partition_tokens < 0) {
     work.partition_tokens = -1;
-    may_split = false;
+    max_parts = 1;
   } else if (options.partition_tokens > 0) {
     const int32_t block = params.cache.block_size;
     work.partition_tokens = (options.partition_tokens + block - 1) / block * block;
-    const int64_t parts = (max_context + work.partition_tokens - 1) / work.partition_tokens;
-    if (parts * batch.num_seqs * head_items > slots) fail("partition_tokens too small for the workspace");
-    may_split = parts > 1;
+    max_parts = (max_context + work.partition_tokens - 1) / work.partition_tokens;
   }
-  attn::launch_decode(args, work, spare, may_split, mma, sms, stream);
+  if (max_parts * batch.num_seqs * head_items > slots)
+    fail(options.partition_tokens > 0 ? "partition_tokens too small for the workspace"
+                                      : "workspace too small for " + std::to_string(batch.num_seqs) +
+                                            " sequences of up to " + std::to_string(max_context) + " tokens");
+  attn::launch_decode(args, work, max_parts > 1, mma, sms, stream);
   if (batch.num_tokens > batch.num_seqs) attn::launch_prefill(args, options.prefill_math, sms, stream);
 }
 

@@ -9,8 +9,10 @@
 // launch has a grid fixed by host-side integers (CUDA graphs capture it as is):
 //   1. decode kernel: the sequences with exactly one new token, on CUDA cores below GQA group 4
 //      and on tensor cores from it on (head_dim <= 128); work items (sequence, KV head, context
-//      partition), the partition size chosen on the device so that the items fill the GPU
-//      (flash-decoding when the batch is small, one partition per sequence when it is large);
+//      partition), flash-decoding: a sequence's partition size is a function of its own context
+//      length alone (256 tokens, or a 32nd of the context beyond 8k), so its result is bitwise
+//      the same in any batch (batch invariance: speculative decoding verifies a token as its
+//      own decode step would compute it);
 //   2. merge kernel: combines the partitions of split sequences (skipped when no context can
 //      exceed the smallest partition);
 //   3. prefill kernel: the sequences with two or more new tokens (prefill and chunked-prefill
@@ -28,10 +30,11 @@ namespace fp8serve::cuda {
 
 // What the backend knows at start-up; sizes the one workspace every later call uses.
 struct PagedAttentionCudaLimits {
-  int32_t max_num_seqs = 0;  // sequences per step (--max-num-seqs)
+  int32_t max_num_seqs = 0;  // sequences per step (--max-num-seqs; with speculation, verified rows)
   int32_t num_heads = 0;     // query heads
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
+  int32_t max_context = 0;  // tokens a sequence may hold (--max-model-len); 0 = no bound
 };
 
 // Bytes of device workspace for any step within `limits` on the current device (the decode
@@ -72,8 +75,9 @@ struct PagedAttentionCudaOptions {
     simt,  // CUDA cores, fp32 throughout
   };
   DecodeMath decode_math = DecodeMath::best;
-  // Decode partition size in tokens: 0 = adaptive (fill the GPU), > 0 = at most this many tokens
-  // per partition (rounded up to whole blocks), < 0 = never split.
+  // Decode partition size in tokens: 0 = a function of each sequence's own context (batch
+  // invariant; the default), > 0 = at most this many tokens per partition (rounded up to whole
+  // blocks), < 0 = never split.
   int32_t partition_tokens = 0;
 };
 void paged_attention_cuda(const PagedAttentionParams& params, void* workspace, std::size_t workspace_bytes,

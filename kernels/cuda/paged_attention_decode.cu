@@ -6,11 +6,13 @@
 // partition). A CTA of 4 warps takes one item at a time (a persistent grid loops over them);
 // its warps take the partition's chunks round-robin, each with its own online softmax, and are
 // merged at the end; a partition of a split sequence goes to the workspace and
-// paged_merge_kernel combines them. The items are planned on the device by every CTA (two block
-// scans over the batch's sequences): the partition size is the one that makes about
-// target_items items (two waves of the persistent grid), never below kMinPartition tokens, so a
-// small batch of long sequences is split over the whole GPU and a large one is not split at all.
-// All accumulation is fp32, across chunks and partitions.
+// paged_merge_kernel combines them. The items are planned on the device by every CTA (a block
+// scan over the batch's sequences). A sequence's partitions depend on its own context length
+// alone (decode_partition: at least kDecodeMinPartition tokens, at most kDecodeMaxParts
+// partitions), never on the rest of the batch, so a token's attention is bitwise the same
+// whatever else the step holds: batch invariance, which speculative decoding's verification
+// rows rely on (README "Speculative decoding"). All accumulation is fp32, across chunks and
+// partitions.
 //
 // Napkin math (H100/H200, FP8, head_dim 128, GQA group 4 = Llama-3-8B, 8k context, batch 16):
 // 16 x 8 KV heads x 8192 tokens x 256 bytes = 268 MB per layer: 56 us at H200's 4.8 TB/s. Per
@@ -56,22 +58,17 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
   const int tid = static_cast<int>(threadIdx.x);
   const int head_items = args.cache.num_kv_heads * work.subgroups;
 
-  // The plan: the partition size from the total decode context, then items per sequence.
-  int partition = work.partition_tokens;
-  if (partition == 0) {
-    block_exclusive_scan(n, kThreads, [&](int s) { return is_decode(batch, s) ? readable_len(batch, s, block_size) : 0; },
-                         plan, scratch);
-    const int64_t work_tokens = int64_t{plan[n]} * head_items;
-    const int64_t wanted = (work_tokens + work.target_items - 1) / work.target_items;
-    const int64_t p = wanted > kDecodeMinPartition ? wanted : kDecodeMinPartition;
-    partition = static_cast<int>((p + block_size - 1) / block_size * block_size);
-  } else if (partition < 0) {
-    partition = max(1, batch.max_blocks_per_seq) * block_size;  // one partition per sequence
-  }
+  // The plan: items per sequence, from its own partition size.
+  auto partition_of = [&](int s) {
+    return work.partition_tokens > 0   ? work.partition_tokens
+           : work.partition_tokens < 0 ? max(1, batch.max_blocks_per_seq) * block_size  // one partition
+                                       : decode_partition(readable_len(batch, s, block_size), block_size);
+  };
   block_exclusive_scan(
       n, kThreads,
       [&](int s) {
-        return is_decode(batch, s) ? (readable_len(batch, s, block_size) + partition - 1) / partition * head_items : 0;
+        return is_decode(batch, s) ? (readable_len(batch, s, block_size) + partition_of(s) - 1) / partition_of(s) * head_items
+                                   : 0;
       },
       plan, scratch);
   if (blockIdx.x == 0)
@@ -91,6 +88,7 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
     const int head0 = kv_head * args.group + sub * kRows;
     const int rows = min(kRows, args.group - sub * kRows);
     const int context = readable_len(batch, s, block_size);
+    const int partition = partition_of(s);
     const int k0 = part * partition, k1 = min(context, k0 + partition);
     const int token = batch.query_start_loc[s];
 
@@ -228,12 +226,11 @@ int32_t prepare_decode(int32_t num_seqs, int32_t sms) {
 }
 
 template <int kD, int kRows, bool kMma>
-void launch_decode_for(const AttentionArgs& args, DecodeWork work, int64_t spare_slots, bool may_split, int32_t sms,
+void launch_decode_for(const AttentionArgs& args, const DecodeWork& work, bool may_split, int32_t sms,
                        cudaStream_t stream) {
   const std::size_t shared = decode_shared_bytes<kD, kRows, kMma>(args.batch.num_seqs);
-  work.grid = prepare_decode<kD, kRows, kMma>(args.batch.num_seqs, sms);
-  work.target_items = static_cast<int32_t>(std::min<int64_t>(int64_t{kTargetWaves} * work.grid, spare_slots));
-  FP8SERVE_LAUNCH((decode_kernel<kD, kRows, kMma>()), dim3(static_cast<unsigned>(work.grid)), dim3(kThreads), shared,
+  const int32_t grid = prepare_decode<kD, kRows, kMma>(args.batch.num_seqs, sms);
+  FP8SERVE_LAUNCH((decode_kernel<kD, kRows, kMma>()), dim3(static_cast<unsigned>(grid)), dim3(kThreads), shared,
                   stream, args, work);
   CUDA_CHECK(cudaGetLastError());
   if (may_split) {
@@ -278,13 +275,12 @@ struct PrepareOp {
 struct LaunchOp {
   const AttentionArgs& args;
   const DecodeWork& work;
-  int64_t spare_slots;
   bool may_split;
   int32_t sms;
   cudaStream_t stream;
   template <int kD, int kRows, bool kMma>
   int run() const {
-    launch_decode_for<kD, kRows, kMma>(args, work, spare_slots, may_split, sms, stream);
+    launch_decode_for<kD, kRows, kMma>(args, work, may_split, sms, stream);
     return 0;
   }
 };
@@ -320,9 +316,9 @@ int32_t decode_grid(int32_t group, int32_t head_dim, int32_t num_seqs, int32_t s
   return with_decode_build(head_dim, group, mma, PrepareOp{num_seqs, sms});
 }
 
-void launch_decode(const AttentionArgs& args, const DecodeWork& work, int64_t spare_slots, bool may_split, bool mma,
-                   int32_t sms, cudaStream_t stream) {
-  with_decode_build(args.head_dim, args.group, mma, LaunchOp{args, work, spare_slots, may_split, sms, stream});
+void launch_decode(const AttentionArgs& args, const DecodeWork& work, bool may_split, bool mma, int32_t sms,
+                   cudaStream_t stream) {
+  with_decode_build(args.head_dim, args.group, mma, LaunchOp{args, work, may_split, sms, stream});
 }
 
 }  // namespace fp8serve::cuda::attn

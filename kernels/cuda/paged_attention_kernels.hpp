@@ -38,14 +38,27 @@ struct AttentionArgs {
 struct DecodeWork {
   int32_t* plan = nullptr;       // [num_seqs + 1] items before each sequence, written for the merge
   float* partials = nullptr;     // per slot: [rows][dim_pad] unnormalised outputs, then [rows] (max, sum)
-  int32_t target_items = 0;      // adaptive partitions aim at about this many items (set by launch_decode)
-  int32_t partition_tokens = 0;  // 0 adaptive, > 0 fixed (a multiple of block_size), < 0 never split
+  int32_t partition_tokens = 0;  // 0 decode_partition(), > 0 fixed (a multiple of block_size), < 0 never split
   int32_t subgroups = 0;         // per KV head: ceil(group / rows)
-  int32_t grid = 0;              // CTAs of the decode kernel, a persistent grid (set by launch_decode)
 };
 
-// Adaptive decode partitions aim at this many items per CTA of the grid.
-constexpr int32_t kTargetWaves = 2;
+// A decode sequence's partition size in tokens: a function of its own readable context `len`
+// alone (never of the batch: batch invariance), at least kDecodeMinPartition tokens (shorter
+// ones cost more to merge than they gain), at most kDecodeMaxParts partitions (which bounds the
+// workspace per sequence), whole blocks. Batch 1 at 8k tokens and up: 32 partitions x the KV
+// heads' items (256 items for 8 KV heads) over the H200's 132 SMs.
+constexpr int32_t kDecodeMinPartition = 256;
+constexpr int32_t kDecodeMaxParts = 32;
+__host__ __device__ inline int32_t decode_partition(int32_t len, int32_t block_size) {
+  int32_t p = (len + kDecodeMaxParts - 1) / kDecodeMaxParts;
+  p = p > kDecodeMinPartition ? p : kDecodeMinPartition;
+  return (p + block_size - 1) / block_size * block_size;
+}
+// Partitions of a context of up to max_len tokens: at most kDecodeMaxParts.
+inline int64_t decode_max_parts(int64_t max_len) {
+  const int64_t parts = (max_len + kDecodeMinPartition - 1) / kDecodeMinPartition;
+  return parts < kDecodeMaxParts ? parts : kDecodeMaxParts;
+}
 
 // A persistent grid: as many CTAs of `kernel` as the device holds at once - its occupancy with
 // this block size and dynamic shared memory, times the SMs - on the GPU and in the emulator alike
@@ -98,14 +111,9 @@ int32_t padded_head_dim(int32_t head_dim);
 int64_t decode_slot_floats(int32_t group, int32_t head_dim, bool mma);
 // The decode kernel's persistent grid for these shapes and up to num_seqs sequences.
 int32_t decode_grid(int32_t group, int32_t head_dim, int32_t num_seqs, int32_t sms, bool mma);
-// Adaptive decode partitions are never shorter than this many tokens: shorter ones cost more to
-// merge than they gain.
-constexpr int32_t kDecodeMinPartition = 256;
-
 // The decode kernel over the sequences with one new token, then (when may_split) the merge.
-// spare_slots: partial slots beyond one per (sequence, head item), which bound target_items.
-void launch_decode(const AttentionArgs& args, const DecodeWork& work, int64_t spare_slots, bool may_split, bool mma,
-                   int32_t sms, cudaStream_t stream);
+void launch_decode(const AttentionArgs& args, const DecodeWork& work, bool may_split, bool mma, int32_t sms,
+                   cudaStream_t stream);
 
 // The prefill kernel over the sequences with two or more new tokens.
 void launch_prefill(const AttentionArgs& args, PagedAttentionCudaOptions::PrefillMath math, int32_t sms,

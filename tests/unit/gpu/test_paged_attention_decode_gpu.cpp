@@ -2,7 +2,7 @@
 // the pool holds: real head dims and GQA ratios (Llama-3-8B's group 4 at head_dim 128, Qwen3's
 // group 2, SmolLM2's 9/3 at 64, the tiny fixtures' 16 and 32, group 8 and 16, head_dim 256 and
 // the padded 80), FP8 and bf16 pools, block sizes 8/16/32, contexts that are not multiples of
-// the block, split-K off / adaptive / forced into many partitions, and the bf16 tail with
+// the block, split-K off / per-sequence / forced into many partitions, and the bf16 tail with
 // fp8_lens at and around block boundaries. Runs on the GPU (test_gpu) and on the emulator
 // (test_paged_attention_decode_gpu_emu) alike.
 //
@@ -23,6 +23,10 @@
 //   (attention_tolerance).
 // A wrong scale, partition merge, mask or tail slot is off by O(1) (or leaves an output NaN:
 // every output starts as NaN).
+//
+// Batch invariance is checked bitwise: a sequence's output does not depend on the rest of the
+// batch, nor on whether its neighbours are the rows of a speculative verification (the same
+// blocks at the previous lengths).
 #include "tests/unit/gpu/paged_attention_cuda_case.hpp"
 
 #if defined(FP8SERVE_CUDA_EMU) && FP8SERVE_CUDA_EMU
@@ -63,7 +67,7 @@ TEST_CASE("CUDA decode attention matches the reference at real shapes", "[gpu][a
       check_case(shaped_case(shape, dtype, decode_seqs({1, 17, 100, 333}), seed++));
 }
 
-TEST_CASE("CUDA decode attention: split-K off, adaptive and forced give the same result", "[gpu][attention]") {
+TEST_CASE("CUDA decode attention: split-K off, per-sequence and forced give the same result", "[gpu][attention]") {
   if (!have_cuda_device()) return;
   for (int32_t partition : {-1, 0, 16, 48, 256}) {
     for (KvDtype dtype : {KvDtype::fp8_e4m3, KvDtype::bf16}) {
@@ -74,6 +78,111 @@ TEST_CASE("CUDA decode attention: split-K off, adaptive and forced give the same
       c.options.partition_tokens = partition;
       c.seed = 200 + static_cast<uint32_t>(partition + 1);
       check_case(c);
+    }
+  }
+}
+
+namespace {
+
+// One FP8 pool holding one long context (random E4M3 codes) and random bf16 queries; run(lens)
+// attends one decode token per entry of lens, every sequence over a prefix of that context (the
+// same block table), and returns the output bits of the last one.
+struct SharedContext {
+  static constexpr int32_t kBlock = 32, kDim = 32;
+  int32_t num_heads, num_kv_heads, num_blocks;
+  std::vector<int32_t> table;
+  cuda::DeviceBuffer k, v, q, k_scales, v_scales;
+  cuda::PagedAttentionCudaOptions options;
+
+  SharedContext(int32_t heads, int32_t kv_heads, int32_t max_len, uint32_t seed)
+      : num_heads(heads), num_kv_heads(kv_heads), num_blocks((max_len + kBlock - 1) / kBlock) {
+    std::mt19937 rng(seed);
+    const auto pool_bytes = static_cast<std::size_t>(num_blocks) * kBlock * num_kv_heads * kDim;
+    auto random_codes = [&] {
+      std::vector<uint8_t> codes(pool_bytes);
+      std::uniform_int_distribution<int> code(0, 255);
+      for (auto& c : codes) {
+        const int x = code(rng);
+        c = static_cast<uint8_t>(x % 128 == 127 ? 0 : x);  // 0x7f and 0xff are E4M3's NaNs
+      }
+      return codes;
+    };
+    k = detail::upload(random_codes());
+    v = detail::upload(random_codes());
+    std::vector<uint16_t> q_bits(static_cast<std::size_t>(num_heads) * kDim);
+    for (auto& h : q_bits) h = bf16_encode(std::normal_distribution<float>(0.0f, 1.0f)(rng));
+    q = detail::upload(q_bits);
+    // Small keys (|k| <= 0.45: a flat softmax, every key counts, as a cut would show) and values
+    // up to 4.5.
+    k_scales = detail::upload(std::vector<float>(1024, 0.001f));
+    v_scales = detail::upload(std::vector<float>(1024, 0.01f));
+    for (int32_t b = 0; b < num_blocks; ++b) table.push_back((b * 7) % num_blocks);  // scattered
+  }
+
+  std::vector<uint16_t> run(const std::vector<int32_t>& lens) const {
+    const auto n = static_cast<int32_t>(lens.size());
+    std::vector<int32_t> starts(static_cast<std::size_t>(n) + 1), tables;
+    std::iota(starts.begin(), starts.end(), 0);
+    for (int32_t s = 0; s < n; ++s) tables.insert(tables.end(), table.begin(), table.end());
+    auto d_starts = detail::upload(starts), d_lens = detail::upload(lens), d_tables = detail::upload(tables);
+    // Every token reads the same query row (a zero token stride is the packed default, so the
+    // rows are copies).
+    std::vector<uint16_t> q_rows(static_cast<std::size_t>(n) * num_heads * kDim);
+    cuda::DeviceBuffer d_q(q_rows.size() * sizeof(uint16_t));
+    for (int32_t s = 0; s < n; ++s)
+      CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(d_q.data()) + int64_t{s} * num_heads * kDim, q.data(),
+                            static_cast<std::size_t>(num_heads) * kDim * sizeof(uint16_t), cudaMemcpyDeviceToDevice));
+    cuda::DeviceBuffer d_out(q_rows.size() * sizeof(uint16_t));
+    PagedAttentionParams p;
+    p.q = d_q.data();
+    p.out = d_out.data();
+    p.num_heads = num_heads;
+    p.softmax_scale = 0.3f;
+    p.cache = make_paged_kv_view(k.data(), v.data(), KvDtype::fp8_e4m3, num_blocks, kBlock, num_kv_heads, kDim);
+    p.batch.num_seqs = p.batch.num_tokens = n;
+    p.batch.query_start_loc = static_cast<const int32_t*>(d_starts.data());
+    p.batch.context_lens = static_cast<const int32_t*>(d_lens.data());
+    p.batch.block_tables = static_cast<const int32_t*>(d_tables.data());
+    p.batch.max_blocks_per_seq = num_blocks;
+    p.batch.k_scales = static_cast<float*>(k_scales.data());
+    p.batch.v_scales = static_cast<float*>(v_scales.data());
+    cuda::PagedAttentionCudaLimits limits{n, num_heads, num_kv_heads, kDim, num_blocks * kBlock};
+    const std::size_t bytes = cuda::paged_attention_cuda_workspace_bytes(limits);
+    cuda::DeviceBuffer workspace(bytes);
+    cuda::paged_attention_cuda(p, workspace.data(), bytes, nullptr, options);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> last(static_cast<std::size_t>(num_heads) * kDim);
+    CUDA_CHECK(cudaMemcpy(last.data(), static_cast<const uint16_t*>(d_out.data()) + int64_t{n - 1} * num_heads * kDim,
+                          last.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    return last;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("CUDA decode attention is batch invariant, bitwise", "[gpu][attention]") {
+  if (!have_cuda_device()) return;
+  // A sequence of 8,000 tokens alone, then behind 40 others of 8,000 (about 330k tokens of
+  // decode context: a plan that sized partitions from the batch's total would cut this one
+  // differently), then as the last row of a speculative verification (the same blocks at the
+  // six previous lengths, in one batch): its output bits are the same each time. Both kernels:
+  // CUDA cores (group 1, 4 KV heads) and tensor cores (group 4, 1 KV head); 128 outputs each.
+  constexpr int32_t kLen = 8000;
+  for (const int32_t kv_heads : {4, 1}) {
+    INFO("group " << 4 / kv_heads);
+    const SharedContext context(4, kv_heads, kLen, 1234 + static_cast<uint32_t>(kv_heads));
+    const std::vector<uint16_t> alone = context.run({kLen});
+    std::vector<int32_t> crowd(40, kLen);
+    crowd.push_back(kLen);
+    CHECK(context.run(crowd) == alone);
+    CHECK(context.run({kLen - 6, kLen - 5, kLen - 4, kLen - 3, kLen - 2, kLen - 1, kLen}) == alone);
+    // What a different cut would give (partitions of 512 tokens): on tensor cores, which round
+    // each partition's probabilities to f16 against its own running max, the check above can
+    // tell. (On CUDA cores a cut only reorders fp32 sums, which the bf16 output mostly hides.)
+    if (kv_heads == 1) {
+      SharedContext cut(4, kv_heads, kLen, 1234 + static_cast<uint32_t>(kv_heads));
+      cut.options.partition_tokens = 512;
+      CHECK(cut.run({kLen}) != alone);
     }
   }
 }
