@@ -57,6 +57,10 @@ class Backend {
   // Whether linear() takes weights of this dtype (kernels/forward_ops.hpp, LinearParams). A
   // model refuses to load FP8 weights onto a backend without them, naming it.
   virtual bool supports_weight_dtype(WeightDtype dtype) const { return dtype == WeightDtype::bf16; }
+  // Batch invariance: up to how many tokens per forward pass every kernel computes a token's row
+  // exactly as it would in any other batch (0: at any size, as on the CPU). Speculative decoding's
+  // verification keeps its steps within it (SchedulerOptions::max_speculative_step_tokens).
+  virtual int64_t batch_invariant_tokens() const { return 0; }
 
   // Device memory. allocate() returns zeroed memory aligned for any kernel (64 bytes at
   // least) and throws std::bad_alloc when the device has none left; free(nullptr) is a no-op.

@@ -52,12 +52,6 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   if (options_.max_model_len <= 0) options_.max_model_len = c.max_position_embeddings;
   if (options_.max_model_len <= 0) throw std::invalid_argument("the model declares no context length: set --max-model-len");
   device_ = make_device(options_.device, options_.threads);
-  if (options_.num_speculative_tokens > 0 && device_.kind != "cpu") {
-    // The verification pass's bit-identity with decode is established for the CPU kernels
-    // (README "Speculative decoding"); the CUDA path (decode graphs for K + 1 tokens, its
-    // attention's chunk path) is not built yet.
-    throw std::invalid_argument("speculative decoding runs on --device cpu only for now");
-  }
   if (options_.num_speculative_tokens < 0 || options_.ngram.min_n < 1 || options_.ngram.min_n > options_.ngram.max_n)
     throw std::invalid_argument("speculative decoding: K >= 0 and 1 <= prompt-lookup-min <= prompt-lookup-max");
   Backend& backend = *device_.backend;
@@ -77,10 +71,11 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   topts.block_size = options_.block_size;
   topts.num_blocks = 0;  // sized below, from what the weights and buffers left
   topts.max_num_tokens = options_.max_num_batched_tokens;
-  topts.max_num_seqs = options_.max_num_seqs;
-  // Every verified row samples: K more rows for each sequence that may speculate in a step.
-  topts.max_sample_rows = options_.max_num_seqs + options_.num_speculative_tokens *
-                                                      std::min(options_.max_num_seqs, options_.speculative_disable_by_batch_size);
+  // A speculating sequence enters the forward batch as one row per verified token (run_step),
+  // and every row samples: K more of each for the sequences that may speculate in a step.
+  topts.max_num_seqs = options_.max_num_seqs + options_.num_speculative_tokens *
+                                                   std::min(options_.max_num_seqs, options_.speculative_disable_by_batch_size);
+  topts.max_sample_rows = topts.max_num_seqs;
   topts.max_model_len = options_.max_model_len;
   topts.kv_scale_margin = options_.kv_scale_margin;
   topts.quantize_fp8 = options_.quantize_fp8;
@@ -154,7 +149,8 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   blocks_ = std::make_unique<BlockManager>(bopts);
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerOptions{options_.max_num_seqs, options_.max_num_batched_tokens, options_.num_speculative_tokens,
-                       options_.speculative_disable_by_batch_size},
+                       options_.speculative_disable_by_batch_size,
+                       static_cast<int>(backend.batch_invariant_tokens())},
       *blocks_);
   if (options_.num_speculative_tokens > 0) {
     scheduler_->set_proposer([this](std::span<ProposalRequest> requests) { propose(requests); });
@@ -163,6 +159,11 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
                    "decoding sequences",
                    options_.num_speculative_tokens, options_.ngram.min_n, options_.ngram.max_n,
                    options_.speculative_disable_by_batch_size);
+    }
+    if (const int64_t invariant = backend.batch_invariant_tokens(); invariant > 0) {
+      spdlog::info("speculative decoding on {}: proposals only in steps without a prefill chunk and of at most {} "
+                   "tokens, where every kernel is batch invariant (a verified token is then bitwise its decode)",
+                   backend.name(), invariant);
     }
   }
 
@@ -431,8 +432,18 @@ void Engine::run_step(const StepPlan& plan) {
   int32_t max_blocks = 1;
   for (const ScheduledSeq& s : plan.seqs)
     max_blocks = std::max(max_blocks, static_cast<int32_t>(blocks_->block_table(s.id).size()));
-  block_tables_.assign(static_cast<std::size_t>(num_seqs) * static_cast<std::size_t>(max_blocks), 0);
-  k_scales_.assign(static_cast<std::size_t>(num_layers) * static_cast<std::size_t>(num_seqs), 1.0f);
+  // The forward batch's sequences: one per scheduled sequence, except that a speculating one
+  // enters as 1 + proposals single-token rows, row j attending to the context up to its own
+  // token - each exactly the decode step of that token, whatever the kernels (with
+  // batch-invariant kernels, bitwise: README "Speculative decoding").
+  batch_index_.clear();
+  int32_t num_rows = 0;
+  for (const ScheduledSeq& s : plan.seqs) {
+    batch_index_.push_back(num_rows);
+    num_rows += s.proposals.empty() ? 1 : s.num_tokens;
+  }
+  block_tables_.assign(static_cast<std::size_t>(num_rows) * static_cast<std::size_t>(max_blocks), 0);
+  k_scales_.assign(static_cast<std::size_t>(num_layers) * static_cast<std::size_t>(num_rows), 1.0f);
   v_scales_.assign(k_scales_.size(), 1.0f);
 
   for (int32_t i = 0; i < num_seqs; ++i) {
@@ -445,31 +456,40 @@ void Engine::run_step(const StepPlan& plan) {
     }
     add_score_rows(s, static_cast<int32_t>(token_ids_.size()));
     const std::span<const int32_t> tokens = blocks_->tokens(s.id);
-    for (int p = s.start; p < s.start + s.num_tokens; ++p) {
-      token_ids_.push_back(tokens[static_cast<std::size_t>(p)]);
-      positions_.push_back(p);
-      slot_mapping_.push_back(blocks_->slot(s.id, p));
-    }
-    query_start_loc_.push_back(static_cast<int32_t>(token_ids_.size()));
-    context_lens_.push_back(s.start + s.num_tokens);
-    if (window) {
-      fp8_lens_.push_back(blocks_->fp8_len_after(s.id, s.start + s.num_tokens, s.fp8_floor));
-      spill_starts_.push_back(blocks_->num_fp8_tokens(s.id));
-      // A sequence without a ring reads nothing from the tail (its fp8_len is its context):
-      // ring 0 only keeps the slot in range.
-      tail_slots_.push_back(std::max(0, blocks_->tail_ring(s.id)));
+    const std::span<const int32_t> table = blocks_->block_table(s.id);
+    const KvScales& scales = blocks_->scales(s.id);
+    // Where the FP8 part ends after this step: the same for every row of a speculating sequence
+    // (its proposals never move the window's boundary: Scheduler::schedule_proposals).
+    const int fp8_len = window ? blocks_->fp8_len_after(s.id, s.start + s.num_tokens, s.fp8_floor) : 0;
+    const int rows = s.proposals.empty() ? 1 : s.num_tokens;
+    for (int j = 0; j < rows; ++j) {
+      const int32_t b = batch_index_[static_cast<std::size_t>(i)] + j;
+      const int begin = s.start + j, end = rows == 1 ? s.start + s.num_tokens : begin + 1;
+      for (int p = begin; p < end; ++p) {
+        token_ids_.push_back(tokens[static_cast<std::size_t>(p)]);
+        positions_.push_back(p);
+        slot_mapping_.push_back(blocks_->slot(s.id, p));
+      }
+      query_start_loc_.push_back(static_cast<int32_t>(token_ids_.size()));
+      context_lens_.push_back(end);
+      if (window) {
+        fp8_lens_.push_back(fp8_len);
+        // The first row spills what leaves the window; the others find nothing left to spill.
+        spill_starts_.push_back(j == 0 ? blocks_->num_fp8_tokens(s.id) : fp8_len);
+        // A sequence without a ring reads nothing from the tail (its fp8_len is its context):
+        // ring 0 only keeps the slot in range.
+        tail_slots_.push_back(std::max(0, blocks_->tail_ring(s.id)));
+      }
+      calibrate_.push_back(s.calibrate ? 1 : 0);
+      std::copy(table.begin(), table.end(), block_tables_.begin() + static_cast<std::ptrdiff_t>(b) * max_blocks);
+      for (int layer = 0; layer < num_layers; ++layer) {
+        k_scales_[static_cast<std::size_t>(layer * num_rows + b)] = scales.k[static_cast<std::size_t>(layer)];
+        v_scales_[static_cast<std::size_t>(layer * num_rows + b)] = scales.v[static_cast<std::size_t>(layer)];
+      }
     }
     if (s.samples) {  // a speculating sequence samples every row: its token's and each proposal's
       const auto last = static_cast<int32_t>(token_ids_.size()) - 1;
       for (int32_t r = last - static_cast<int32_t>(s.proposals.size()); r <= last; ++r) sample_rows_.push_back(r);
-    }
-    calibrate_.push_back(s.calibrate ? 1 : 0);
-    const std::span<const int32_t> table = blocks_->block_table(s.id);
-    std::copy(table.begin(), table.end(), block_tables_.begin() + static_cast<std::ptrdiff_t>(i) * max_blocks);
-    const KvScales& scales = blocks_->scales(s.id);
-    for (int layer = 0; layer < num_layers; ++layer) {
-      k_scales_[static_cast<std::size_t>(layer * num_seqs + i)] = scales.k[static_cast<std::size_t>(layer)];
-      v_scales_[static_cast<std::size_t>(layer * num_seqs + i)] = scales.v[static_cast<std::size_t>(layer)];
     }
   }
   const auto vocab = static_cast<std::size_t>(model_config().vocab_size);
@@ -505,7 +525,8 @@ void Engine::run_step(const StepPlan& plan) {
     for (const ScheduledSeq& s : plan.seqs) {
       if (!s.samples) continue;
       const auto it = seqs_.find(s.id);
-      processing_.add_row(it == seqs_.end() ? nullptr : &it->second.sampler);
+      for (std::size_t r = 0; r <= s.proposals.size(); ++r)  // verified rows: nothing acts (device_sampling)
+        processing_.add_row(it == seqs_.end() || r > 0 ? nullptr : &it->second.sampler);
     }
     if (processing_.any())
       transformer_->process_logits(processing_.mask_index, processing_.masks, processing_.edit_begin, processing_.edits);
@@ -517,7 +538,7 @@ void Engine::run_step(const StepPlan& plan) {
       if (!s.samples) continue;
       const auto it = seqs_.find(s.id);
       const float t = it == seqs_.end() ? 1.0f : it->second.sampler.params().temperature;
-      inv_temperature_.push_back(t > 1e-5f ? 1.0f / t : 1.0f);  // the host draw's 1/T
+      inv_temperature_.insert(inv_temperature_.end(), 1 + s.proposals.size(), t > 1e-5f ? 1.0f / t : 1.0f);  // the host draw's 1/T
     }
     candidates = transformer_->sample_candidates(inv_temperature_);
   }
@@ -529,9 +550,10 @@ void Engine::run_step(const StepPlan& plan) {
     if (!s.calibrate) continue;
     KvScales* scales = blocks_->scales_to_calibrate(s.id);
     if (scales == nullptr) throw std::logic_error("calibrating a sequence whose scales are frozen");
+    const auto at = static_cast<std::size_t>(batch_index_[static_cast<std::size_t>(i)]);
     for (int layer = 0; layer < num_layers; ++layer) {
-      scales->k[static_cast<std::size_t>(layer)] = k_scales_[static_cast<std::size_t>(layer * num_seqs + i)];
-      scales->v[static_cast<std::size_t>(layer)] = v_scales_[static_cast<std::size_t>(layer * num_seqs + i)];
+      scales->k[static_cast<std::size_t>(layer)] = k_scales_[static_cast<std::size_t>(layer * num_rows) + at];
+      scales->v[static_cast<std::size_t>(layer)] = v_scales_[static_cast<std::size_t>(layer * num_rows) + at];
     }
   }
   scheduler_->on_step_done(plan);
@@ -584,18 +606,21 @@ void Engine::run_step(const StepPlan& plan) {
   for (std::size_t i = 0; i < pending.size(); ++i)
     if (pending[i].parallel) parallel.push_back(i);
   std::vector<uint8_t> declined(pending.size(), 0);  // candidates that could not decide: sampled from the row below
+  // A row sampled where the step's logits are: nullopt when the device's candidates cannot
+  // decide it (nothing recorded; the caller samples the row itself).
+  auto sample_on_device = [&](Sampler& sampler, std::size_t row) -> std::optional<SampleResult> {
+    if (on_device == DeviceSampling::greedy) return sampler.accept_greedy(picks[row]);
+    const auto k = static_cast<std::size_t>(candidates.rows[row].num_candidates);
+    const auto at = row * static_cast<std::size_t>(candidates.k);
+    return sampler.sample_candidates(candidates.rows[row], {candidates.ids + at, k}, {candidates.logits + at, k},
+                                     static_cast<int64_t>(vocab));
+  };
   auto sample_row = [&](int64_t j) {
     const std::size_t i = parallel[static_cast<std::size_t>(j)];
     Pending& p = pending[i];
     Sampler& sampler = seqs_.at(p.id).sampler;
-    if (on_device == DeviceSampling::greedy) {
-      p.sample = sampler.accept_greedy(picks[p.row]);
-    } else if (on_device == DeviceSampling::candidates) {
-      const auto k = static_cast<std::size_t>(candidates.rows[p.row].num_candidates);
-      const auto at = p.row * static_cast<std::size_t>(candidates.k);
-      const std::optional<SampleResult> drawn = sampler.sample_candidates(
-          candidates.rows[p.row], {candidates.ids + at, k}, {candidates.logits + at, k}, static_cast<int64_t>(vocab));
-      if (drawn) p.sample = *drawn;
+    if (on_device != DeviceSampling::none) {
+      if (const std::optional<SampleResult> drawn = sample_on_device(sampler, p.row)) p.sample = *drawn;
       else declined[i] = 1;
     } else {
       p.sample = sampler.sample(std::span<float>(logits_.data() + p.row * vocab, vocab));
@@ -631,7 +656,20 @@ void Engine::run_step(const StepPlan& plan) {
       on_token(id, *sample);
     }
   }
-  for (const Verify& v : verifying) verify(v);
+  for (const Verify& v : verifying) {
+    verify(v, [&](SeqId id, SeqState& seq, std::size_t r) -> std::optional<SampleResult> {
+      if (on_device != DeviceSampling::none) {  // no grammar, no processor here (device_sampling)
+        if (std::optional<SampleResult> drawn = sample_on_device(seq.sampler, r)) return drawn;
+        logits_.resize(vocab);
+        transformer_->download_logits_row(static_cast<int64_t>(r), logits_.span());
+        return seq.sampler.sample_processed(logits_.span());
+      }
+      const std::span<float> logits(logits_.data() + r * vocab, vocab);
+      if (!seq.matcher) return seq.sampler.sample(logits);  // each row once: it may serve as scratch
+      row_.assign(logits.begin(), logits.end());
+      return sample_structured(id, seq, logits);  // the grammar masks the proposals' rows too
+    });
+  }
 }
 
 void Engine::propose(std::span<ProposalRequest> requests) {
@@ -648,22 +686,13 @@ void Engine::propose(std::span<ProposalRequest> requests) {
   if (draft_ && !jobs.empty()) draft_->propose(jobs);  // one batch: its decode passes run every sequence
 }
 
-void Engine::verify(const Verify& v) {
-  const auto vocab = static_cast<std::size_t>(model_config().vocab_size);
+void Engine::verify(const Verify& v, const VerifySampleFn& sample_row) {
   const std::vector<int32_t>& proposals = *v.proposals;
   int num_accepted = 0;
   for (std::size_t j = 0; j <= proposals.size(); ++j) {
     const auto it = seqs_.find(v.id);
     if (it == seqs_.end()) break;  // finished by the previous token (stop, length, grammar)
-    SeqState& seq = it->second;
-    const std::span<float> logits(logits_.data() + (v.row + j) * vocab, vocab);
-    std::optional<SampleResult> sample;
-    if (!seq.matcher) {
-      sample = seq.sampler.sample(logits);  // each row once: it may serve as scratch
-    } else {
-      row_.assign(logits.begin(), logits.end());
-      sample = sample_structured(v.id, seq, logits);  // the grammar masks the proposals' rows too
-    }
+    const std::optional<SampleResult> sample = sample_row(v.id, it->second, v.row + j);
     if (!sample) break;
     const bool matches = j < proposals.size() && sample->token == proposals[j];
     on_token(v.id, *sample);
@@ -683,6 +712,12 @@ Engine::DeviceSampling Engine::device_sampling(const StepPlan& plan) const {
   // One sequence per row (no forks) and no grammar everywhere; then greedy if every token is its
   // row's argmax, else the prefilter. Logit processors and penalties run on the device first
   // (process_logits), for rows that ask no logprobs (those are of the raw row).
+  // A step that verifies proposals samples its rows on the device only where no processor acts:
+  // each verified row is sampled after the previous row's token joined the history, which the
+  // step's one processing pass cannot see (and what acts on a verification's first row acts on
+  // the rest: min_tokens bans only end, penalties act from the first generated token on).
+  bool speculating = false;
+  for (const ScheduledSeq& s : plan.seqs) speculating = speculating || !s.proposals.empty();
   bool greedy = true;
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.samples) continue;
@@ -691,6 +726,8 @@ Engine::DeviceSampling Engine::device_sampling(const StepPlan& plan) const {
     if (it == seqs_.end()) continue;
     const Sampler& sampler = it->second.sampler;
     if (it->second.matcher || !sampler.candidates_on_device(kMaxSampleCandidates)) return DeviceSampling::none;
+    if (speculating && !sampler.greedy_on_raw_logits() && !sampler.candidates_suffice(kMaxSampleCandidates))
+      return DeviceSampling::none;
     greedy = greedy && sampler.greedy_on_device();
   }
   return greedy ? DeviceSampling::greedy : DeviceSampling::candidates;

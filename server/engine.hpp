@@ -10,6 +10,7 @@
 //                                sample -> stop checks -> outputs posted to each sink
 //   abort(request_id)            frees the request's blocks now
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -160,9 +161,11 @@ class Engine {
   enum class DeviceSampling : uint8_t { none, greedy, candidates };
   DeviceSampling device_sampling(const StepPlan& plan) const;
   void on_token(SeqId id, const SampleResult& sample);
-  // Samples a speculating sequence's rows in order, handing out each token, up to the first one
-  // that differs from its proposal (server/speculation.hpp); the rest are rolled back.
-  void verify(const Verify& v);
+  // Samples a speculating sequence's rows in order (sample_row: the token of one row of the
+  // step, nullopt when the grammar ends the sequence), handing out each token, up to the first
+  // one that differs from its proposal (server/speculation.hpp); the rest are rolled back.
+  using VerifySampleFn = std::function<std::optional<SampleResult>(SeqId id, SeqState& seq, std::size_t row)>;
+  void verify(const Verify& v, const VerifySampleFn& sample_row);
   // The proposals for the step's decoding sequences (Scheduler's BatchProposeFn): ngram, or the
   // draft model's, batched.
   void propose(std::span<ProposalRequest> requests);
@@ -196,6 +199,7 @@ class Engine {
   // Step scratch, reused so a decode step allocates little.
   std::vector<int32_t> token_ids_, positions_, query_start_loc_, context_lens_, block_tables_;
   std::vector<int32_t> fp8_lens_, spill_starts_, tail_slots_;
+  std::vector<int32_t> batch_index_;  // [plan.seqs]: the sequence's first row in the forward batch
   std::vector<BlockCopy> tail_copies_;
   std::vector<int32_t> sample_rows_;
   PromptScorer scorer_;

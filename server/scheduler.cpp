@@ -100,7 +100,9 @@ StepPlan Scheduler::schedule() {
     plan.seqs.push_back(std::move(step));
   };
 
-  if (propose_ && options_.num_speculative_tokens > 0) schedule_proposals(plan, budget);
+  const bool speculate = propose_ && options_.num_speculative_tokens > 0;
+  if (speculate && options_.max_speculative_step_tokens == 0) schedule_proposals(plan, budget);
+  const std::size_t num_decodes = plan.seqs.size();
 
   // 2. Running prefills continue (chunked prefill).
   for (const SeqId id : running_) {
@@ -144,6 +146,10 @@ StepPlan Scheduler::schedule() {
     schedule_chunk(id, s, calibrate);
   }
 
+  // A backend whose kernels are batch invariant only in small steps: proposals after the
+  // prefills, in a step that has none (a new request's prefill is not held back by guesses).
+  if (speculate && options_.max_speculative_step_tokens > 0 && plan.seqs.size() == num_decodes)
+    schedule_proposals(plan, budget);
   for (const ScheduledSeq& step : plan.seqs) plan.num_tokens += step.num_tokens;
   return plan;
 }
@@ -165,6 +171,8 @@ void Scheduler::schedule_proposals(StepPlan& plan, int& budget) {
   // Each sequence's cap first (the budget shared out in plan order), then every proposal at once.
   proposal_requests_.clear();
   int left = budget;
+  if (options_.max_speculative_step_tokens > 0)  // every scheduled sequence is a decode here: one token each
+    left = std::min(left, options_.max_speculative_step_tokens - static_cast<int>(plan.seqs.size()));
   for (const ScheduledSeq& step : plan.seqs) {
     if (left <= 0) break;
     const Sequence& s = seq(step.id);

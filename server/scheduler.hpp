@@ -49,6 +49,11 @@ struct SchedulerOptions {
   // No proposals in a step with more decoding sequences than this (the step is compute-bound:
   // verifying K more rows per sequence then costs about what it saves).
   int disable_by_batch_size = 2;
+  // > 0: the backend's kernels compute a row as they would alone only in steps of at most this
+  // many tokens (Backend::batch_invariant_tokens; CUDA's FP8 GEMV: 16). Proposals then go only
+  // into steps without a prefill chunk, and only up to this many tokens in all, so that every
+  // verified row is bitwise its own decode. 0: any step (the CPU).
+  int max_speculative_step_tokens = 0;
 };
 
 // Proposes up to max_tokens tokens to follow `tokens` (prompt + generated, the last one not yet

@@ -56,6 +56,12 @@ class CudaBackend final : public Backend {
   void reserve_attention_workspace(int32_t max_num_seqs, int32_t num_heads, int32_t num_kv_heads,
                                    int32_t head_dim, int32_t max_context) override;
   bool supports_graphs() const override { return true; }
+  // Up to kFp8GemvMaxTokens tokens FP8 weights run the GEMV, whose rows do not depend on the
+  // batch (linear_fp8_gemv.cu); more run cuBLASLt's FP8 GEMM on quantized activations. The
+  // attention is invariant at any size (paged_attention_cuda.hpp). bf16 weights run cuBLASLt at
+  // any size: invariant in the emulator's stand-in; on a GPU an algorithm chosen per token count
+  // may sum in another order (README "Speculative decoding" says what is unverified).
+  int64_t batch_invariant_tokens() const override { return kFp8GemvMaxTokens; }
   bool supports_weight_dtype(WeightDtype) const override { return true; }
   void begin_capture(Stream stream) override;
   std::unique_ptr<Graph> end_capture(Stream stream) override;

@@ -24,11 +24,13 @@ struct RunResult {
   uint64_t preemptions = 0;
 };
 
-// Half the requests start, run two steps, then the rest join; every step checks the pool.
-inline RunResult run_batch(const std::string& model, const EngineOptions& options, const std::vector<GenerationRequest>& requests) {
+// Half the requests start, run two steps, then the rest join (stagger; else all start at once);
+// every step checks the pool.
+inline RunResult run_batch(const std::string& model, const EngineOptions& options, const std::vector<GenerationRequest>& requests,
+                           bool stagger = true) {
   auto engine = make_engine(model, options);
   RunResult result;
-  const std::size_t half = requests.size() / 2;
+  const std::size_t half = stagger ? requests.size() / 2 : requests.size();
   for (std::size_t i = 0; i < half; ++i) engine->add_request(requests[i], collect(result.outputs));
   engine->step();
   engine->step();
@@ -72,15 +74,18 @@ inline void check_same(const Outputs& plain, const Outputs& spec, const std::str
 // Returns speculation's counters. That some proposals were rejected is for the caller to check,
 // over a test case's runs: a short run (the sanitizers') or a draft model drafting for itself may
 // have every one accepted.
-inline SpecDecodeCounters check_spec_equals_plain(const std::string& model, EngineOptions options, int k, int max_tokens) {
-  const auto requests = greedy_requests(spec_prompts(), max_tokens);
+inline SpecDecodeCounters check_spec_equals_plain(const std::string& model, EngineOptions options, int k, int max_tokens,
+                                                  bool stagger = true,
+                                                  const std::vector<std::vector<int32_t>>& prompts = spec_prompts()) {
+  const auto requests = greedy_requests(prompts, max_tokens);
   options.num_speculative_tokens = 0;
-  const RunResult plain = run_batch(model, options, requests);
+  const RunResult plain = run_batch(model, options, requests, stagger);
   options.num_speculative_tokens = k;
   options.speculative_disable_by_batch_size = 64;  // speculate at every batch size here
-  const RunResult spec = run_batch(model, options, requests);
+  const RunResult spec = run_batch(model, options, requests, stagger);
   const std::string what = model + (options.speculative_model.empty() ? "" : " drafted by " + options.speculative_model) + ", " + std::string(kv_dtype_name(options.kv_dtype)) + " pool, window " +
-                           std::to_string(options.kv_bf16_window) + ", K " + std::to_string(k);
+                           std::to_string(options.kv_bf16_window) + ", K " + std::to_string(k) + " on " + options.device +
+                           (options.quantize_fp8 ? ", FP8 weights" : "");
   check_same(plain.outputs, spec.outputs, what);
   INFO(what);
   std::printf("[spec] %s: %llu drafts, %llu of %llu proposed tokens accepted\n", what.c_str(),

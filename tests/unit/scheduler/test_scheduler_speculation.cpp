@@ -186,3 +186,43 @@ TEST_CASE("speculation with the bf16 window: proposals never move the step's FP8
     blocks.check_integrity();
   }
 }
+
+TEST_CASE("speculation on a backend batch invariant up to N tokens: no proposal beside a prefill, at most N tokens",
+          "[scheduler][spec]") {
+  BlockManager blocks = make_blocks(32, /*prefix_caching=*/false);
+  // K = 5, speculation at any batch size, steps of at most 4 tokens when they carry proposals.
+  Scheduler scheduler(SchedulerOptions{4, 64, 5, 4, /*max_speculative_step_tokens=*/4}, blocks);
+  int asked = -1;
+  scheduler.set_proposer([&](SeqId, std::span<const int32_t>, int max_tokens, std::vector<int32_t>& out) {
+    asked = max_tokens;
+    out = {7, 8, 9, 10, 11};
+  });
+  scheduler.add(0, iota_prompt(6));
+  prefill(scheduler, blocks, 6);
+
+  // A waiting request's prefill shares the step: no proposals (asked stays -1).
+  scheduler.add(1, iota_prompt(5));
+  StepPlan plan = scheduler.schedule();
+  REQUIRE(plan.seqs.size() == 2);
+  CHECK(asked == -1);
+  CHECK(plan.seqs[0].proposals.empty());
+  CHECK(plan.num_tokens == 1 + 5);
+  scheduler.on_step_done(plan);
+  scheduler.append_token(0, 7);
+  scheduler.append_token(1, 20);
+  blocks.check_integrity();
+
+  // Two decodes and no prefill: proposals fill the step up to 4 tokens, in plan order.
+  plan = scheduler.schedule();
+  REQUIRE(plan.seqs.size() == 2);
+  CHECK(asked == 2);  // 4 - the two decodes' tokens, all to the first sequence
+  CHECK(plan.seqs[0].proposals == std::vector<int32_t>{7, 8});
+  CHECK(plan.seqs[1].proposals.empty());
+  CHECK(plan.num_tokens == 4);
+  scheduler.on_step_done(plan);
+  scheduler.append_token(0, 99);  // proposal 0 rejected
+  scheduler.end_speculation(0);
+  scheduler.append_token(1, 21);
+  blocks.check_integrity();
+  CHECK(blocks.num_tokens(0) == 8);  // the prompt, 6 and 7: both proposals rolled back (99 decodes next)
+}
