@@ -124,7 +124,8 @@ class LlamaCounters:
 
 
 def configurations(args):
-    """(server, method, settings, argv builder, counters, request extras) for every run."""
+    """Every run: server, method, settings, the server's argv, how its drafts are counted and the
+    request fields it needs."""
     model = str(args.model)
     t = str(args.threads)
     ours = [str(args.fp8serve), "serve", model, "--threads", t, "--max-model-len", str(CONTEXT),
