@@ -5,7 +5,10 @@
 //
 //   bench_speculative [MODEL] [--threads N] [--k K] [--window W] [--reps R] [--clients C] [--quick]
 //                     [--draft DRAFT_MODEL]
+//   bench_speculative --dump-prompts FILE
 //
+//   --dump-prompts writes the workloads (name, grounded, max_tokens, the chat messages) as a JSON
+//                  array and exits: compare_llama_spec.py sends this very text to both servers.
 //   --draft        draft-model speculation instead of ngram. With the model as its own draft
 //                  (every proposal its own argmax) the run measures what a draft step costs:
 //                  per step, verify = spec step time - proposals x plain decode time (a draft
@@ -30,9 +33,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "bench_inputs.hpp"
 #include "model/loader.hpp"
@@ -185,6 +191,24 @@ std::vector<RunResult> run(Engine& engine, const std::vector<std::vector<int32_t
   return results;
 }
 
+// The workloads as chat requests: the same user message chat_prompt() wraps.
+int dump_prompts(const std::string& path) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const Workload& w : workloads()) {
+    out.push_back({{"name", w.name},
+                   {"grounded", w.grounded},
+                   {"max_tokens", w.max_tokens},
+                   {"messages", {{{"role", "user"}, {"content", w.prompt}}}}});
+  }
+  std::ofstream file(path);
+  file << out.dump(1) << '\n';
+  if (!file) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,9 +224,11 @@ int main(int argc, char** argv) {
     else if (arg == "--clients" && i + 1 < argc) clients = std::stoi(argv[++i]);
     else if (arg == "--quick") reps = 1, clients = 4;
     else if (arg == "--draft" && i + 1 < argc) draft_path = argv[++i];
+    else if (arg == "--dump-prompts" && i + 1 < argc) return dump_prompts(argv[++i]);
     else if (arg.rfind("--", 0) != 0) model_path = arg;
     else {
-      std::fprintf(stderr, "usage: bench_speculative [MODEL] [--threads N] [--k K] [--window W] [--reps R] [--clients C] [--quick] [--draft MODEL]\n");
+      std::fprintf(stderr, "usage: bench_speculative [MODEL] [--threads N] [--k K] [--window W] [--reps R] [--clients C] [--quick] [--draft MODEL]\n"
+                           "       bench_speculative --dump-prompts FILE\n");
       return 2;
     }
   }

@@ -33,19 +33,25 @@ def free_port():
 
 
 class Server:
-    """One `fp8serve serve` process; stop() sends SIGTERM and returns the exit code."""
+    """One `fp8serve serve` process; stop() sends SIGTERM and returns the exit code. `command`
+    runs another server instead (llama.cpp's, in tests/bench/compare_llama_spec.py): its argv, to
+    which `--port PORT` is appended; it too must answer /health with 200 once ready."""
 
-    def __init__(self, model, *flags, tmp_path=None, port=None):
+    def __init__(self, model, *flags, tmp_path=None, port=None, command=None, timeout=120):
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(tmp_path or "/tmp") / f"fp8serve-{self.port}.log"
+        name = Path(command[0]).name if command else "fp8serve"
+        self.log_path = Path(tmp_path or "/tmp") / f"{name}-{self.port}.log"
         self.log = open(self.log_path, "w")
-        args = [str(binary()), "serve", str(model), "--port", str(self.port), "--threads", "2", *map(str, flags)]
+        if command:
+            args = [*map(str, command), "--port", str(self.port)]
+        else:
+            args = [str(binary()), "serve", str(model), "--port", str(self.port), "--threads", "2", *map(str, flags)]
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 120
+        deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"fp8serve exited with {self.proc.returncode}:\n{self.log_text()}")
+                raise RuntimeError(f"{name} exited with {self.proc.returncode}:\n{self.log_text()}")
             try:
                 with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -54,7 +60,7 @@ class Server:
                 pass
             time.sleep(0.1)
         self.proc.kill()
-        raise RuntimeError(f"fp8serve did not become healthy:\n{self.log_text()}")
+        raise RuntimeError(f"{name} did not become healthy:\n{self.log_text()}")
 
     def log_text(self):
         self.log.flush()
