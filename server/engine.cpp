@@ -522,9 +522,21 @@ void Engine::run_step(const StepPlan& plan) {
   Transformer::Candidates candidates;
   if (on_device != DeviceSampling::none) {  // logit processors and penalties, where the logits are
     processing_.clear(model_config().vocab_size);
+    dead_ends_.clear();
     for (const ScheduledSeq& s : plan.seqs) {
       if (!s.samples) continue;
       const auto it = seqs_.find(s.id);
+      if (it != seqs_.end() && it->second.matcher) {  // the grammar's mask, applied with the row's processing
+        const auto t0 = std::chrono::steady_clock::now();
+        grammar::GrammarMatcher& matcher = *it->second.matcher;
+        token_mask_.resize(static_cast<size_t>(matcher.grammar().vocab().mask_words()));
+        matcher.fill_next_token_bitmask(token_mask_);
+        if (grammar::bitmask_count(token_mask_) == 0) dead_ends_.push_back(s.id);
+        processing_.add_row(&it->second.sampler, token_mask_);
+        grammar_mask_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        ++grammar_mask_count_;
+        continue;
+      }
       for (std::size_t r = 0; r <= s.proposals.size(); ++r)  // verified rows: nothing acts (device_sampling)
         processing_.add_row(it == seqs_.end() || r > 0 ? nullptr : &it->second.sampler);
     }
@@ -646,8 +658,17 @@ void Engine::run_step(const StepPlan& plan) {
     }
     const auto it = seqs_.find(id);
     if (it == seqs_.end()) continue;
-    const std::span<const float> logits(logits_.data() + p.row * vocab, vocab);
     SeqState& seq = it->second;
+    if (on_device != DeviceSampling::none) {  // structured output (no forks here: device_sampling)
+      if (std::find(dead_ends_.begin(), dead_ends_.end(), id) != dead_ends_.end()) {
+        fail_structured(id, "structured output: no token can continue the text the schema requires");
+      } else if (const std::optional<SampleResult> sample =
+                     sample_structured_on_device(id, seq, sample_on_device(seq.sampler, p.row), static_cast<int64_t>(p.row))) {
+        on_token(id, *sample);
+      }
+      continue;
+    }
+    const std::span<const float> logits(logits_.data() + p.row * vocab, vocab);
     // Forks and structured outputs (which may sample twice) sample from a copy of the row.
     row_.assign(logits.begin(), logits.end());
     if (!seq.matcher) {
@@ -725,7 +746,15 @@ Engine::DeviceSampling Engine::device_sampling(const StepPlan& plan) const {
     const auto it = seqs_.find(s.id);
     if (it == seqs_.end()) continue;
     const Sampler& sampler = it->second.sampler;
-    if (it->second.matcher || !sampler.candidates_on_device(kMaxSampleCandidates)) return DeviceSampling::none;
+    if (it->second.matcher) {
+      // Structured output: the grammar's bitmask joins the row's processing on the device, so the
+      // row's logprobs would be of the processed row: only rows that ask none (and no verification:
+      // its rows' masks depend on the proposals before them).
+      if (speculating || sampler.params().num_logprobs >= 0) return DeviceSampling::none;
+      greedy = greedy && sampler.params().temperature <= 1e-5f;
+      continue;
+    }
+    if (!sampler.candidates_on_device(kMaxSampleCandidates)) return DeviceSampling::none;
     if (speculating && !sampler.greedy_on_raw_logits() && !sampler.candidates_suffice(kMaxSampleCandidates))
       return DeviceSampling::none;
     greedy = greedy && sampler.greedy_on_device();
@@ -755,14 +784,15 @@ void Engine::attach_prompt_logprobs(SeqState& seq, RequestOutput& out) {
   if (request.request.num_prompt_logprobs >= 0) out.prompt_logprobs = request.prompt_logprobs;
 }
 
+std::nullopt_t Engine::fail_structured(SeqId id, const char* message) {
+  RequestOutput out;
+  out.error = message;
+  finish_seq(id, out, FinishReason::error);
+  return std::nullopt;
+}
+
 std::optional<SampleResult> Engine::sample_structured(SeqId id, SeqState& seq, std::span<const float> logits) {
   grammar::GrammarMatcher& matcher = *seq.matcher;
-  auto fail = [&](const char* message) {
-    RequestOutput out;
-    out.error = message;
-    finish_seq(id, out, FinishReason::error);
-    return std::nullopt;
-  };
   const auto t0 = std::chrono::steady_clock::now();
   token_mask_.resize(static_cast<size_t>(matcher.grammar().vocab().mask_words()));
   matcher.fill_next_token_bitmask(token_mask_);
@@ -770,20 +800,42 @@ std::optional<SampleResult> Engine::sample_structured(SeqId id, SeqState& seq, s
   grammar::apply_token_bitmask(token_mask_, row_);
   grammar_mask_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ++grammar_mask_count_;
-  if (!any) return fail("structured output: no token can continue the text the schema requires");
-  SampleResult sample = seq.sampler.sample(row_);
+  if (!any) return fail_structured(id, "structured output: no token can continue the text the schema requires");
+  return check_structured(id, seq, seq.sampler.sample(row_), [&](std::span<const uint64_t> mask) {
+    row_.assign(logits.begin(), logits.end());
+    grammar::apply_token_bitmask(mask, row_);
+    return seq.sampler.sample(row_);
+  });
+}
+
+std::optional<SampleResult> Engine::sample_structured_on_device(SeqId id, SeqState& seq, std::optional<SampleResult> sample,
+                                                                int64_t row) {
+  // The processed row (grammar mask and processors applied on the device), narrowed further by
+  // `mask` (the budget's) if given, sampled without processing again.
+  auto processed = [&](std::span<const uint64_t> mask) {
+    logits_.resize(static_cast<std::size_t>(model_config().vocab_size));
+    transformer_->download_logits_row(row, logits_.span());
+    if (!mask.empty()) grammar::apply_token_bitmask(mask, logits_.span());
+    return seq.sampler.sample_processed(logits_.span());
+  };
+  if (!sample) sample = processed({});  // the candidates could not decide
+  return check_structured(id, seq, *sample, processed);
+}
+
+std::optional<SampleResult> Engine::check_structured(SeqId id, SeqState& seq, SampleResult sample,
+                                                     const std::function<SampleResult(std::span<const uint64_t>)>& resample) {
+  grammar::GrammarMatcher& matcher = *seq.matcher;
   const auto t1 = std::chrono::steady_clock::now();
   const int64_t budget = token_budget(seq);  // this token included
   if (!seq.budget_free && !matcher.fits_after(sample.token, budget - 1)) {
     // That token would leave more to write than the budget allows: sample again among the
     // tokens after which the document can still end in time (only its shortest ways once the
     // budget equals the fewest tokens left).
+    token_mask_.resize(static_cast<size_t>(matcher.grammar().vocab().mask_words()));
     const bool settled = matcher.fill_budget_bitmask(token_mask_, budget - 1);
     if (grammar::bitmask_count(token_mask_) > 0) {
       seq.sampler.forget(sample.token);
-      row_.assign(logits.begin(), logits.end());
-      grammar::apply_token_bitmask(token_mask_, row_);
-      sample = seq.sampler.sample(row_);
+      sample = resample(token_mask_);
     } else if (matcher.can_end()) {  // complete, and only the end token it may not write would fit
       RequestOutput out;
       finish_seq(id, out, FinishReason::stop);
@@ -796,7 +848,7 @@ std::optional<SampleResult> Engine::sample_structured(SeqId id, SeqState& seq, s
   }
   grammar_budget_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   if (!matcher.accept_token(sample.token))  // a masked token was sampled: a bug, not the client's doing
-    return fail("structured output: the sampler chose a token the grammar does not allow");
+    return fail_structured(id, "structured output: the sampler chose a token the grammar does not allow");
   return sample;
 }
 

@@ -177,6 +177,16 @@ class Engine {
   // grammar allows and the token budget can still finish; the accepted token, or nullopt once
   // the sequence has finished (complete, or an error).
   std::optional<SampleResult> sample_structured(SeqId id, SeqState& seq, std::span<const float> logits);
+  // The same for a row the device sampled after the grammar's mask joined its processing
+  // (run_step): `sample`, the device's token (nullopt: its candidates could not decide), and
+  // `row`, the step's row to download for what the host must sample itself.
+  std::optional<SampleResult> sample_structured_on_device(SeqId id, SeqState& seq, std::optional<SampleResult> sample,
+                                                          int64_t row);
+  // The budget check that ends both: `sample` stands if the document can still end within the
+  // budget after it, else it is sampled again (resample(mask): among the tokens of `mask`).
+  std::optional<SampleResult> check_structured(SeqId id, SeqState& seq, SampleResult sample,
+                                               const std::function<SampleResult(std::span<const uint64_t>)>& resample);
+  std::nullopt_t fail_structured(SeqId id, const char* message);
   int64_t token_budget(const SeqState& seq) const;  // tokens the sequence may still generate
   void finish_seq(SeqId id, RequestOutput& out, FinishReason reason);
   void fail_all(const std::string& message);
@@ -208,6 +218,7 @@ class Engine {
   LogitProcessingBatch processing_;  // device sampling: the step's logit processing (sampling.hpp)
   HostArray<float> logits_;  // the sampled rows' logits: pinned on a GPU, one DMA per step
   std::vector<uint64_t> token_mask_;
+  std::vector<SeqId> dead_ends_;  // device sampling: structured outputs no token can continue
   double grammar_mask_seconds_ = 0;
   double grammar_budget_seconds_ = 0;
   int64_t grammar_mask_count_ = 0;
