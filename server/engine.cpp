@@ -13,6 +13,10 @@
 
 namespace fp8serve {
 
+namespace {
+constexpr const char* kNoContinuation = "structured output: no token can continue the text the schema requires";
+}  // namespace
+
 EngineOptions engine_options_from_config(const Config& config) {
   EngineOptions options;
   options.device = config.device;
@@ -527,14 +531,8 @@ void Engine::run_step(const StepPlan& plan) {
       if (!s.samples) continue;
       const auto it = seqs_.find(s.id);
       if (it != seqs_.end() && it->second.matcher) {  // the grammar's mask, applied with the row's processing
-        const auto t0 = std::chrono::steady_clock::now();
-        grammar::GrammarMatcher& matcher = *it->second.matcher;
-        token_mask_.resize(static_cast<size_t>(matcher.grammar().vocab().mask_words()));
-        matcher.fill_next_token_bitmask(token_mask_);
-        if (grammar::bitmask_count(token_mask_) == 0) dead_ends_.push_back(s.id);
+        if (!fill_token_mask(it->second)) dead_ends_.push_back(s.id);
         processing_.add_row(&it->second.sampler, token_mask_);
-        grammar_mask_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        ++grammar_mask_count_;
         continue;
       }
       for (std::size_t r = 0; r <= s.proposals.size(); ++r)  // verified rows: nothing acts (device_sampling)
@@ -661,7 +659,7 @@ void Engine::run_step(const StepPlan& plan) {
     SeqState& seq = it->second;
     if (on_device != DeviceSampling::none) {  // structured output (no forks here: device_sampling)
       if (std::find(dead_ends_.begin(), dead_ends_.end(), id) != dead_ends_.end()) {
-        fail_structured(id, "structured output: no token can continue the text the schema requires");
+        fail_structured(id, kNoContinuation);
       } else if (const std::optional<SampleResult> sample =
                      sample_structured_on_device(id, seq, sample_on_device(seq.sampler, p.row), static_cast<int64_t>(p.row))) {
         on_token(id, *sample);
@@ -791,16 +789,20 @@ std::nullopt_t Engine::fail_structured(SeqId id, const char* message) {
   return std::nullopt;
 }
 
-std::optional<SampleResult> Engine::sample_structured(SeqId id, SeqState& seq, std::span<const float> logits) {
+bool Engine::fill_token_mask(SeqState& seq, std::span<float> row) {
   grammar::GrammarMatcher& matcher = *seq.matcher;
   const auto t0 = std::chrono::steady_clock::now();
   token_mask_.resize(static_cast<size_t>(matcher.grammar().vocab().mask_words()));
   matcher.fill_next_token_bitmask(token_mask_);
   const bool any = grammar::bitmask_count(token_mask_) > 0;
-  grammar::apply_token_bitmask(token_mask_, row_);
+  if (!row.empty()) grammar::apply_token_bitmask(token_mask_, row);
   grammar_mask_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ++grammar_mask_count_;
-  if (!any) return fail_structured(id, "structured output: no token can continue the text the schema requires");
+  return any;
+}
+
+std::optional<SampleResult> Engine::sample_structured(SeqId id, SeqState& seq, std::span<const float> logits) {
+  if (!fill_token_mask(seq, row_)) return fail_structured(id, kNoContinuation);
   return check_structured(id, seq, seq.sampler.sample(row_), [&](std::span<const uint64_t> mask) {
     row_.assign(logits.begin(), logits.end());
     grammar::apply_token_bitmask(mask, row_);

@@ -187,6 +187,9 @@ class Engine {
   std::optional<SampleResult> check_structured(SeqId id, SeqState& seq, SampleResult sample,
                                                const std::function<SampleResult(std::span<const uint64_t>)>& resample);
   std::nullopt_t fail_structured(SeqId id, const char* message);
+  // The grammar's next-token bitmask into token_mask_ (timed for the metrics), applied to `row`
+  // if given; false when no token can continue.
+  bool fill_token_mask(SeqState& seq, std::span<float> row = {});
   int64_t token_budget(const SeqState& seq) const;  // tokens the sequence may still generate
   void finish_seq(SeqId id, RequestOutput& out, FinishReason reason);
   void fail_all(const std::string& message);

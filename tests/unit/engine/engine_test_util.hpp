@@ -21,8 +21,21 @@
 #include "model/loader.hpp"
 #include "model/transformer.hpp"
 #include "server/engine.hpp"
+#if FP8SERVE_WITH_CUDA
+#include "kernels/cuda/device.hpp"
+#endif
 
 namespace fp8serve::test {
+
+// Whether --device cuda can run here (a GPU, or the emulated H200 of the *_emu tests); a [gpu]
+// test returns at once without one, saying why.
+inline bool have_cuda_device() {
+#if FP8SERVE_WITH_CUDA
+  if (cuda::device_count() > 0) return true;
+#endif
+  WARN("no CUDA build or no CUDA device: [gpu] test skipped");
+  return false;
+}
 
 // ASan builds run ~10x slower: the tests shorten their loops there, never skip them.
 #if defined(__SANITIZE_ADDRESS__)

@@ -9,24 +9,11 @@
 #include <filesystem>
 
 #include "engine_test_util.hpp"
-#include "server/device.hpp"
-
-#if FP8SERVE_WITH_CUDA
-#include "kernels/cuda/device.hpp"
-#endif
 
 using namespace fp8serve;
 using namespace fp8serve::test;
 
 namespace {
-
-bool have_gpu() {
-#if FP8SERVE_WITH_CUDA
-  return cuda::device_count() > 0;
-#else
-  return false;
-#endif
-}
 
 // Request ids built by appending: GCC 12 warns falsely (-Wrestrict, bug 105329) on "p" + string.
 std::string request_id(std::size_t i) {
@@ -97,10 +84,7 @@ void compare(const std::string& model, const std::vector<std::vector<int32_t>>& 
 }  // namespace
 
 TEST_CASE("the engine on CUDA gives the CPU engine's greedy tokens [gpu]", "[gpu][engine]") {
-  if (!built_with_cuda() || !have_gpu()) {
-    WARN("no CUDA build or no GPU: [gpu] engine test skipped");
-    return;
-  }
+  if (!have_cuda_device()) return;
   auto prompts_of = [](const std::string& reference) {
     std::vector<std::vector<int32_t>> prompts;
     for (const auto& p : load_reference(reference)["prompts"]) prompts.push_back(ids_of(p["prompt_ids"]));
@@ -118,10 +102,7 @@ TEST_CASE("the engine on CUDA gives the CPU engine's greedy tokens [gpu]", "[gpu
 }
 
 TEST_CASE("the engine on CUDA samples on the device exactly as the host does [gpu]", "[gpu][engine]") {
-  if (!built_with_cuda() || !have_gpu()) {
-    WARN("no CUDA build or no GPU: [gpu] engine test skipped");
-    return;
-  }
+  if (!have_cuda_device()) return;
   // The same requests on the same GPU, device sampling on and off: the logits are the same, so
   // the tokens must be (greedy picks, and seeded draws from the prefilter's candidates or, where
   // they cannot decide, from the row; logit processors and penalties applied on the device first),

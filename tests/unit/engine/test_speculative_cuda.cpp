@@ -11,22 +11,10 @@
 // (greedy picks and seeded candidates), the draft model.
 #include "tests/unit/engine/spec_test_util.hpp"
 
-#if FP8SERVE_WITH_CUDA
-#include "kernels/cuda/device.hpp"
-#endif
-
 using namespace fp8serve;
 using namespace fp8serve::test;
 
 namespace {
-
-bool have_cuda() {
-#if FP8SERVE_WITH_CUDA
-  if (cuda::device_count() > 0) return true;
-#endif
-  WARN("no CUDA device: [gpu] test skipped");
-  return false;
-}
 
 EngineOptions cuda_options(KvDtype dtype) {
   EngineOptions options = small_options(dtype);
@@ -63,7 +51,7 @@ std::vector<std::vector<int32_t>> echo_prompts(const std::string& model) {
 }  // namespace
 
 TEST_CASE("ngram speculation on CUDA: greedy output == plain decoding, bitwise", "[gpu][spec]") {
-  if (!have_cuda()) return;
+  if (!have_cuda_device()) return;
   uint64_t n = 0;
   // bf16 weights and pool, requests joining a running batch.
   n += rejected(check_spec_equals_plain(fixture("models/tiny-qwen2"), cuda_options(KvDtype::bf16), 3, 24, true, echo_prompts(fixture("models/tiny-qwen2"))));
@@ -84,7 +72,7 @@ TEST_CASE("ngram speculation on CUDA: greedy output == plain decoding, bitwise",
 }
 
 TEST_CASE("ngram speculation on CUDA: seeded sampling on the device draws plain decoding's tokens", "[gpu][spec]") {
-  if (!have_cuda()) return;
+  if (!have_cuda_device()) return;
   // No processor or n > 1, so every step samples on the device: the top-k prefilter's candidates
   // and the host's seeded draw, row after row of each verification.
   const auto prompts = echo_prompts(fixture("models/tiny-qwen2"));
@@ -106,7 +94,7 @@ TEST_CASE("ngram speculation on CUDA: seeded sampling on the device draws plain 
 }
 
 TEST_CASE("draft-model speculation on CUDA: a model drafting for itself, bitwise", "[gpu][spec][draft]") {
-  if (!have_cuda()) return;
+  if (!have_cuda_device()) return;
   EngineOptions options = cuda_options(KvDtype::bf16);
   options.speculative_model = fixture("models/tiny-llama");
   const SpecDecodeCounters c = check_spec_equals_plain(fixture("models/tiny-llama"), options, 3, 24, true, echo_prompts(fixture("models/tiny-llama")));

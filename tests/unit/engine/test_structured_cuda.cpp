@@ -11,22 +11,10 @@
 
 #include "model/grammar/json_schema.hpp"
 
-#if FP8SERVE_WITH_CUDA
-#include "kernels/cuda/device.hpp"
-#endif
-
 using namespace fp8serve;
 using namespace fp8serve::test;
 
 namespace {
-
-bool have_cuda() {
-#if FP8SERVE_WITH_CUDA
-  if (cuda::device_count() > 0) return true;
-#endif
-  WARN("no CUDA device: [gpu] test skipped");
-  return false;
-}
 
 const char* kSchema = R"({"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
@@ -63,7 +51,7 @@ Outputs run(bool device_sampling, const std::vector<GenerationRequest>& requests
 }  // namespace
 
 TEST_CASE("structured outputs sampled on the device: the host sampler's tokens, complete documents", "[gpu][structured]") {
-  if (!have_cuda()) return;
+  if (!have_cuda_device()) return;
   std::vector<GenerationRequest> requests;
   auto add = [&](const std::string& id, float temperature, int max_tokens) -> SamplingParams& {
     GenerationRequest r;
