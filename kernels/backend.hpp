@@ -137,7 +137,7 @@ class Backend {
 
   // Sampling on the device (kernels/sampling_ops.hpp): a backend that has it picks tokens from
   // logits in its own memory, so that only the picks come back. Exactly the host sampler's
-  // arithmetic (server/sampling.cpp), which the CPU backend keeps using: it has none of these.
+  // arithmetic (server/engine/sampling.cpp), which the CPU backend keeps using: it has none of these.
   virtual bool supports_device_sampling() const { return false; }
   // Greedy: each row's argmax (ties to the lowest id) and the row's max and ExpSum for its logprob.
   virtual void sample_greedy(const GreedySampleParams& /*params*/, Stream /*stream*/) {

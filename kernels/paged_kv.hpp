@@ -144,7 +144,7 @@ struct PagedBatch {
   // floor((context_len - window) / B) * B): the newest `window` tokens, and up to B - 1 older
   // ones (whole blocks leave the window), are exact; a prefix-cache hit (FP8 already) starts
   // the count at its length, and a recompute after preemption raises it to what the original
-  // steps read (server/scheduler.hpp). Kernels take it as given: always a multiple of B there,
+  // steps read (server/engine/scheduler.hpp). Kernels take it as given: always a multiple of B there,
   // but nothing in the kernels relies on that.
   const int32_t* fp8_lens = nullptr;    // [num_seqs] positions read from the FP8 pool, after this step
   const int32_t* tail_slots = nullptr;  // [num_seqs] the sequence's ring in the tail pool

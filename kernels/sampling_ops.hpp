@@ -1,5 +1,5 @@
 #pragma once
-// Sampling arithmetic shared by the host sampler (server/sampling.cpp) and the device's sampling
+// Sampling arithmetic shared by the host sampler (server/engine/sampling.cpp) and the device's sampling
 // kernels (kernels/cuda/sampling.cu), so that both compute the same bits:
 //
 //   - ExpSum: the sum of a row's exp(l - max) terms, which log-softmax (the reported logprobs)
@@ -135,7 +135,7 @@ struct CandidateSampleParams {
 };
 
 // One token's logit processing on the device (Backend::process_logits), in the host sampler's
-// order (server/sampling.cpp): + bias, then banned (-inf), then the repetition penalty (l > 0 ?
+// order (server/engine/sampling.cpp): + bias, then banned (-inf), then the repetition penalty (l > 0 ?
 // l / r : l * r), then minus the frequency and presence penalties. `subtract` is computed on the
 // host (frequency * count + presence, in the host's own expression), so the device does one
 // rounded operation per step, as the host, and no contraction into an FMA can differ.

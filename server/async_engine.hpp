@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "server/api/engine_client.hpp"
-#include "server/engine.hpp"
+#include "server/engine/engine.hpp"
 
 namespace fp8serve {
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "model/loader.hpp"
-#include "server/engine.hpp"
+#include "server/engine/engine.hpp"
 
 namespace fp8serve {
 

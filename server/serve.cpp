@@ -17,7 +17,7 @@
 #include "model/loader.hpp"
 #include "server/api/frontend.hpp"
 #include "server/async_engine.hpp"
-#include "server/engine.hpp"
+#include "server/engine/engine.hpp"
 #include "server/http/http_server.hpp"
 #include "server/metrics.hpp"
 

@@ -2,7 +2,7 @@
 // its logprob needs, so that a step of greedy sequences brings back 24 bytes a row instead of the
 // row's fp32 logits (500 KiB at a 128k vocabulary).
 //
-// Exactly the host sampler's results (server/sampling.cpp), by construction rather than by
+// Exactly the host sampler's results (server/engine/sampling.cpp), by construction rather than by
 // tolerance: the argmax is an integer max over sample_key() (the host's order, ties to the lowest
 // id), and the softmax denominator an ExpSum (kernels/sampling_ops.hpp), whose fixed-point sum
 // does not depend on the order of the additions. The one function whose bits may differ is exp()

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "server/engine_api.hpp"
+#include "server/engine/engine_api.hpp"
 
 namespace fp8serve {
 

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/api/errors.hpp"
-#include "server/sampling.hpp"
+#include "server/engine/sampling.hpp"
 
 namespace fp8serve {
 

@@ -14,7 +14,7 @@
 #include "server/api/errors.hpp"
 #include "server/api/request.hpp"
 #include "server/api/tool_parser.hpp"
-#include "server/engine_api.hpp"
+#include "server/engine/engine_api.hpp"
 
 namespace fp8serve {
 

@@ -42,7 +42,7 @@
 #include "machine_limits.hpp"
 #include "model/loader.hpp"
 #include "model/transformer.hpp"
-#include "server/engine.hpp"
+#include "server/engine/engine.hpp"
 #include "timing_backend.hpp"
 
 using namespace fp8serve;

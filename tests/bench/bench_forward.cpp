@@ -27,7 +27,7 @@
 #include "fp8_linear_bench.hpp"
 #include "random_model.hpp"
 #include "machine_limits.hpp"
-#include "server/device.hpp"
+#include "server/engine/device_select.hpp"
 #if FP8SERVE_WITH_CUDA
 #include "kernels/cuda/device.hpp"
 #endif

@@ -33,7 +33,7 @@
 #include "model/grammar/matcher.hpp"
 #include "model/loader.hpp"
 #include "model/tokenizer/tokenizer.hpp"
-#include "server/engine.hpp"
+#include "server/engine/engine.hpp"
 
 using namespace fp8serve;
 using namespace fp8serve::grammar;

@@ -1,6 +1,6 @@
 // bench_sampling: where sampling should run on a GPU server, decided by measurement. The CUDA
 // backend returns only the sampled rows' logits (fp32, one row per sequence) and the host samples
-// them (server/sampling.hpp, the same code as on the CPU). This prints, for the vocabularies of
+// them (server/engine/sampling.hpp, the same code as on the CPU). This prints, for the vocabularies of
 // the families we serve, the host's time per row for each kind of request, and the bytes a row
 // brings back over PCIe, so that a step's sampling cost can be set against its GPU time.
 //
@@ -28,11 +28,11 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
-#include "server/sampling.hpp"
+#include "server/engine/sampling.hpp"
 #if defined(FP8SERVE_CUDA_EMU) && FP8SERVE_CUDA_EMU
 #include "kernels/cuda/make_cuda_backend.hpp"  // bench_sampling_emu: the device mode on the emulator
 #else
-#include "server/device.hpp"
+#include "server/engine/device_select.hpp"
 #endif
 
 using namespace fp8serve;

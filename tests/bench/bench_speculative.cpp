@@ -42,7 +42,7 @@
 
 #include "bench_inputs.hpp"
 #include "model/loader.hpp"
-#include "server/engine.hpp"
+#include "server/engine/engine.hpp"
 
 using namespace fp8serve;
 

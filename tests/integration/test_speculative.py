@@ -108,7 +108,7 @@ def test_streaming_concurrent_clients_sampling_n_and_stop_strings(servers, metho
         got = list(pool.map(lambda p: streamed(spec, p), prompts))
     assert got == want
 
-    # Seeded sampling draws the same tokens (server/speculation.hpp); n > 1 choices each theirs.
+    # Seeded sampling draws the same tokens (server/engine/speculation.hpp); n > 1 choices each theirs.
     for prompt in PROMPTS[:2]:
         a = complete(plain, prompt, max_tokens=40, temperature=0.8, seed=7, n=3)
         b = complete(spec, prompt, max_tokens=40, temperature=0.8, seed=7, n=3)

@@ -20,7 +20,7 @@
 #include "kernels/cpu/linear.hpp"
 #include "model/loader.hpp"
 #include "model/transformer.hpp"
-#include "server/engine.hpp"
+#include "server/engine/engine.hpp"
 #if FP8SERVE_WITH_CUDA
 #include "kernels/cuda/device.hpp"
 #endif

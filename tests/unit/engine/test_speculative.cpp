@@ -2,7 +2,7 @@
 // logprob of every chosen token (a function of the whole logits row, so a bitwise witness of
 // it) equal plain decoding's, for the bf16 and FP8 pools, with the bf16 window, several K,
 // requests joining and leaving, preemption in a tiny pool; a seeded sampled request draws
-// the very tokens it draws without speculation (server/speculation.hpp says why), and sampled
+// the very tokens it draws without speculation (server/engine/speculation.hpp says why), and sampled
 // draws follow the model's exact distribution (a chi-square test). The pool's
 // invariants hold after every step (rejected proposals rolled back: no block, key or slot left).
 #include "spec_test_util.hpp"
@@ -125,7 +125,7 @@ namespace {
 
 // The model's own distribution after `prefix`: the top-2 tokens and their probabilities
 // renormalized over the two (what top_k = 2 at temperature 1 samples from), from a greedy run's
-// logprobs (the raw model distribution, server/sampling.hpp).
+// logprobs (the raw model distribution, server/engine/sampling.hpp).
 std::vector<std::pair<int32_t, double>> top2(Engine& engine, const std::vector<int32_t>& prefix) {
   GenerationRequest r = greedy_request("top2", prefix, 1);
   r.sampling.num_logprobs = 2;

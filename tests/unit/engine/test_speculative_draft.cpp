@@ -1,4 +1,4 @@
-// Draft-model speculation (server/draft_model.hpp) must not change a request's output either:
+// Draft-model speculation (server/engine/draft_model.hpp) must not change a request's output either:
 // greedy tokens and logprobs equal plain decoding's bit for bit, whatever the draft proposes,
 // with requests joining and leaving and preemption in a tiny pool; and the draft's own blocks
 // all return to its pool (its BlockManager's invariants checked after every step). A model

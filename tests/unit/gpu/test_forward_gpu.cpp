@@ -56,7 +56,7 @@
 #include "kernels/cpu/cpu_backend.hpp"
 #include "model/loader.hpp"
 #include "model/transformer.hpp"
-#include "server/sampling.hpp"
+#include "server/engine/sampling.hpp"
 
 using namespace fp8serve;
 using namespace fp8serve::gpu_test;

@@ -1,4 +1,4 @@
-// [gpu] Sampling on the device against the host sampler (server/sampling.cpp) on the same fp32
+// [gpu] Sampling on the device against the host sampler (server/engine/sampling.cpp) on the same fp32
 // logits: greedy tokens and their logprobs must be bit-identical, row by row, whatever the batch.
 // The rows cover what changes an argmax or a softmax: random and peaked logits, exact ties (the
 // lowest id wins), -0 against +0, -inf entries and rows of -inf, +inf, NaN at id 0 (the host's
@@ -22,7 +22,7 @@
 
 #include "cuda_test_util.hpp"
 #include "sampling_test_util.hpp"
-#include "server/sampling.hpp"
+#include "server/engine/sampling.hpp"
 
 using namespace fp8serve;
 using namespace fp8serve::gpu_test;

@@ -1,5 +1,5 @@
 // [gpu] Logit processors and penalties on the device (Backend::process_logits), then the device's
-// greedy pick or top-k prefilter, against the host sampler (server/sampling.cpp) sampling the raw
+// greedy pick or top-k prefilter, against the host sampler (server/engine/sampling.cpp) sampling the raw
 // row itself: the same tokens, draw after draw (the RNGs stay in step while the penalties' counts
 // and min_tokens' ban change), for allowed_token_ids (a mask that keeps several ids or one),
 // logit_bias (up to every token but one pushed down), min_tokens' banned ids, repetition,
@@ -19,7 +19,7 @@
 #include "cuda_test_util.hpp"
 #include "sampling_test_util.hpp"
 #include "model/grammar/matcher.hpp"
-#include "server/sampling.hpp"
+#include "server/engine/sampling.hpp"
 
 using namespace fp8serve;
 using namespace fp8serve::gpu_test;

@@ -7,7 +7,7 @@
 #include <map>
 #include <numeric>
 
-#include "server/sampling.hpp"
+#include "server/engine/sampling.hpp"
 
 using namespace fp8serve;
 

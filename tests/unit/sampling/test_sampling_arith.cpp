@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "server/sampling.hpp"
+#include "server/engine/sampling.hpp"
 
 using namespace fp8serve;
 

@@ -1,6 +1,6 @@
 #include <catch2/catch.hpp>
 
-#include "server/stop_checker.hpp"
+#include "server/engine/stop_checker.hpp"
 
 using fp8serve::StopChecker;
 

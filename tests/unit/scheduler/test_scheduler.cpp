@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "server/scheduler.hpp"
+#include "server/engine/scheduler.hpp"
 
 using namespace fp8serve;
 

@@ -7,7 +7,7 @@
 #include <numeric>
 #include <vector>
 
-#include "server/scheduler.hpp"
+#include "server/engine/scheduler.hpp"
 
 using namespace fp8serve;
 

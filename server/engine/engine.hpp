@@ -29,19 +29,19 @@
 #include "model/tokenizer/detokenizer.hpp"
 #include "model/transformer.hpp"
 #include "server/api/engine_client.hpp"
-#include "server/device.hpp"
-#include "server/draft_model.hpp"
-#include "server/engine_api.hpp"
-#include "server/prompt_scoring.hpp"
-#include "server/sampling.hpp"
-#include "server/scheduler.hpp"
-#include "server/speculation.hpp"
-#include "server/stop_checker.hpp"
+#include "server/engine/device_select.hpp"
+#include "server/engine/draft_model.hpp"
+#include "server/engine/engine_api.hpp"
+#include "server/engine/prompt_scoring.hpp"
+#include "server/engine/sampling.hpp"
+#include "server/engine/scheduler.hpp"
+#include "server/engine/speculation.hpp"
+#include "server/engine/stop_checker.hpp"
 
 namespace fp8serve {
 
 struct EngineOptions {
-  std::string device = "cpu";  // auto | cpu | cuda (server/device.hpp); the CLI's default is auto
+  std::string device = "cpu";  // auto | cpu | cuda (server/engine/device_select.hpp); the CLI's default is auto
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
   float kv_scale_margin = kDefaultKvScaleMargin;
   bool quantize_fp8 = false;           // --quantization fp8 (TransformerOptions)
@@ -65,11 +65,11 @@ struct EngineOptions {
   bool enforce_eager = false;             // no CUDA graphs (decode steps replay them otherwise)
   bool lazy_graph_capture = false;        // capture decode graphs on first use, not at start-up
   bool device_sampling = true;            // off: the host samples every row (tests compare the two)
-  // Speculative decoding (server/speculation.hpp): 0 = off; else ngram proposals of up to this
+  // Speculative decoding (server/engine/speculation.hpp): 0 = off; else ngram proposals of up to this
   // many tokens, verified in one pass (CPU only for now).
   int num_speculative_tokens = 0;
   NgramOptions ngram;
-  // Non-empty: draft-model proposals from this model (server/draft_model.hpp) instead of ngram.
+  // Non-empty: draft-model proposals from this model (server/engine/draft_model.hpp) instead of ngram.
   std::string speculative_model;
   int speculative_disable_by_batch_size = 2;
 };
@@ -163,7 +163,7 @@ class Engine {
   void on_token(SeqId id, const SampleResult& sample);
   // Samples a speculating sequence's rows in order (sample_row: the token of one row of the
   // step, nullopt when the grammar ends the sequence), handing out each token, up to the first
-  // one that differs from its proposal (server/speculation.hpp); the rest are rolled back.
+  // one that differs from its proposal (server/engine/speculation.hpp); the rest are rolled back.
   using VerifySampleFn = std::function<std::optional<SampleResult>(SeqId id, SeqState& seq, std::size_t row)>;
   void verify(const Verify& v, const VerifySampleFn& sample_row);
   // The proposals for the step's decoding sequences (Scheduler's BatchProposeFn): ngram, or the

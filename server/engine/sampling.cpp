@@ -1,4 +1,4 @@
-#include "server/sampling.hpp"
+#include "server/engine/sampling.hpp"
 
 #include <algorithm>
 #include <cmath>

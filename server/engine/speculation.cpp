@@ -1,4 +1,4 @@
-#include "server/speculation.hpp"
+#include "server/engine/speculation.hpp"
 
 #include <algorithm>
 

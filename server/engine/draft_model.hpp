@@ -17,7 +17,7 @@
 //   release()   the sequence finished: its blocks go back to the draft's pool.
 //
 // A greedy draft is a point mass on its proposal, which is exactly the deterministic draft
-// that Engine::verify's rule (server/speculation.hpp) is exact for: sampled output keeps the
+// that Engine::verify's rule (server/engine/speculation.hpp) is exact for: sampled output keeps the
 // target's distribution, and greedy or seeded output equals plain decoding's token for token.
 #include <cstdint>
 #include <memory>

@@ -1,4 +1,4 @@
-#include "server/device.hpp"
+#include "server/engine/device_select.hpp"
 
 #include <algorithm>
 #include <thread>

@@ -1,4 +1,4 @@
-#include "server/draft_model.hpp"
+#include "server/engine/draft_model.hpp"
 
 #include <algorithm>
 #include <stdexcept>

@@ -1,4 +1,4 @@
-#include "server/stop_checker.hpp"
+#include "server/engine/stop_checker.hpp"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "server/scheduler.hpp"
+#include "server/engine/scheduler.hpp"
 
 #include <algorithm>
 #include <stdexcept>

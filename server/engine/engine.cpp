@@ -1,4 +1,4 @@
-#include "server/engine.hpp"
+#include "server/engine/engine.hpp"
 
 #include <spdlog/spdlog.h>
 

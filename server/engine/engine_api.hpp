@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "model/grammar/compiled_grammar.hpp"
-#include "server/sampling.hpp"
+#include "server/engine/sampling.hpp"
 
 namespace fp8serve {
 

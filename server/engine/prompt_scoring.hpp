@@ -5,13 +5,13 @@
 //
 // Row p of a sequence (the token at position p) predicts the token at p + 1: prompt positions
 // 0 .. n-2 are scored, the last prompt position is the row that samples the first new token.
-// Logprobs are those of the raw model distribution, as for sampled tokens (server/sampling.hpp).
+// Logprobs are those of the raw model distribution, as for sampled tokens (server/engine/sampling.hpp).
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "kernels/cpu/thread_pool.hpp"
-#include "server/sampling.hpp"
+#include "server/engine/sampling.hpp"
 
 namespace fp8serve {
 

@@ -1,4 +1,4 @@
-#include "server/prompt_scoring.hpp"
+#include "server/engine/prompt_scoring.hpp"
 
 #include <algorithm>
 #include <stdexcept>
