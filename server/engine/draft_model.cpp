@@ -63,6 +63,7 @@ void DraftModel::allocate_kv_cache(uint64_t bytes) {
   bopts.num_blocks = num_blocks;
   bopts.enable_prefix_caching = false;
   blocks_ = std::make_unique<BlockManager>(bopts);
+  inputs_ = std::make_unique<StepInputs>(*blocks_, config_.num_layers);
 }
 
 void DraftModel::release(SeqId id) {
@@ -152,7 +153,6 @@ void DraftModel::propose(std::span<DraftJob> jobs) {
 }
 
 void DraftModel::forward(std::span<const SeqId> ids, bool catching_up, std::vector<int32_t>& next, int calibrate_end) {
-  const int num_layers = config_.num_layers;
   const auto vocab = static_cast<std::size_t>(config_.vocab_size);
   const auto num_seqs = static_cast<int32_t>(ids.size());
   // Where each sequence's unprocessed tokens start: a catch-up at the computed count, a decode
@@ -160,55 +160,31 @@ void DraftModel::forward(std::span<const SeqId> ids, bool catching_up, std::vect
   std::vector<int> begin;
   for (const SeqId id : ids) begin.push_back(catching_up ? blocks_->num_computed_tokens(id) : blocks_->num_tokens(id) - 1);
   std::vector<int> ends(ids.size());
+  std::vector<uint8_t> calibrating(ids.size(), 0);
   next.assign(ids.size(), 0);
   for (bool more = true; more;) {
     more = false;
-    HostBatch& b = batch_;
-    b = HostBatch{};
-    b.query_start_loc.push_back(0);
     int32_t max_blocks = 1;
     for (const SeqId id : ids) max_blocks = std::max(max_blocks, static_cast<int32_t>(blocks_->block_table(id).size()));
-    b.max_blocks_per_seq = max_blocks;
-    b.block_tables.assign(static_cast<std::size_t>(num_seqs * max_blocks), -1);
-    b.k_scales.assign(static_cast<std::size_t>(num_layers * num_seqs), 1.0f);
-    b.v_scales.assign(b.k_scales.size(), 1.0f);
+    inputs_->begin(num_seqs, max_blocks);
     for (int32_t i = 0; i < num_seqs; ++i) {
       const auto si = static_cast<std::size_t>(i);
       const SeqId id = ids[si];
       const int total = blocks_->num_tokens(id);
       const int start = begin[si];
       ends[si] = std::min(total, start + std::max(1, options_.max_num_tokens / num_seqs));
-      if (blocks_->scales_to_calibrate(id) != nullptr && calibrate_end > start) ends[si] = std::min(ends[si], calibrate_end);
+      calibrating[si] = blocks_->scales_to_calibrate(id) != nullptr;
+      if (calibrating[si] && calibrate_end > start) ends[si] = std::min(ends[si], calibrate_end);
       if (ends[si] < total) more = true;
-      const std::span<const int32_t> tokens = blocks_->tokens(id);
-      for (int p = start; p < ends[si]; ++p) {
-        b.token_ids.push_back(tokens[static_cast<std::size_t>(p)]);
-        b.positions.push_back(p);
-        b.slot_mapping.push_back(blocks_->slot(id, p));
-      }
-      b.query_start_loc.push_back(static_cast<int32_t>(b.token_ids.size()));
-      b.context_lens.push_back(ends[si]);
-      b.sample_rows.push_back(static_cast<int32_t>(b.token_ids.size()) - 1);
-      b.calibrate.push_back(blocks_->scales_to_calibrate(id) != nullptr ? 1 : 0);
-      const std::span<const int32_t> table = blocks_->block_table(id);
-      std::copy(table.begin(), table.end(), b.block_tables.begin() + static_cast<std::ptrdiff_t>(i) * max_blocks);
-      const KvScales& scales = blocks_->scales(id);
-      for (int layer = 0; layer < num_layers; ++layer) {
-        b.k_scales[static_cast<std::size_t>(layer * num_seqs + i)] = scales.k[static_cast<std::size_t>(layer)];
-        b.v_scales[static_cast<std::size_t>(layer * num_seqs + i)] = scales.v[static_cast<std::size_t>(layer)];
-      }
+      inputs_->add(id, start, ends[si], calibrating[si]);
+      inputs_->add_sample_row(inputs_->num_tokens() - 1);
     }
     logits_.resize(ids.size() * vocab);
-    transformer_->forward(b.view(), logits_);
+    transformer_->forward(inputs_->batch(), logits_);
     for (int32_t i = 0; i < num_seqs; ++i) {
       const auto si = static_cast<std::size_t>(i);
       const SeqId id = ids[si];
-      if (KvScales* scales = blocks_->scales_to_calibrate(id); scales != nullptr && b.calibrate[si] != 0) {
-        for (int layer = 0; layer < num_layers; ++layer) {
-          scales->k[static_cast<std::size_t>(layer)] = b.k_scales[static_cast<std::size_t>(layer * num_seqs + i)];
-          scales->v[static_cast<std::size_t>(layer)] = b.v_scales[static_cast<std::size_t>(layer * num_seqs + i)];
-        }
-      }
+      if (calibrating[si]) inputs_->write_back_scales(id, i);
       // Catch-up tokens are the target's own: computed (the scales freeze after the first chunk).
       if (catching_up) blocks_->mark_computed(id, ends[si]);
       begin[si] = ends[si];

@@ -30,6 +30,7 @@
 #include "kernels/backend.hpp"
 #include "model/loader.hpp"
 #include "model/transformer.hpp"
+#include "server/engine/step_inputs.hpp"
 
 namespace fp8serve {
 
@@ -93,7 +94,7 @@ class DraftModel {
   std::unique_ptr<Transformer> transformer_;
   std::unique_ptr<BlockManager> blocks_;
   int32_t vocab_ = 0;  // the target's: proposals stay inside it
-  HostBatch batch_;
+  std::unique_ptr<StepInputs> inputs_;  // over blocks_
   std::vector<float> logits_;
   std::vector<SeqId> held_;  // sequences with draft KV, oldest first
 };

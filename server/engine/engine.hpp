@@ -1,14 +1,19 @@
 #pragma once
-// The engine loop's state and one step of it (DESIGN.md §2): the Transformer on its Backend,
-// the BlockManager, the Scheduler, and per sequence a Sampler, an IncrementalDetokenizer and
-// a StopChecker. Single-threaded: the HTTP server reaches it only through AsyncEngine
-// (server/async_engine.hpp), the offline `generate` command drives it directly.
+// The engine loop's state and one step of it (docs/design.md, "One step"): the Transformer on its
+// Backend, the BlockManager, the Scheduler, and per sequence a Sampler, an
+// IncrementalDetokenizer and a StopChecker. Single-threaded: the HTTP server reaches it only
+// through AsyncEngine (server/async_engine.hpp), the offline `generate` command drives it directly.
 //
 //   add_request(request, sink)   validate, queue (n > 1: one sequence per choice, forked
 //                                from the prompt's blocks after prefill)
-//   step()                       schedule -> copy-on-write -> forward -> calibrated scales ->
-//                                sample -> stop checks -> outputs posted to each sink
+//   step()                       schedule -> step inputs -> forward -> commit the KV -> step
+//                                outputs (sample, verify, stop checks, outputs to each sink)
 //   abort(request_id)            frees the request's blocks now
+//
+// The step's stages live in one file each: step_inputs.cpp (the forward batch), engine.cpp
+// (the step itself, requests in and out), step_outputs.cpp (sampling and verification),
+// structured_sampling.cpp (grammar masks and the token budget), engine_startup.cpp (the
+// constructor: device, weights, KV budget, start-up log).
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -22,62 +27,22 @@
 #include "cache/block_manager.hpp"
 #include "cache/kv_cache_spec.hpp"
 #include "cache/kv_scales.hpp"
-#include "config/config.hpp"
-#include "kernels/backend.hpp"
 #include "model/grammar/matcher.hpp"
 #include "model/loader.hpp"
 #include "model/tokenizer/detokenizer.hpp"
 #include "model/transformer.hpp"
-#include "server/api/engine_client.hpp"
 #include "server/engine/device_select.hpp"
 #include "server/engine/draft_model.hpp"
 #include "server/engine/engine_api.hpp"
+#include "server/engine/engine_options.hpp"
 #include "server/engine/prompt_scoring.hpp"
 #include "server/engine/sampling.hpp"
 #include "server/engine/scheduler.hpp"
 #include "server/engine/speculation.hpp"
+#include "server/engine/step_inputs.hpp"
 #include "server/engine/stop_checker.hpp"
 
 namespace fp8serve {
-
-struct EngineOptions {
-  std::string device = "cpu";  // auto | cpu | cuda (server/engine/device_select.hpp); the CLI's default is auto
-  KvDtype kv_dtype = KvDtype::fp8_e4m3;
-  float kv_scale_margin = kDefaultKvScaleMargin;
-  bool quantize_fp8 = false;           // --quantization fp8 (TransformerOptions)
-  bool quantize_lm_head = false;       // with it, the LM head too (--fp8-lm-head)
-  int kv_bf16_window = 64;             // --kv-bf16-window tokens (FP8 pool only; 0 = off)
-  bool kv_bf16_window_values = false;  // --kv-bf16-window-tensors kv (true) or k (false)
-  // --kv-bf16-window-share: the most of the KV budget the window's rings may take; as many rings
-  // as fit are made, sequences beyond them run as pure FP8.
-  double max_tail_share = kDefaultKvBf16WindowShare;
-  int block_size = 16;
-  // Bytes of K + V pool, the bf16 window's tail pool included; 0 = derive: on a GPU
-  // gpu_memory_utilization of its memory minus what the weights and buffers took, on the CPU
-  // kDefaultCpuKvCacheMemory.
-  uint64_t kv_cache_memory = 0;
-  double gpu_memory_utilization = 0.9;
-  int max_model_len = 0;                  // 0 = the model's max_position_embeddings
-  int max_num_seqs = 64;
-  int max_num_batched_tokens = 2048;
-  bool enable_prefix_caching = true;
-  int threads = 0;                        // CPU threads, 0 = all cores
-  bool enforce_eager = false;             // no CUDA graphs (decode steps replay them otherwise)
-  bool lazy_graph_capture = false;        // capture decode graphs on first use, not at start-up
-  bool device_sampling = true;            // off: the host samples every row (tests compare the two)
-  // Speculative decoding (server/engine/speculation.hpp): 0 = off; else ngram proposals of up to this
-  // many tokens, verified in one pass (CPU only for now).
-  int num_speculative_tokens = 0;
-  NgramOptions ngram;
-  // Non-empty: draft-model proposals from this model (server/engine/draft_model.hpp) instead of ngram.
-  std::string speculative_model;
-  int speculative_disable_by_batch_size = 2;
-};
-
-constexpr uint64_t kDefaultCpuKvCacheMemory = 1ull << 30;
-
-// The engine's part of the configuration (config/ validated it).
-EngineOptions engine_options_from_config(const Config& config);
 
 class Engine {
  public:
@@ -122,6 +87,8 @@ class Engine {
   const DraftModel* draft() const { return draft_.get(); }  // --speculative-method draft, else null
 
  private:
+  friend struct EngineTestAccess;
+  static constexpr const char* kNoContinuation = "structured output: no token can continue the text the schema requires";
   struct RequestState {
     GenerationRequest request;
     OutputSink sink;
@@ -153,14 +120,38 @@ class Engine {
     const std::vector<int32_t>* proposals;
   };
 
+  // Requests in and out (engine.cpp).
   void reject(const GenerationRequest& request, const OutputSink& sink, const std::string& message);
   std::string validate(const GenerationRequest& request) const;
-  void run_step(const StepPlan& plan);
+  void on_token(SeqId id, const SampleResult& sample);
+  void finish_seq(SeqId id, RequestOutput& out, FinishReason reason);
+  void fail_all(const std::string& message);
+  // A request's prompt logprobs go out with each choice's first output.
+  void attach_prompt_logprobs(SeqState& seq, RequestOutput& out);
+
+  // The step's stages, in order.
+  // 1. Step inputs: the plan's chunks over the block tables (inputs_), the rows that score
+  //    prompt tokens (scorer_), the queue time of requests seen for the first time.
+  void prepare_inputs(const StepPlan& plan);
   // How the step's tokens are sampled: from the logits on the host (none), or on a backend that
   // samples: greedy picks, or the top-k prefilter's candidates (rows they cannot decide come back).
   enum class DeviceSampling : uint8_t { none, greedy, candidates };
+  // 2. Forward: copy-on-write, the model, then (device sampling) the logit processing and the
+  //    picks or candidates where the logits are.
+  DeviceSampling run_forward(const StepPlan& plan);
+  // 3. The step's KV is committed: calibrated scales to the block manager, the tokens computed
+  //    (Scheduler::on_step_done: scales freeze, forks happen), the forks' window rings copied.
+  void commit_kv(const StepPlan& plan);
+  // 4. Step outputs: every sampling row's token (step_outputs.cpp), handed on in plan order.
+  void process_outputs(const StepPlan& plan, DeviceSampling sampling);
+
+  // Sampling and verification (step_outputs.cpp).
   DeviceSampling device_sampling(const StepPlan& plan) const;
-  void on_token(SeqId id, const SampleResult& sample);
+  // Adds the rows of `s` that score prompt tokens, its first token row being first_row.
+  void add_score_rows(const ScheduledSeq& s, int32_t first_row);
+  // The token of one of the step's rows, drawn from the device's picks or candidates: nullopt
+  // when the candidates cannot decide it (the caller samples the downloaded row itself).
+  std::optional<SampleResult> sample_on_device(DeviceSampling sampling, Sampler& sampler, std::size_t row);
   // Samples a speculating sequence's rows in order (sample_row: the token of one row of the
   // step, nullopt when the grammar ends the sequence), handing out each token, up to the first
   // one that differs from its proposal (server/engine/speculation.hpp); the rest are rolled back.
@@ -169,16 +160,14 @@ class Engine {
   // The proposals for the step's decoding sequences (Scheduler's BatchProposeFn): ngram, or the
   // draft model's, batched.
   void propose(std::span<ProposalRequest> requests);
-  // The step's rows that score prompt tokens, into scorer_ (before the forward pass).
-  void add_score_rows(const ScheduledSeq& s, int32_t first_row);
-  // A request's prompt logprobs go out with each choice's first output.
-  void attach_prompt_logprobs(SeqState& seq, RequestOutput& out);
+
+  // Structured outputs (structured_sampling.cpp).
   // A structured output's next token, sampled from row_ (a copy of `logits`) among those the
   // grammar allows and the token budget can still finish; the accepted token, or nullopt once
   // the sequence has finished (complete, or an error).
   std::optional<SampleResult> sample_structured(SeqId id, SeqState& seq, std::span<const float> logits);
   // The same for a row the device sampled after the grammar's mask joined its processing
-  // (run_step): `sample`, the device's token (nullopt: its candidates could not decide), and
+  // (run_forward): `sample`, the device's token (nullopt: its candidates could not decide), and
   // `row`, the step's row to download for what the host must sample itself.
   std::optional<SampleResult> sample_structured_on_device(SeqId id, SeqState& seq, std::optional<SampleResult> sample,
                                                           int64_t row);
@@ -191,11 +180,29 @@ class Engine {
   // if given; false when no token can continue.
   bool fill_token_mask(SeqState& seq, std::span<float> row = {});
   int64_t token_budget(const SeqState& seq) const;  // tokens the sequence may still generate
-  void finish_seq(SeqId id, RequestOutput& out, FinishReason reason);
-  void fail_all(const std::string& message);
+
+  // The constructor's parts (engine_startup.cpp).
+  void size_kv_cache();
+  void start_speculation();
+  void log_startup();  // and captures the decode graphs, between its device and model lines
+
+  // The KV budget as start-up split it (size_kv_cache), for the start-up log.
+  struct KvSizing {
+    KvCacheSpec spec;     // the pool's, with the window that fit
+    KvWindow asked_window;  // the window asked for (--kv-bf16-window)
+    uint64_t ring_bytes = 0;  // one ring of the asked window
+    uint64_t budget = 0;      // bytes for the pool and the tail (the draft's share taken out)
+    std::string budget_source;
+    int num_blocks = 0;
+    int num_rings = 0;
+  };
 
   LoadedModel model_;
   EngineOptions options_;
+  KvSizing kv_;
+  // Off (tests only, tests/unit/engine/engine_test_access.hpp): the host samples every row, so
+  // that tests compare device sampling with it.
+  bool device_sampling_ = true;
   Device device_;
   std::unique_ptr<Transformer> transformer_;
   std::unique_ptr<BlockManager> blocks_;
@@ -210,22 +217,20 @@ class Engine {
   std::mt19937_64 seed_rng_;  // fallback seeds for requests without one
 
   // Step scratch, reused so a decode step allocates little.
-  std::vector<int32_t> token_ids_, positions_, query_start_loc_, context_lens_, block_tables_;
-  std::vector<int32_t> fp8_lens_, spill_starts_, tail_slots_;
+  std::unique_ptr<StepInputs> inputs_;  // over blocks_
   std::vector<int32_t> batch_index_;  // [plan.seqs]: the sequence's first row in the forward batch
   std::vector<BlockCopy> tail_copies_;
-  std::vector<int32_t> sample_rows_;
   PromptScorer scorer_;
-  std::vector<int64_t> slot_mapping_;
-  std::vector<float> k_scales_, v_scales_, row_, inv_temperature_;
+  std::vector<float> row_, inv_temperature_;
   LogitProcessingBatch processing_;  // device sampling: the step's logit processing (sampling.hpp)
   HostArray<float> logits_;  // the sampled rows' logits: pinned on a GPU, one DMA per step
+  std::span<const GreedyRow> picks_;        // device sampling, greedy: the step's picks
+  Transformer::Candidates candidates_;      // device sampling, candidates: the step's
   std::vector<uint64_t> token_mask_;
   std::vector<SeqId> dead_ends_;  // device sampling: structured outputs no token can continue
   double grammar_mask_seconds_ = 0;
   double grammar_budget_seconds_ = 0;
   int64_t grammar_mask_count_ = 0;
-  std::vector<uint8_t> calibrate_;
   std::vector<KvWriteCounts> step_counts_;
   SpecDecodeCounters spec_counters_;
 };

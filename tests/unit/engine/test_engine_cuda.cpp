@@ -8,6 +8,7 @@
 // Skips (saying why) in a build without CUDA or on a machine without a GPU.
 #include <filesystem>
 
+#include "engine_test_access.hpp"
 #include "engine_test_util.hpp"
 
 using namespace fp8serve;
@@ -147,8 +148,8 @@ TEST_CASE("the engine on CUDA samples on the device exactly as the host does [gp
       EngineOptions options = small_options(KvDtype::bf16);
       options.device = "cuda";
       options.kv_cache_memory = 64u << 20;
-      options.device_sampling = on_device;
       auto engine = make_engine(fixture("models/tiny-llama"), options);
+      if (!on_device) EngineTestAccess::sample_on_host(*engine);
       for (const GenerationRequest& r : requests)
         if (!all_greedy || r.sampling.temperature == 0.0f) engine->add_request(r, collect(runs[on_device]));
       run_to_completion(*engine);

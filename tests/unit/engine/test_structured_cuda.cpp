@@ -5,6 +5,7 @@
 // sampling off (every row's logits to the host, masked and sampled there): the same tokens and
 // text for every sampling mode, and complete documents under a tight max_tokens. In CI on the
 // emulated H200 (CTest test_structured_cuda_emu), on a GPU in test_engine.
+#include "tests/unit/engine/engine_test_access.hpp"
 #include "tests/unit/engine/engine_test_util.hpp"
 
 #include <nlohmann/json.hpp>
@@ -33,8 +34,8 @@ Outputs run(bool device_sampling, const std::vector<GenerationRequest>& requests
   options.device = "cuda";
   options.max_num_seqs = 8;
   options.lazy_graph_capture = true;  // the emulator is slow: only the buckets the run uses
-  options.device_sampling = device_sampling;
   auto engine = make_engine(fixture("models/tiny-qwen3"), options);
+  if (!device_sampling) EngineTestAccess::sample_on_host(*engine);
   const auto compiled = compile_for(*engine);
   Outputs outputs;
   for (GenerationRequest r : requests) {
