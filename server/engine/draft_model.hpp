@@ -43,7 +43,7 @@ struct DraftOptions {
   int max_model_len = 0;
 };
 
-// One sequence's request for proposals (Scheduler's ProposeFn arguments).
+// One sequence's request for proposals (Engine::propose_drafts).
 struct DraftJob {
   SeqId id = 0;
   std::span<const int32_t> tokens;  // prompt + generated; the last one not computed by the target yet

@@ -199,6 +199,7 @@ void Engine::step() {
     const DeviceSampling sampling = run_forward(plan);
     commit_kv(plan);
     process_outputs(plan, sampling);
+    propose_drafts();
   } catch (const std::exception& e) {
     // An engine bug or a device failure, not a client's doing (requests are validated on
     // entry): fail every request rather than continue on a state we no longer trust.

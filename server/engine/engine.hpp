@@ -8,6 +8,7 @@
 //                                from the prompt's blocks after prefill)
 //   step()                       schedule -> step inputs -> forward -> commit the KV -> step
 //                                outputs (sample, verify, stop checks, outputs to each sink)
+//                                -> proposals for the next step (speculative decoding)
 //   abort(request_id)            frees the request's blocks now
 //
 // The step's stages live in one file each: step_inputs.cpp (the forward batch), engine.cpp
@@ -157,9 +158,9 @@ class Engine {
   // one that differs from its proposal (server/engine/speculation.hpp); the rest are rolled back.
   using VerifySampleFn = std::function<std::optional<SampleResult>(SeqId id, SeqState& seq, std::size_t row)>;
   void verify(const Verify& v, const VerifySampleFn& sample_row);
-  // The proposals for the step's decoding sequences (Scheduler's BatchProposeFn): ngram, or the
-  // draft model's, batched.
-  void propose(std::span<ProposalRequest> requests);
+  // 5. Speculative decoding: proposals for the next step's decodes (Scheduler::draft_candidates),
+  //    ngram or the draft model's (batched), handed to the scheduler.
+  void propose_drafts();
 
   // Structured outputs (structured_sampling.cpp).
   // A structured output's next token, sampled from row_ (a copy of `logits`) among those the
@@ -183,7 +184,7 @@ class Engine {
 
   // The constructor's parts (engine_startup.cpp).
   void size_kv_cache();
-  void start_speculation();
+  void log_speculation() const;
   void log_startup();  // and captures the decode graphs, between its device and model lines
 
   // The KV budget as start-up split it (size_kv_cache), for the start-up log.
@@ -232,6 +233,7 @@ class Engine {
   double grammar_budget_seconds_ = 0;
   int64_t grammar_mask_count_ = 0;
   std::vector<KvWriteCounts> step_counts_;
+  std::vector<std::vector<int32_t>> proposals_;  // propose_drafts(): [draft candidates]
   SpecDecodeCounters spec_counters_;
 };
 

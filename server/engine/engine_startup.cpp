@@ -68,7 +68,7 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
                        static_cast<int>(backend.batch_invariant_tokens())},
       *blocks_);
   inputs_ = std::make_unique<StepInputs>(*blocks_, c.num_layers);
-  start_speculation();
+  log_speculation();
 
   for (const int id : c.eos_token_ids) stop_ids_.push_back(id);
   if (const std::optional<int32_t> eos = model_.tokenizer->eos_id()) {
@@ -141,9 +141,8 @@ void Engine::size_kv_cache() {
   blocks_ = std::make_unique<BlockManager>(bopts);
 }
 
-void Engine::start_speculation() {
+void Engine::log_speculation() const {
   if (options_.num_speculative_tokens <= 0) return;
-  scheduler_->set_proposer([this](std::span<ProposalRequest> requests) { propose(requests); });
   if (!draft_) {
     spdlog::info("speculative decoding: ngram, up to {} tokens per step (lookup of {}-{} tokens), off above {} "
                  "decoding sequences",

@@ -27,6 +27,7 @@ void Scheduler::add(SeqId id, std::span<const int32_t> prompt, std::span<const S
   Sequence s;
   s.tokens.assign(prompt.begin(), prompt.end());
   s.num_prompt_tokens = static_cast<int>(prompt.size());
+  s.phase = Phase::waiting;
   s.pending_forks.assign(fork_ids.begin(), fork_ids.end());
   s.prefix_cache = prefix_cache;
   s.num_cached_tokens = -1;  // not admitted yet
@@ -42,6 +43,7 @@ void Scheduler::preempt(SeqId id, StepPlan& plan) {
   blocks_.free(id);
   s.num_computed_tokens = 0;
   s.running = false;
+  s.phase = Phase::waiting;
   running_.erase(std::find(running_.begin(), running_.end(), id));
   waiting_.push_front(id);
   plan.preempted.push_back(id);
@@ -57,7 +59,9 @@ StepPlan Scheduler::schedule() {
   for (std::size_t i = 0; i < running_.size() && budget > 0; ++i) {
     const SeqId id = running_[i];
     Sequence& s = seq(id);
-    if (static_cast<int>(s.tokens.size()) != blocks_.num_tokens(id) + 1) continue;  // prefilling
+    if (s.phase != Phase::decoding) continue;
+    if (static_cast<int>(s.tokens.size()) != blocks_.num_tokens(id) + 1)
+      throw std::logic_error("Scheduler: decoding sequence " + std::to_string(id) + " has no new token to compute");
     bool preempted_self = false;
     while (!blocks_.can_append(id)) {
       const SeqId victim = running_.back();  // the newest; never one scheduled already
@@ -100,7 +104,7 @@ StepPlan Scheduler::schedule() {
     plan.seqs.push_back(std::move(step));
   };
 
-  const bool speculate = propose_ && options_.num_speculative_tokens > 0;
+  const bool speculate = options_.num_speculative_tokens > 0;
   if (speculate && options_.max_speculative_step_tokens == 0) schedule_proposals(plan, budget);
   const std::size_t num_decodes = plan.seqs.size();
 
@@ -141,6 +145,7 @@ StepPlan Scheduler::schedule() {
     }
     s.saved_scales.reset();
     s.running = true;
+    s.phase = Phase::prefilling;
     waiting_.pop_front();
     running_.push_back(id);
     schedule_chunk(id, s, calibrate);
@@ -159,23 +164,16 @@ StepPlan Scheduler::schedule() {
 // bf16 window would stop them: with a window, every verified row must read the FP8 part that
 // its own single-token decode step would read (the window's boundary moves a block at a time),
 // so that the verified logits are the plain decode's bit for bit.
-void Scheduler::set_proposer(ProposeFn propose) {
-  propose_ = [propose = std::move(propose)](std::span<ProposalRequest> requests) {
-    for (ProposalRequest& r : requests) propose(r.id, r.tokens, r.max_tokens, r.out);
-  };
-}
-
 void Scheduler::schedule_proposals(StepPlan& plan, int& budget) {
   if (plan.seqs.empty() || static_cast<int>(plan.seqs.size()) > options_.disable_by_batch_size) return;
   if (!plan.preempted.empty()) return;  // the pool is short: no blocks for guesses
-  // Each sequence's cap first (the budget shared out in plan order), then every proposal at once.
-  proposal_requests_.clear();
+  // Each sequence's cap in plan order, the budget shared out among them.
   int left = budget;
   if (options_.max_speculative_step_tokens > 0)  // every scheduled sequence is a decode here: one token each
     left = std::min(left, options_.max_speculative_step_tokens - static_cast<int>(plan.seqs.size()));
-  for (const ScheduledSeq& step : plan.seqs) {
+  for (ScheduledSeq& step : plan.seqs) {
     if (left <= 0) break;
-    const Sequence& s = seq(step.id);
+    Sequence& s = seq(step.id);
     const int n = static_cast<int>(s.tokens.size());
     int max_tokens = std::min(options_.num_speculative_tokens, left);
     if (blocks_.window().enabled()) {
@@ -184,25 +182,34 @@ void Scheduler::schedule_proposals(StepPlan& plan, int& budget) {
     }
     if (max_tokens <= 0) continue;
     left -= max_tokens;
-    proposal_requests_.push_back({step.id, s.tokens, max_tokens, {}});
-  }
-  if (proposal_requests_.empty()) return;
-  propose_(proposal_requests_);
-  std::size_t r = 0;
-  for (ScheduledSeq& step : plan.seqs) {
-    if (r == proposal_requests_.size()) break;
-    if (proposal_requests_[r].id != step.id) continue;
-    const ProposalRequest& request = proposal_requests_[r++];
-    for (std::size_t i = 0; i < request.out.size() && static_cast<int>(i) < request.max_tokens; ++i) {
+    if (s.draft_after != n) continue;  // none proposed for this decode
+    for (std::size_t i = 0; i < s.draft_tokens.size() && static_cast<int>(i) < max_tokens; ++i) {
       if (!blocks_.can_append(step.id)) break;
-      const AppendResult slot = blocks_.append_slot(step.id, request.out[i]);
+      const AppendResult slot = blocks_.append_slot(step.id, s.draft_tokens[i]);
       if (slot.spill_copy) plan.block_copies.push_back(*slot.spill_copy);
       if (slot.copy) plan.block_copies.push_back(*slot.copy);
-      step.proposals.push_back(request.out[i]);
+      step.proposals.push_back(s.draft_tokens[i]);
     }
+    s.draft_tokens.clear();
+    s.draft_after = -1;
     step.num_tokens += static_cast<int>(step.proposals.size());
     budget -= static_cast<int>(step.proposals.size());
   }
+}
+
+std::vector<SeqId> Scheduler::draft_candidates() const {
+  std::vector<SeqId> ids;
+  if (options_.num_speculative_tokens <= 0) return ids;
+  for (const SeqId id : running_)
+    if (seqs_.at(id).phase == Phase::decoding) ids.push_back(id);
+  if (static_cast<int>(ids.size()) > options_.disable_by_batch_size) ids.clear();
+  return ids;
+}
+
+void Scheduler::set_draft_tokens(SeqId id, std::span<const int32_t> tokens) {
+  Sequence& s = seq(id);
+  s.draft_tokens.assign(tokens.begin(), tokens.end());
+  s.draft_after = static_cast<int>(s.tokens.size());
 }
 
 void Scheduler::mark_computed(SeqId id, Sequence& s, int num_computed, int fp8_floor) {
@@ -239,6 +246,7 @@ void Scheduler::on_step_done(const StepPlan& plan) {
     // A speculating step counts its first token; the proposals count as they are verified.
     const int computed = step.start + step.num_tokens - static_cast<int>(step.proposals.size());
     mark_computed(step.id, s, computed, step.fp8_floor);
+    if (step.samples) s.phase = Phase::decoding;  // its next token is sampled now
     for (const SeqId child : step.forks) {
       blocks_.fork(step.id, child);
       Sequence c;
@@ -249,6 +257,7 @@ void Scheduler::on_step_done(const StepPlan& plan) {
       c.fp8_steps = s.fp8_steps;
       c.had_ring = blocks_.tail_ring(child) >= 0;
       c.running = true;
+      c.phase = Phase::decoding;
       seqs_.emplace(child, std::move(c));
       running_.push_back(child);
     }

@@ -7,6 +7,8 @@
 //   on_step_done(plan)           tokens now computed (scales freeze, forks happen)
 //   append_token(id, token)      for every sequence that sampled, unless it finished:
 //   finish(id)                   blocks back to the pool (or the prefix cache)
+//   set_draft_tokens(id, tokens) speculative decoding: proposals for the next step's decode of
+//                                each of draft_candidates(), made by the engine after the step
 //
 // Policy: running sequences decode first (one token each, oldest first); the leftover token
 // budget (--max-num-batched-tokens) continues running prefills, then admits waiting sequences
@@ -27,7 +29,6 @@
 // a window; the price is a recompute in steps of about a block per decode run.
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -55,18 +56,6 @@ struct SchedulerOptions {
   // verified row is bitwise its own decode. 0: any step (the CPU).
   int max_speculative_step_tokens = 0;
 };
-
-// Proposes up to max_tokens tokens to follow `tokens` (prompt + generated, the last one not yet
-// computed) into `out` (cleared first); proposing none is always fine.
-using ProposeFn = std::function<void(SeqId id, std::span<const int32_t> tokens, int max_tokens, std::vector<int32_t>& out)>;
-// The same for all of a step's decoding sequences at once (a draft model runs them as one batch).
-struct ProposalRequest {
-  SeqId id = 0;
-  std::span<const int32_t> tokens;
-  int max_tokens = 0;
-  std::vector<int32_t> out;
-};
-using BatchProposeFn = std::function<void(std::span<ProposalRequest> requests)>;
 
 // One sequence's share of a step: tokens [start, start + num_tokens) of its token list.
 struct ScheduledSeq {
@@ -106,9 +95,14 @@ class Scheduler {
   // The token sampled for a sequence that continues; its KV is computed by a later step.
   void append_token(SeqId id, int32_t token);
 
-  // Speculative decoding: schedule() asks `propose` for the decoding sequences' proposals.
-  void set_proposer(BatchProposeFn propose) { propose_ = std::move(propose); }
-  void set_proposer(ProposeFn propose);  // one sequence at a time
+  // Speculative decoding, after a step for the next one (as vLLM v1's update_draft_token_ids):
+  // the sequences whose next step decodes and may speculate, oldest first - none when more than
+  // disable_by_batch_size decode (the step is compute-bound), or without speculation.
+  std::vector<SeqId> draft_candidates() const;
+  // Tokens proposed to follow `id`'s last token, verified in its next decode as far as the
+  // budget, the pool and the bf16 window allow (schedule() cuts them); a later token or a
+  // preemption makes them stale.
+  void set_draft_tokens(SeqId id, std::span<const int32_t> tokens);
   // The token just appended equals the step's next proposal, whose KV the step computed: it
   // counts as computed (its full block may enter the prefix cache). PRECOND: it is a proposal
   // of this step, still held by the block manager.
@@ -136,12 +130,16 @@ class Scheduler {
     int end = 0;
     int fp8_len = 0;
   };
+  // waiting: queued (new, or preempted); prefilling: its prompt (or a recompute) is computed in
+  // chunks; decoding: every token but the last is computed, and the next step computes that one.
+  enum class Phase : uint8_t { waiting, prefilling, decoding };
   struct Sequence {
+    Phase phase = Phase::waiting;
     std::vector<int32_t> tokens;  // prompt + generated
     int num_prompt_tokens = 0;
     int num_computed_tokens = 0;
     int num_cached_tokens = 0;
-    bool running = false;
+    bool running = false;  // prefilling or decoding
     bool prefix_cache = true;  // may map cached blocks at admission
     // bf16 window: ran with a tail ring. A recompute replays what its steps read, so it waits
     // for a ring; a sequence that ran as pure FP8 replays exactly with or without one.
@@ -149,11 +147,14 @@ class Scheduler {
     std::vector<SeqId> pending_forks;
     std::optional<KvScales> saved_scales;  // frozen scales kept across a preemption
     std::vector<Fp8Step> fp8_steps;        // bf16 window: what a recompute replays
+    std::vector<int32_t> draft_tokens;     // speculative decoding: proposals after token draft_after - 1
+    int draft_after = -1;
   };
 
   Sequence& seq(SeqId id);
   void preempt(SeqId id, StepPlan& plan);
-  // Adds proposals to the step's decodes, within the budget and the pool (never preempting).
+  // Adds the stored proposals to the step's decodes, within the budget and the pool (never
+  // preempting).
   void schedule_proposals(StepPlan& plan, int& budget);
   // Tokens [0, num_computed) now hold their KV: the block manager and the bf16 window's record.
   void mark_computed(SeqId id, Sequence& s, int num_computed, int fp8_floor);
@@ -168,8 +169,6 @@ class Scheduler {
   std::deque<SeqId> waiting_;
   std::vector<SeqId> running_;  // admission order: back() is the newest
   uint64_t num_preemptions_ = 0;
-  BatchProposeFn propose_;
-  std::vector<ProposalRequest> proposal_requests_;
 };
 
 }  // namespace fp8serve

@@ -142,18 +142,24 @@ void Engine::verify(const Verify& v, const VerifySampleFn& sample_row) {
   if (const auto it = seqs_.find(v.id); it != seqs_.end()) it->second.gate.record(it->second.num_generated, num_accepted);
 }
 
-void Engine::propose(std::span<ProposalRequest> requests) {
+void Engine::propose_drafts() {
+  const std::vector<SeqId> ids = scheduler_->draft_candidates();
+  if (ids.empty()) return;
+  proposals_.resize(ids.size());
   std::vector<DraftJob> jobs;
-  for (ProposalRequest& r : requests) {
-    r.out.clear();
-    const SeqState& seq = seqs_.at(r.id);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    std::vector<int32_t>& out = proposals_[i];
+    out.clear();
+    const SeqState& seq = seqs_.at(ids[i]);
     if (!seq.gate.allows(seq.num_generated)) continue;
     // The step samples 1 + accepted tokens: no proposal past what the request may still generate.
-    const auto max_tokens = static_cast<int>(std::min<int64_t>(r.max_tokens, token_budget(seq) - 1));
-    if (!draft_) ngram_propose(r.tokens, options_.ngram, max_tokens, r.out);
-    else jobs.push_back({r.id, r.tokens, max_tokens, &r.out, static_cast<int>(requests_.at(seq.request_id).request.prompt_tokens.size())});
+    const auto max_tokens = static_cast<int>(std::min<int64_t>(options_.num_speculative_tokens, token_budget(seq) - 1));
+    const std::span<const int32_t> tokens = scheduler_->tokens(ids[i]);
+    if (!draft_) ngram_propose(tokens, options_.ngram, max_tokens, out);
+    else jobs.push_back({ids[i], tokens, max_tokens, &out, static_cast<int>(requests_.at(seq.request_id).request.prompt_tokens.size())});
   }
   if (draft_ && !jobs.empty()) draft_->propose(jobs);  // one batch: its decode passes run every sequence
+  for (std::size_t i = 0; i < ids.size(); ++i) scheduler_->set_draft_tokens(ids[i], proposals_[i]);
 }
 
 Engine::DeviceSampling Engine::device_sampling(const StepPlan& plan) const {

@@ -39,24 +39,25 @@ void prefill(Scheduler& scheduler, BlockManager& blocks, int32_t first_token) {
   scheduler.append_token(0, first_token);
 }
 
+// What the engine does after each step: proposals for every sequence that may speculate next.
+void propose(Scheduler& scheduler, const std::vector<int32_t>& tokens) {
+  for (const SeqId id : scheduler.draft_candidates()) scheduler.set_draft_tokens(id, tokens);
+}
+
 }  // namespace
 
 TEST_CASE("speculation: proposals take 1 + K of the budget; rejected ones are rolled back exactly", "[scheduler][spec]") {
   BlockManager blocks = make_blocks(16, /*prefix_caching=*/true);
   Scheduler scheduler(SchedulerOptions{4, 64, 5, 4}, blocks);
   std::vector<int32_t> proposed{7, 8, 9, 10, 11, 12};  // more than K: the scheduler keeps K
-  int asked = -1;
-  scheduler.set_proposer([&](SeqId, std::span<const int32_t>, int max_tokens, std::vector<int32_t>& out) {
-    asked = max_tokens;
-    out = proposed;
-  });
   scheduler.add(0, iota_prompt(6));
   prefill(scheduler, blocks, 6);
   const int free_before = blocks.num_free_blocks();  // 7 tokens: 2 blocks
 
+  CHECK(scheduler.draft_candidates() == std::vector<SeqId>{0});
+  propose(scheduler, proposed);
   StepPlan plan = scheduler.schedule();
   REQUIRE(plan.seqs.size() == 1);
-  CHECK(asked == 5);
   const ScheduledSeq& s = plan.seqs[0];
   CHECK(s.start == 6);
   CHECK(s.num_tokens == 6);
@@ -91,8 +92,7 @@ TEST_CASE("speculation: proposals take 1 + K of the budget; rejected ones are ro
   std::vector<int32_t> rejected{100, 101, 102, 103, 104, 105, 6, 7, 8, 9, 10, 11, 12};
   CHECK(blocks.num_cached_prefix_tokens(rejected) == 8);
 
-  // The next decode places 42 where 9 was proposed.
-  proposed.clear();
+  // The next decode places 42 where 9 was proposed (the proposals were for token 7's decode).
   plan = scheduler.schedule();
   REQUIRE(plan.seqs.size() == 1);
   CHECK(plan.seqs[0].start == 9);
@@ -110,11 +110,9 @@ TEST_CASE("speculation: the budget, the pool and the batch size cap the proposal
   SECTION("budget") {
     BlockManager blocks = make_blocks(16, false);
     Scheduler scheduler(SchedulerOptions{4, 16, 8, 4}, blocks);
-    scheduler.set_proposer([](SeqId, std::span<const int32_t>, int max_tokens, std::vector<int32_t>& out) {
-      out.assign(static_cast<std::size_t>(max_tokens), 5);
-    });
     scheduler.add(0, iota_prompt(6));
     prefill(scheduler, blocks, 6);
+    propose(scheduler, std::vector<int32_t>(8, 5));
     scheduler.add(1, iota_prompt(12));  // waits: the decode's proposals take the budget first
     const StepPlan plan = scheduler.schedule();
     REQUIRE(plan.seqs.size() == 2);
@@ -125,11 +123,9 @@ TEST_CASE("speculation: the budget, the pool and the batch size cap the proposal
   SECTION("pool: proposals stop where the pool does, never preempting") {
     BlockManager blocks = make_blocks(3, false);
     Scheduler scheduler(SchedulerOptions{4, 64, 8, 4}, blocks);
-    scheduler.set_proposer([](SeqId, std::span<const int32_t>, int max_tokens, std::vector<int32_t>& out) {
-      out.assign(static_cast<std::size_t>(max_tokens), 5);
-    });
     scheduler.add(0, iota_prompt(6));
     prefill(scheduler, blocks, 6);
+    propose(scheduler, std::vector<int32_t>(8, 5));
     const StepPlan plan = scheduler.schedule();
     REQUIRE(plan.seqs.size() == 1);
     CHECK(plan.preempted.empty());
@@ -139,20 +135,16 @@ TEST_CASE("speculation: the budget, the pool and the batch size cap the proposal
   SECTION("batch size: no proposals above disable_by_batch_size decoding sequences") {
     BlockManager blocks = make_blocks(32, false);
     Scheduler scheduler(SchedulerOptions{4, 64, 3, 1}, blocks);
-    int calls = 0;
-    scheduler.set_proposer([&](SeqId, std::span<const int32_t>, int, std::vector<int32_t>& out) {
-      ++calls;
-      out = {1};
-    });
     scheduler.add(0, iota_prompt(5));
     scheduler.add(1, iota_prompt(5));
     StepPlan plan = scheduler.schedule();
     scheduler.on_step_done(plan);
     scheduler.append_token(0, 1);
     scheduler.append_token(1, 1);
+    CHECK(scheduler.draft_candidates().empty());  // nobody is asked for proposals
+    for (const SeqId id : {0, 1}) scheduler.set_draft_tokens(id, std::vector<int32_t>{1});  // and any made are not used
     plan = scheduler.schedule();
     CHECK(plan.seqs.size() == 2);
-    CHECK(calls == 0);
     CHECK(plan.num_tokens == 2);
   }
 }
@@ -161,13 +153,11 @@ TEST_CASE("speculation with the bf16 window: proposals never move the step's FP8
   const KvWindow window{8, true, 4};  // fp8_len(n) = (n - 8) / 4 * 4
   BlockManager blocks = make_blocks(16, true, window, 2);
   Scheduler scheduler(SchedulerOptions{4, 64, 6, 4}, blocks);
-  scheduler.set_proposer([](SeqId, std::span<const int32_t>, int max_tokens, std::vector<int32_t>& out) {
-    out.assign(static_cast<std::size_t>(max_tokens), 5);
-  });
   scheduler.add(0, iota_prompt(9));
   prefill(scheduler, blocks, 9);
   for (int step = 0; step < 12; ++step) {
     const int n = static_cast<int>(scheduler.tokens(0).size());
+    propose(scheduler, std::vector<int32_t>(6, 5));
     const StepPlan plan = scheduler.schedule();
     REQUIRE(plan.seqs.size() == 1);
     const int k = static_cast<int>(plan.seqs[0].proposals.size());
@@ -192,19 +182,15 @@ TEST_CASE("speculation on a backend batch invariant up to N tokens: no proposal 
   BlockManager blocks = make_blocks(32, /*prefix_caching=*/false);
   // K = 5, speculation at any batch size, steps of at most 4 tokens when they carry proposals.
   Scheduler scheduler(SchedulerOptions{4, 64, 5, 4, /*max_speculative_step_tokens=*/4}, blocks);
-  int asked = -1;
-  scheduler.set_proposer([&](SeqId, std::span<const int32_t>, int max_tokens, std::vector<int32_t>& out) {
-    asked = max_tokens;
-    out = {7, 8, 9, 10, 11};
-  });
+  const std::vector<int32_t> proposed{7, 8, 9, 10, 11};
   scheduler.add(0, iota_prompt(6));
   prefill(scheduler, blocks, 6);
 
-  // A waiting request's prefill shares the step: no proposals (asked stays -1).
+  // A waiting request's prefill shares the step: no proposals.
+  propose(scheduler, proposed);
   scheduler.add(1, iota_prompt(5));
   StepPlan plan = scheduler.schedule();
   REQUIRE(plan.seqs.size() == 2);
-  CHECK(asked == -1);
   CHECK(plan.seqs[0].proposals.empty());
   CHECK(plan.num_tokens == 1 + 5);
   scheduler.on_step_done(plan);
@@ -213,9 +199,10 @@ TEST_CASE("speculation on a backend batch invariant up to N tokens: no proposal 
   blocks.check_integrity();
 
   // Two decodes and no prefill: proposals fill the step up to 4 tokens, in plan order.
+  propose(scheduler, proposed);
   plan = scheduler.schedule();
   REQUIRE(plan.seqs.size() == 2);
-  CHECK(asked == 2);  // 4 - the two decodes' tokens, all to the first sequence
+  // 4 - the two decodes' tokens, all to the first sequence
   CHECK(plan.seqs[0].proposals == std::vector<int32_t>{7, 8});
   CHECK(plan.seqs[1].proposals.empty());
   CHECK(plan.num_tokens == 4);
