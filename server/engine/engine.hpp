@@ -180,20 +180,20 @@ class Engine {
   // The grammar's next-token bitmask into token_mask_ (timed for the metrics), applied to `row`
   // if given; false when no token can continue.
   bool fill_token_mask(SeqState& seq, std::span<float> row = {});
-  int64_t token_budget(const SeqState& seq) const;  // tokens the sequence may still generate
+  int64_t tokens_left(const SeqState& seq) const;  // tokens the sequence may still generate
 
   // The constructor's parts (engine_startup.cpp).
   void size_kv_cache();
   void log_speculation() const;
   void log_startup();  // and captures the decode graphs, between its device and model lines
 
-  // The KV budget as start-up split it (size_kv_cache), for the start-up log.
+  // The KV budget (bytes) as start-up split it (size_kv_cache), for the start-up log.
   struct KvSizing {
     KvCacheSpec spec;     // the pool's, with the window that fit
     KvWindow asked_window;  // the window asked for (--kv-bf16-window)
     uint64_t ring_bytes = 0;  // one ring of the asked window
-    uint64_t budget = 0;      // bytes for the pool and the tail (the draft's share taken out)
-    std::string budget_source;
+    uint64_t bytes = 0;       // the KV budget: the pool and the tail (the draft's share taken out)
+    std::string bytes_source;  // what set it, for the log
     int num_blocks = 0;
     int num_rings = 0;
   };

@@ -88,30 +88,30 @@ Engine::~Engine() = default;
 // that the FP8 pool alone could serve.
 void Engine::size_kv_cache() {
   Backend& backend = *device_.backend;
-  uint64_t budget = options_.kv_cache_memory;
-  std::string budget_source = "--kv-cache-memory";
-  if (budget == 0) {
+  uint64_t kv_bytes = options_.kv_cache_memory;
+  std::string kv_bytes_source = "--kv-cache-memory";
+  if (kv_bytes == 0) {
     if (const std::optional<DeviceMemory> memory = backend.memory_info()) {
       // Weights, activation buffers, workspaces - all allocated by now - and other processes
       // count as used.
       const double allowed = options_.gpu_memory_utilization * static_cast<double>(memory->total);
       const double used = static_cast<double>(memory->total - memory->free);
-      budget = allowed > used ? static_cast<uint64_t>(allowed - used) : 0;
-      budget_source = "--gpu-memory-utilization " + std::to_string(options_.gpu_memory_utilization).substr(0, 4) +
-                      " of " + mib_text(memory->total) + ", " + mib_text(memory->total - memory->free) + " in use";
-      if (budget == 0) {
-        throw std::invalid_argument("the weights and buffers leave no room for the KV cache under " + budget_source +
+      kv_bytes = allowed > used ? static_cast<uint64_t>(allowed - used) : 0;
+      kv_bytes_source = "--gpu-memory-utilization " + std::to_string(options_.gpu_memory_utilization).substr(0, 4) +
+                        " of " + mib_text(memory->total) + ", " + mib_text(memory->total - memory->free) + " in use";
+      if (kv_bytes == 0) {
+        throw std::invalid_argument("the weights and buffers leave no room for the KV cache under " + kv_bytes_source +
                                     ": raise --gpu-memory-utilization, or lower --max-num-batched-tokens");
       }
     } else {
-      budget = kDefaultCpuKvCacheMemory;
-      budget_source = "default for the CPU";
+      kv_bytes = kDefaultCpuKvCacheMemory;
+      kv_bytes_source = "default for the CPU";
     }
   }
   if (draft_) {  // the draft's pool: a share of the budget that holds as many tokens as the target's
-    const uint64_t share = draft_->kv_share(budget, kv_.spec.bytes_per_token());
+    const uint64_t share = draft_->kv_share(kv_bytes, kv_.spec.bytes_per_token());
     draft_->allocate_kv_cache(share);
-    budget -= share;
+    kv_bytes -= share;
     spdlog::info("speculative decoding: draft model {}, K = {}, off above {} decoding sequences; its KV {} of the budget "
                  "({} blocks, {} bytes/token: the budget split by bytes per token, room for as many tokens in each)",
                  draft_->name(), options_.num_speculative_tokens, options_.speculative_disable_by_batch_size,
@@ -119,14 +119,14 @@ void Engine::size_kv_cache() {
   }
   kv_.asked_window = kv_.spec.window;
   kv_.ring_bytes = kv_.spec.tail_bytes(1);
-  const KvCacheSpec::BudgetSplit split = kv_.spec.split_budget(budget, options_.max_num_seqs, options_.max_tail_share);
+  const KvCacheSpec::BudgetSplit split = kv_.spec.split_budget(kv_bytes, options_.max_num_seqs, options_.max_tail_share);
   kv_.num_blocks = split.num_blocks;
   kv_.num_rings = split.num_rings;
   kv_.spec.window = split.window;
-  kv_.budget = budget;
-  kv_.budget_source = budget_source;
+  kv_.bytes = kv_bytes;
+  kv_.bytes_source = kv_bytes_source;
   if (kv_.num_blocks < 1) {
-    throw std::invalid_argument("a KV budget of " + std::to_string(budget) + " bytes (" + budget_source +
+    throw std::invalid_argument("a KV budget of " + std::to_string(kv_bytes) + " bytes (" + kv_bytes_source +
                                 ") holds no block of " + std::to_string(kv_.spec.bytes_per_block()) + " bytes: raise it");
   }
   transformer_->allocate_kv_cache(kv_.num_blocks, kv_.num_rings);
@@ -189,7 +189,7 @@ void Engine::log_startup() {
     spdlog::info("FP8 weights on CUDA: weight-only on tensor cores (the FP8 GEMV, in groups of 16 tokens)");
   }
   spdlog::info("KV cache: {} ({}), {} bytes/token, margin {}{}, max model len {}", spec.describe(kv_.num_blocks),
-               kv_.budget_source, spec.bytes_per_token(), options_.kv_scale_margin,
+               kv_.bytes_source, spec.bytes_per_token(), options_.kv_scale_margin,
                kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (unused for bf16)", options_.max_model_len);
   std::string rings_note;
   if (kv_.asked_window.enabled() && !spec.window.enabled()) {
@@ -204,7 +204,7 @@ void Engine::log_startup() {
   }
   spdlog::info("KV {}{}{}; pool + tail {} of the {} budget", spec.describe_tail(kv_.num_rings),
                kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (a bf16 pool is exact: no window)", rings_note,
-               mib_text(transformer_->kv_cache_bytes() + transformer_->tail_bytes()), mib_text(kv_.budget));
+               mib_text(transformer_->kv_cache_bytes() + transformer_->tail_bytes()), mib_text(kv_.bytes));
   if (kv_dtype_is_scaled(options_.kv_dtype)) {
     // FP8 halves a token's bytes: the pool itself holds twice the tokens bf16 KV would in its bytes.
     spdlog::info("KV split: FP8 pool {} = {} tokens (bf16 KV would hold {} in those bytes) + bf16 window tail {}",

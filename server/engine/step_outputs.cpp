@@ -153,7 +153,7 @@ void Engine::propose_drafts() {
     const SeqState& seq = seqs_.at(ids[i]);
     if (!seq.gate.allows(seq.num_generated)) continue;
     // The step samples 1 + accepted tokens: no proposal past what the request may still generate.
-    const auto max_tokens = static_cast<int>(std::min<int64_t>(options_.num_speculative_tokens, token_budget(seq) - 1));
+    const auto max_tokens = static_cast<int>(std::min<int64_t>(options_.num_speculative_tokens, tokens_left(seq) - 1));
     const std::span<const int32_t> tokens = scheduler_->tokens(ids[i]);
     if (!draft_) ngram_propose(tokens, options_.ngram, max_tokens, out);
     else jobs.push_back({ids[i], tokens, max_tokens, &out, static_cast<int>(requests_.at(seq.request_id).request.prompt_tokens.size())});

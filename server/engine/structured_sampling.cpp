@@ -52,7 +52,7 @@ std::optional<SampleResult> Engine::check_structured(SeqId id, SeqState& seq, Sa
                                                      const std::function<SampleResult(std::span<const uint64_t>)>& resample) {
   grammar::GrammarMatcher& matcher = *seq.matcher;
   const auto t1 = std::chrono::steady_clock::now();
-  const int64_t budget = token_budget(seq);  // this token included
+  const int64_t budget = tokens_left(seq);  // this token included
   if (!seq.budget_free && !matcher.fits_after(sample.token, budget - 1)) {
     // That token would leave more to write than the budget allows: sample again among the
     // tokens after which the document can still end in time (only its shortest ways once the
@@ -78,7 +78,7 @@ std::optional<SampleResult> Engine::check_structured(SeqId id, SeqState& seq, Sa
   return sample;
 }
 
-int64_t Engine::token_budget(const SeqState& seq) const {
+int64_t Engine::tokens_left(const SeqState& seq) const {
   const GenerationRequest& r = requests_.at(seq.request_id).request;
   const int64_t by_length = static_cast<int64_t>(options_.max_model_len) - static_cast<int64_t>(r.prompt_tokens.size()) - seq.num_generated;
   return std::min<int64_t>(r.max_tokens - seq.num_generated, by_length);
