@@ -1,5 +1,5 @@
 #pragma once
-// Draft-model speculation (--speculative-method draft, README "Speculative decoding"): a second,
+// Draft-model speculation (--speculative-method draft, docs/speculative-decoding.md): a second,
 // usually smaller model with the target's vocabulary proposes K tokens greedily; the target
 // verifies them exactly as it verifies n-gram proposals (Engine::verify), so the output is the
 // target's own whatever the draft proposes.

@@ -1,5 +1,5 @@
 #pragma once
-// Speculative decoding's host logic (README "Speculative decoding"): the n-gram proposer (prompt
+// Speculative decoding's host logic (docs/speculative-decoding.md): the n-gram proposer (prompt
 // lookup), the per-sequence rule that turns proposals off while they are rarely accepted, and
 // the counters behind vLLM's spec_decode metrics. The scheduler places the proposals
 // (Scheduler::schedule_proposals) and the engine verifies them (Engine::verify): one forward pass
@@ -35,7 +35,7 @@ void ngram_propose(std::span<const int32_t> tokens, const NgramOptions& options,
 // generated tokens, the pause doubling each time (up to kMaxBackoff) and resetting once drafts
 // pay again. A draft verifies K extra rows in the step; on the CPU the step costs about the same
 // as a single-token decode (memory-bound) until K rows of compute show, so a draft that is
-// rarely accepted costs little but not nothing (README).
+// rarely accepted costs little but not nothing (docs/speculative-decoding.md).
 class AcceptanceGate {
  public:
   static constexpr int kWindow = 8;
