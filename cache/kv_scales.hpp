@@ -1,5 +1,5 @@
 #pragma once
-// FP8 KV scales and saturation accounting (DESIGN.md §3).
+// FP8 KV scales and saturation accounting (docs/design.md, "FP8 semantics").
 //
 // Scales are per tensor: one float for K and one for V, per layer, per sequence. kv_write
 // calibrates them on a sequence's first prefill chunk with calibrate_kv_scale(), the block

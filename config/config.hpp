@@ -29,7 +29,7 @@ struct Config {
   Command command = Command::inspect;
   std::string model;  // a Hugging Face model folder or a .gguf file
 
-  // Device and KV cache (DESIGN §3, §8). Flag names follow vLLM's.
+  // Device and KV cache (docs/design.md, "The FP8 KV contract", "Configuration"). Flag names follow vLLM's.
   std::string device = "auto";            // auto | cpu | cuda
   std::string kv_cache_dtype = "fp8_e4m3";  // fp8_e4m3 | bf16
   std::string quantization = "none";      // none | fp8: projection weights (FP8 checkpoints: always FP8)

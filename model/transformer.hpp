@@ -1,6 +1,6 @@
 #pragma once
 // The forward pass of Llama / Qwen2 / Qwen3, written once against the Backend interface over a
-// flattened batch that mixes prefill chunks and decode tokens (DESIGN.md §4). The families
+// flattened batch that mixes prefill chunks and decode tokens (docs/design.md, "One request"). The families
 // differ only by config flags: QKV bias (Qwen2), per-head q/k RMSNorm (Qwen3), llama3 rope
 // scaling, tied embeddings.
 //
