@@ -1,6 +1,6 @@
 #pragma once
 // Block tables of the running sequences over one BlockPool, with prefix caching and the
-// per-sequence FP8 scales (DESIGN.md §3). Pure host logic, driven by the engine loop only.
+// per-sequence FP8 scales (docs/design.md, "FP8 semantics"). Pure host logic, driven by the engine loop only.
 //
 // A sequence's life, in engine terms:
 //   can_allocate(prompt) / allocate(id, prompt)  table for the whole prompt; the longest cached

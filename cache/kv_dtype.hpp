@@ -1,5 +1,5 @@
 #pragma once
-// The element type of the paged KV pool. fp8_e4m3 is the production dtype (DESIGN.md §3);
+// The element type of the paged KV pool. fp8_e4m3 is the production dtype (docs/design.md, "FP8 semantics");
 // bf16 is the baseline every FP8 figure is compared against. Plain enough for device code:
 // kernels switch on it once and call a launcher templated on the element type.
 #include <cstddef>

@@ -1,5 +1,5 @@
 #pragma once
-// FP8 KV scales and saturation accounting (DESIGN.md §3).
+// FP8 KV scales and saturation accounting (docs/design.md, "FP8 semantics").
 //
 // Scales are per tensor: one float for K and one for V, per layer, per sequence. kv_write
 // calibrates them on a sequence's first prefill chunk with calibrate_kv_scale(), the block
@@ -19,8 +19,7 @@
 namespace fp8serve {
 
 // 1.0 reproduces the seed (the transformers QuantizedCache FP8 backend) exactly. The default is
-// 2.0: tests/bench/bench_kv_quality on SmolLM2 saturated elements at 1.0 (3.9e-4 of short-prompt
-// decode elements) and none at 2.0 or 4.0, and 2.0 had the lowest KL against bf16 (README).
+// 2.0, which measured best (figures: docs/fp8-kv-cache.md, "Choosing `--kv-scale-margin`").
 constexpr float kDefaultKvScaleMargin = 2.0f;
 
 // scale = max(amax * margin / 448, FLT_MIN): the calibration amax maps to 448 / margin, so

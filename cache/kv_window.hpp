@@ -1,5 +1,5 @@
 #pragma once
-// The bf16 recent window (--kv-bf16-window, DESIGN.md §3): each running sequence keeps its newest
+// The bf16 recent window (--kv-bf16-window, docs/design.md, "The bf16 window"): each running sequence keeps its newest
 // tokens exact in a small bf16 tail pool, and quantizes a block with its frozen FP8 scale only
 // when the whole block has left the window. Plain numbers only: the rule that says which
 // positions are FP8, and the tail's geometry. The kernels' side of the contract is in

@@ -13,10 +13,8 @@
 namespace fp8serve {
 
 // A bad flag or value: the message names the flag and what it accepts.
-// --kv-bf16-window-share's default (README "The bf16 recent window"): at the CPU default of
-// 1 GiB all 64 rings fit on the default model (5.5% K only, 11% K+V); below about 450 MiB (K
-// only) or 900 MiB (K+V) fewer rings are made, and the FP8 pool keeps at least 1.75x the tokens
-// that bf16 KV would hold in the whole budget.
+// --kv-bf16-window-share's default: rings for every sequence at the default budget, most bytes to
+// the FP8 pool below it (why and figures: docs/fp8-kv-cache.md, "Why 1/8").
 inline constexpr double kDefaultKvBf16WindowShare = 0.125;
 
 struct ConfigError : std::runtime_error {
@@ -29,13 +27,13 @@ struct Config {
   Command command = Command::inspect;
   std::string model;  // a Hugging Face model folder or a .gguf file
 
-  // Device and KV cache (DESIGN §3, §8). Flag names follow vLLM's.
+  // Device and KV cache (docs/design.md, "The FP8 KV contract", "Configuration"). Flag names follow vLLM's.
   std::string device = "auto";            // auto | cpu | cuda
   std::string kv_cache_dtype = "fp8_e4m3";  // fp8_e4m3 | bf16
   std::string quantization = "none";      // none | fp8: projection weights (FP8 checkpoints: always FP8)
   bool fp8_lm_head = false;               // with --quantization fp8, the LM head too
-  double kv_scale_margin = 2.0;           // calibrated scale = amax * margin / 448 (see README)
-  int kv_bf16_window = 64;                // newest tokens kept exact in bf16 (multiple of block_size; README)
+  double kv_scale_margin = 2.0;           // calibrated scale = amax * margin / 448 (docs/fp8-kv-cache.md)
+  int kv_bf16_window = 64;                // newest tokens kept exact in bf16 (multiple of block_size; docs/fp8-kv-cache.md)
   std::string kv_bf16_window_tensors = "k";   // k | kv: what the window keeps exact
   double kv_bf16_window_share = kDefaultKvBf16WindowShare;  // the most of the KV budget its rings take
   int block_size = 16;
@@ -49,7 +47,7 @@ struct Config {
   bool enforce_eager = false;             // CUDA: every step op by op, no CUDA graphs
   bool lazy_graph_capture = false;        // CUDA: capture a decode graph on first use, not at start-up
 
-  // Speculative decoding (README "Speculative decoding"; vLLM's names).
+  // Speculative decoding (docs/speculative-decoding.md; vLLM's names).
   std::string speculative_method = "none";  // none | ngram | draft (--speculative-model)
   int num_speculative_tokens = 6;            // K: tokens proposed and verified per step
   int prompt_lookup_min = 2;                 // ngram: shortest suffix looked up in prompt + output

@@ -1,5 +1,5 @@
 #pragma once
-// The kernel interface the forward pass is written against (DESIGN.md §4-5): one abstract
+// The kernel interface the forward pass is written against (docs/design.md, "A new kernel"): one abstract
 // Backend whose ops each take one params struct and a stream. The CPU backend
 // (kernels/cpu/cpu_backend.hpp) runs them on its thread pool; a CUDA backend implements the
 // same ops with device pointers in the same params structs and launches on the stream - the

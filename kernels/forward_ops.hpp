@@ -72,8 +72,8 @@ enum class WeightDtype : uint8_t {
 //     tensor scale repeated on every row).
 //   FP8 checkpoints with 128 x 128 block scales (weight_scale_inv): weight_block_k = 128 and
 //     the scale of block (o / 128, k / 128) repeated on each of the block's rows, exactly:
-//     requantizing to one scale per row would round every weight a second time (README:
-//     "FP8 weights" measures what that would cost).
+//     requantizing to one scale per row would round every weight a second time (docs/fp8-weights.md
+//     measures what that would cost).
 // A backend computes y[t, o] = sum_k x[t, k] * W[o, k] with fp32 (or wider) accumulation; how it
 // rounds x on the way (the CPU's bf16 dot product does) is its own, documented next to its
 // kernel. What every backend's linear() must honour for FP8 weights:

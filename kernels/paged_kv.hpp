@@ -1,5 +1,5 @@
 #pragma once
-// How a kernel sees the paged KV pool and a step's flattened batch (DESIGN.md §3, §5).
+// How a kernel sees the paged KV pool and a step's flattened batch (docs/design.md, "The FP8 KV contract").
 //
 // Two plain structs passed by value, usable from host and device code (raw pointers and
 // integers only, no std:: containers), in the spirit of flashinfer's paged_kv_t:

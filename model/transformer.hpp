@@ -1,6 +1,6 @@
 #pragma once
 // The forward pass of Llama / Qwen2 / Qwen3, written once against the Backend interface over a
-// flattened batch that mixes prefill chunks and decode tokens (DESIGN.md §4). The families
+// flattened batch that mixes prefill chunks and decode tokens (docs/design.md, "One request"). The families
 // differ only by config flags: QKV bias (Qwen2), per-head q/k RMSNorm (Qwen3), llama3 rope
 // scaling, tied embeddings.
 //
@@ -51,8 +51,7 @@ struct TransformerOptions {
   // (FP8 checkpoints load as FP8 whatever this says). Embeddings and norms stay bf16.
   bool quantize_fp8 = false;
   // With quantize_fp8, the LM head too (a tied head gets its own FP8 copy; the embedding table
-  // stays bf16). Off by default: on SmolLM2 an FP8 head multiplies the mean next-token KL by 5
-  // for 17% fewer bytes per token (README "FP8 weights").
+  // stays bf16). Off by default: it costs far more quality than it saves bytes (docs/fp8-weights.md, "Quality").
   bool quantize_lm_head = false;
   // The bf16 recent window (FP8 pool only): allocate_kv_cache() adds a bf16 tail pool of one
   // ring of window.ring_blocks() blocks per sequence (allocate_kv_cache's num_tail_rings), K and

@@ -1,5 +1,5 @@
 #pragma once
-// The engine on its own thread (DESIGN.md §2): HTTP threads submit and abort through a
+// The engine on its own thread (docs/design.md, "One request"): HTTP threads submit and abort through a
 // mutex-guarded queue; the engine thread drains the queue between steps, so the Engine itself
 // needs no lock. Outputs reach each request's OutputSink on the engine thread.
 //

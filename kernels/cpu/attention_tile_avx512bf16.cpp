@@ -1,8 +1,7 @@
 // Paged attention work item, AVX512-BF16 build: the fp32 structure of attention_tile_avx512.cpp
 // (online softmax, 16 lanes) with both matrix products on vdpbf16ps, which does 32
-// multiply-adds per instruction where an fp32 FMA does 16. That is the kernel's limit: with the
-// pool in cache the fp32 build spends ~85% of its time in the two products' FMAs, not in
-// converting FP8 (measured by removing each part in turn).
+// multiply-adds per instruction where an fp32 FMA does 16. That is the kernel's limit: the two
+// products' FMAs, not converting FP8 (docs/cpu.md, "Where attention's time goes").
 //
 // Precision: K and V enter the products exactly (every E4M3 value and every bf16 value is a
 // bf16 number); q (times its scales) and the softmax probabilities are rounded to bf16 (a

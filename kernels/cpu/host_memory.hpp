@@ -2,7 +2,7 @@
 // Host memory for the big buffers (the KV pool, weights): 2 MiB-aligned and, on Linux, marked
 // for transparent huge pages before first touch. Decode attention visits the pool's blocks in
 // table order, which is random in memory; with 4 KiB pages a 1 GiB pool per layer misses the
-// TLB on almost every block (bench_attention: GB/s halved from 8,192 to 16,384 tokens).
+// TLB on almost every block (docs/cpu.md, "Huge pages").
 #include <cstddef>
 #include <limits>
 #include <new>

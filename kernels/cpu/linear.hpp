@@ -31,8 +31,8 @@
 //   as zero.
 //
 // Where the CPU has it, the bf16 dot runs everywhere (the engine never mixes the two), and bf16
-// and FP8 weights alike: as every GPU engine computes with bf16 activations. README "CPU
-// projections" measures what it costs in quality (bench_kv_quality) and buys in speed.
+// and FP8 weights alike: as every GPU engine computes with bf16 activations. docs/cpu.md,
+// "CPU projections", measures what it costs in quality (bench_kv_quality) and buys in speed.
 //
 // No BLAS here: OpenBLAS 0.3.21 (Debian) changes a row's result with the batch size (bench_linear:
 // every checked row of the 1000-token down, q/o and k/v GEMMs differs from the same row computed

@@ -31,12 +31,7 @@ namespace {
 // registers, with 4 + 6 loads per 24 FMAs.
 constexpr int kRows = 4;
 constexpr int kCols = 6;
-// Software prefetch into L2 (T1), measured on batch-1 decode of a 56 MB matrix (Zen 4, 1 thread,
-// a shared and noisy machine; GB/s against a streaming read of the same bytes). With the tile
-// walking kCols adjacent rows: no prefetch 20-35%, 2 tiles ahead into L1 (T0) 40-70%, 1-8 tiles
-// into L2 73-79%, NTA 56-65%. Walking kCols separate segments row after row (the batch-1 path)
-// and prefetching 4 rows ahead in each: 75-110% (the plain read suffers more from 4 KiB pages
-// than the prefetching GEMV does).
+// Software prefetch into L2 (T1): the distances that measured best (docs/cpu.md, "Prefetch").
 constexpr int kPrefetchTiles = 4;         // GEMM tiles: tiles ahead
 constexpr int64_t kGemvPrefetchRows = 4;  // batch-1 path: rows ahead in each segment
 

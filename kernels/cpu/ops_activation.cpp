@@ -17,8 +17,8 @@ namespace {
 
 // silu(g) * u over n elements, 16 at a time: exp(-g) by range reduction (n = round(x / ln 2),
 // r = x - n ln 2 in two steps) and Cephes' degree-6 polynomial for e^r on [-ln2/2, ln2/2], within
-// 1 ulp like std::exp (torch's vectorized exp is Sleef's, also within 1 ulp). A batch-1 decode
-// step of SmolLM2 runs 30 x 1536 of these: scalar expf took ~15 us per layer.
+// 1 ulp like std::exp (torch's vectorized exp is Sleef's, also within 1 ulp). Vectorized because
+// scalar expf showed in the decode step (docs/cpu.md, "SiLU").
 __attribute__((target("avx512f,fma"))) void silu_mul_row_avx512(const float* gate, const float* up, float* out,
                                                                  int64_t n) {
   const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), ln2_hi = _mm512_set1_ps(0.693359375f),

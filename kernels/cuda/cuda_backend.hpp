@@ -60,7 +60,7 @@ class CudaBackend final : public Backend {
   // batch (linear_fp8_gemv.cu); more run cuBLASLt's FP8 GEMM on quantized activations. The
   // attention is invariant at any size (paged_attention_cuda.hpp). bf16 weights run cuBLASLt at
   // any size: invariant in the emulator's stand-in; on a GPU an algorithm chosen per token count
-  // may sum in another order (README "Speculative decoding" says what is unverified).
+  // may sum in another order (docs/speculative-decoding.md says what is unverified).
   int64_t batch_invariant_tokens() const override { return kFp8GemvMaxTokens; }
   bool supports_weight_dtype(WeightDtype) const override { return true; }
   void begin_capture(Stream stream) override;

@@ -35,7 +35,7 @@
 // 2 cvt; 2 n-tiles x (1 load, 2 cvt, 1 mma)); P V 4 x (4 loads, 4 prmt, 8 cvt, 2 mma per 8
 // heads); the softmax ~50; the copy ~40: ~350 issue slots at any group up to 16, against the ~892
 // that 4.8 TB/s allows. The SASS has about twice that (address arithmetic, the copy's block
-// lookups): tests/scripts/sass_count.py, README.
+// lookups): tests/scripts/sass_count.py, docs/cuda.md.
 #include "kernels/cuda/decode_stage.cuh"
 
 namespace fp8serve::cuda::attn {
@@ -43,8 +43,8 @@ namespace fp8serve::cuda::attn {
 namespace {
 
 // GQA groups this large go to the tensor-core decode (FlashInfer switches at the same group):
-// below it the CUDA-core kernel's instruction count per byte fits the issue budget (README: the
-// static counts), and a 16-row MMA would be mostly padding.
+// below it the CUDA-core kernel's instruction count per byte fits the issue budget (docs/cuda.md:
+// the static counts), and a 16-row MMA would be mostly padding.
 constexpr int kMmaMinGroup = 4;
 // ... and head dims up to 128: at 256, O^T (kD / 4 registers per 8 heads) and the Q fragments
 // (kD / 8 per 8 heads) leave the rest of the kernel too few of its 255 registers (ptxas spilled);

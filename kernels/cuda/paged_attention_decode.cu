@@ -11,7 +11,7 @@
 // alone (decode_partition: at least kDecodeMinPartition tokens, at most kDecodeMaxParts
 // partitions), never on the rest of the batch, so a token's attention is bitwise the same
 // whatever else the step holds: batch invariance, which speculative decoding's verification
-// rows rely on (README "Speculative decoding"). All accumulation is fp32, across chunks and
+// rows rely on (docs/speculative-decoding.md). All accumulation is fp32, across chunks and
 // partitions.
 //
 // Napkin math (H100/H200, FP8, head_dim 128, GQA group 4 = Llama-3-8B, 8k context, batch 16):
@@ -19,7 +19,7 @@
 // SM that is 18 bytes per clock, one 4 KiB chunk (K + V) every ~220 clocks, ~892 issue slots of
 // the SM's 4 schedulers. On CUDA cores a chunk costs a warp one FMA per (head, dim, token) plus
 // the conversions: the sm_90a SASS has ~800 instructions per chunk at group 1, ~1,600 at group 4
-// and ~2,700 at group 8 (README: the static counts, tests/scripts/sass_count.py), so that kernel
+// and ~2,700 at group 8 (docs/cuda.md: the static counts, tests/scripts/sass_count.py), so that kernel
 // is issue-bound from group 4 (<= 55% of HBM) and the tensor-core one, whose count hardly
 // depends on the group, takes over there. Loads in flight: 4 CTAs (2 at 9-16 query heads per KV
 // head) x 4 warps x 2 chunks x 4 KiB = 128 KiB per SM against the ~25 KiB that bandwidth x latency (4.8 TB/s x ~0.7 us

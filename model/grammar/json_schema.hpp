@@ -1,5 +1,5 @@
 #pragma once
-// JSON Schema (a subset, listed in README "Structured outputs") compiled to a Grammar whose
+// JSON Schema (a subset, listed in docs/structured-outputs.md) compiled to a Grammar whose
 // texts are JSON values valid for the schema.
 //
 // Generation may be narrower than the schema, never wider: properties are written in the

@@ -18,7 +18,7 @@ constexpr FieldStatus OK = FieldStatus::supported, NO = FieldStatus::rejected, I
 constexpr FieldType ANY = FieldType::any, BOOL = FieldType::boolean, NUM = FieldType::number, STR = FieldType::string,
                     OBJ = FieldType::object, ARR = FieldType::array;
 
-// Ordered as the README shows it: OpenAI's fields, then vLLM's extensions.
+// Ordered as docs/api.md shows it: OpenAI's fields, then vLLM's extensions.
 const RequestFieldSpec kFields[] = {
     // --- OpenAI, both endpoints
     {"model", CH, OK, Refuse::never, STR, "OpenAI", "the served name (`GET /v1/models`); another name is a 404; may be omitted",
@@ -54,15 +54,15 @@ const RequestFieldSpec kFields[] = {
     {"user", CH, IGN, Refuse::never, STR, "OpenAI", "no per-user accounting or abuse monitoring here", R"("user": "u")",
      R"("user": 3)"},
     {"response_format", CH, OK, Refuse::custom, OBJ, "OpenAI, vLLM",
-     "`text`, `json_object` and `json_schema` (`name`, `schema`, `strict`): grammar-constrained decoding, README "
-     "\"Structured outputs\"; a schema keyword that is not enforced is a 400 naming it; `structural_tag` is rejected",
+     "`text`, `json_object` and `json_schema` (`name`, `schema`, `strict`): grammar-constrained decoding, "
+     "docs/structured-outputs.md; a schema keyword that is not enforced is a 400 naming it; `structural_tag` is rejected",
      R"("response_format": {"type": "json_object"})", R"("response_format": {"type": "xml"})"},
     // --- OpenAI, completions
     {"prompt", C, OK, Refuse::never, ANY, "OpenAI", "a string, strings, token ids, or lists of token ids (up to 64 prompts)",
      R"("prompt": "hello")", R"("prompt": 5)"},
     {"echo", C, OK, Refuse::never, BOOL, "OpenAI",
      "the prompt before the text; with logprobs, the prompt tokens' logprobs (the first is null) before the generated "
-     "ones, computed in prefill through the FP8 cache (README \"Prompt logprobs\")",
+     "ones, computed in prefill through the FP8 cache (docs/api.md, \"Prompt logprobs\")",
      R"("echo": true, "logprobs": 1, "max_tokens": 0)", R"("echo": "yes")"},
     {"logprobs", C, OK, Refuse::never, NUM, "OpenAI", "[0, 20]: the chosen token's and the top N; raw model logprobs",
      R"("logprobs": 2)", R"("logprobs": 21)"},
@@ -79,7 +79,7 @@ const RequestFieldSpec kFields[] = {
      R"("logprobs": true, "top_logprobs": 2)", R"("top_logprobs": 2)"},
     {"tools", H, OK, Refuse::custom, ARR, "OpenAI, vLLM",
      "function tools, rendered by the chat template (or a system message when it ignores tools); the model's calls "
-     "come back in `message.tool_calls` (README \"Structured outputs and tool calling\")",
+     "come back in `message.tool_calls` (docs/structured-outputs.md)",
      R"("tools": [{"type": "function", "function": {"name": "f"}}])", R"("tools": [{"type": "code_interpreter"}])"},
     {"tool_choice", H, OK, Refuse::custom, ANY, "OpenAI, vLLM",
      "`none`, `auto`, `required` and a named function; the last two constrain the answer to calls whose arguments "
@@ -182,7 +182,7 @@ const RequestFieldSpec kFields[] = {
      R"("structured_outputs": null)", R"("structured_outputs": {"choice": ["a"]})"},
     {"guided_decoding_backend", CH, IGN, Refuse::never, STR, "vLLM", "only picks the backend of guided decoding; response_format has one backend",
      R"("guided_decoding_backend": "xgrammar")", R"("guided_decoding_backend": 5)"},
-    {"guided_whitespace_pattern", CH, IGN, Refuse::never, STR, "vLLM", "only used by vLLM's guided decoding; whitespace in structured outputs is bounded (README)",
+    {"guided_whitespace_pattern", CH, IGN, Refuse::never, STR, "vLLM", "only used by vLLM's guided decoding; whitespace in structured outputs is bounded (docs/structured-outputs.md)",
      R"("guided_whitespace_pattern": " ")", R"("guided_whitespace_pattern": 5)"},
     // --- vLLM, completions
     {"prompt_embeds", C, NO, Refuse::any_value, ANY, "vLLM", "prompts are text or token ids", R"("prompt_embeds": null)",

@@ -4,7 +4,7 @@
 // for what the field means), or accepted and ignored (with the reason). One table, used three
 // ways: the parser refuses any field that is not in it (a typo such as "temprature" must not
 // silently fall back to the default), check_request_fields() turns each rejection rule into a
-// 400 here and nowhere else, and a unit test keeps the README's table equal to it.
+// 400 here and nowhere else, and a unit test keeps docs/api.md's table equal to it.
 //
 // Structured output and tool calling: the shape of response_format, tools and tool_choice is
 // checked here; structured_output.cpp and tool_calls.cpp do the rest.

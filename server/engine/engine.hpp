@@ -1,5 +1,5 @@
 #pragma once
-// The engine loop's state and one step of it (docs/design.md, "One step"): the Transformer on its
+// The engine loop's state and one step of it (docs/design.md, "One request"): the Transformer on its
 // Backend, the BlockManager, the Scheduler, and per sequence a Sampler, an
 // IncrementalDetokenizer and a StopChecker. Single-threaded: the HTTP server reaches it only
 // through AsyncEngine (server/async_engine.hpp), the offline `generate` command drives it directly.

@@ -1,5 +1,5 @@
 #pragma once
-// The contract between the HTTP front end and the engine (DESIGN.md §2): the front end submits
+// The contract between the HTTP front end and the engine (docs/design.md, "One request"): the front end submits
 // GenerationRequests and receives RequestOutputs; the engine thread owns the model, the cache
 // and the scheduler, and the two sides meet only through thread-safe queues (AsyncEngine).
 // The offline `generate` command drives the same Engine directly, batch of one.

@@ -1,5 +1,5 @@
 #pragma once
-// Continuous batching (DESIGN.md §6), nano-vllm style: pure host logic over the BlockManager,
+// Continuous batching (docs/design.md, "The scheduler"), nano-vllm style: pure host logic over the BlockManager,
 // no model, no device, no HTTP. The engine loop calls, once per step:
 //
 //   plan = schedule()            which sequences run and how many tokens each

@@ -1,6 +1,6 @@
 #pragma once
 // A step's inputs: the scheduled chunks laid out over the block manager's tables as one forward
-// batch (docs/design.md, "One step"): token ids, positions and slots per token; context length,
+// batch (docs/design.md, "One request"): token ids, positions and slots per token; context length,
 // block table, FP8 scales and the bf16 window's boundaries per forward-batch sequence. The engine
 // and the draft model build their batches here, and both hand the calibrated scales back here.
 //

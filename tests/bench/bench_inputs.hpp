@@ -1,6 +1,8 @@
 #pragma once
 // What the model benchmarks read: the default model and natural English text from the
-// repository's READMEs, located from this file so that a bench runs from any directory.
+// repository's README and docs (the README's text before it moved into docs/: the same words,
+// about the same length), located from this file so that a bench runs from any directory.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -18,8 +20,16 @@ inline std::string default_model_path() {
   return (repo_root() / ".models/SmolLM2-135M-Instruct.Q4_1.gguf").string();
 }
 
+// README.md, docs/*.md by name, tests/fixtures/README.md (tests/scripts/kv_scale_study.py: TEXTS).
 inline std::vector<std::string> default_text_files() {
-  return {(repo_root() / "README.md").string(), (repo_root() / "tests/fixtures/README.md").string()};
+  std::vector<std::string> docs;
+  for (const auto& entry : std::filesystem::directory_iterator(repo_root() / "docs"))
+    if (entry.path().extension() == ".md") docs.push_back(entry.path().string());
+  std::sort(docs.begin(), docs.end());
+  std::vector<std::string> files{(repo_root() / "README.md").string()};
+  files.insert(files.end(), docs.begin(), docs.end());
+  files.push_back((repo_root() / "tests/fixtures/README.md").string());
+  return files;
 }
 
 // The files' contents, each followed by a newline.

@@ -9,7 +9,7 @@
 //                    [--window-tensors kv,k] [--text FILE]... [--weights] [--reference NAME]
 //                    [--reference-only (only the third table)]
 //
-// Workloads (prompts are token windows of natural English text, the repository's READMEs by
+// Workloads (prompts are token windows of natural English text, the repository's README and docs by
 // default): one long prompt (1000 tokens) + 256 generated, batch 1; and 50 short prompts
 // (20-100 tokens) + 128 generated each, decoded together as one batch of 50.
 //

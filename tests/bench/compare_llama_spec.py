@@ -15,7 +15,7 @@ Each server runs, in turn, as a real process on loopback with every method:
             default lookup lengths (2-4: the longest of the last 4, 3, 2 tokens that occurred
             before) and once with both set to N (`--ngram-n`); llama.cpp: `--spec-type
             ngram-simple` with `--spec-ngram-simple-size-n N --spec-ngram-simple-size-m K`, its
-            type closest to prompt lookup (README "Speculative decoding" says how they differ);
+            type closest to prompt lookup (docs/speculative-decoding.md says how they differ);
   draft     the model drafting for itself, K tokens a step: fp8serve `--speculative-method draft
             --speculative-model MODEL`; llama.cpp `--spec-type draft-simple --model-draft MODEL
             --spec-draft-n-max K` (its draft takes its top candidate; --spec-draft-p-min is 0 by

@@ -7,7 +7,7 @@ make_prompt_logprobs_reference.py): transformers in float32 on the bf16-rounded 
 K/V the server's pool holds - rounded to bf16, or through the FP8 cache (per-layer scales
 calibrated on the first chunk, the bf16 K window, chunks of 32 tokens reading the earlier ones as
 stored) - and, on a CPU whose projections use the bf16 dot (the start-up log says "linear
-avx512bf16"), the projections' inputs rounded to bf16 as well. Measured against it (README
+avx512bf16"), the projections' inputs rounded to bf16 as well. Measured against it (docs/api.md,
 "Prompt logprobs"): most positions agree to 1e-6; the worst, where a rounding lands on the other
 side of a boundary in one of the two implementations, by 0.013-0.056 over the three fixtures, and
 the mean over all positions by at most 0.005. TOL and MEAN_TOL are about three and two times

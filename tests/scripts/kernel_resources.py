@@ -2,7 +2,7 @@
 """What ptxas says each CUDA kernel uses on sm_90a, checked in CI.
 
     kernel_resources.py check  OBJECT_DIR   (CTest test kernel_resources, after the nvcc build)
-    kernel_resources.py update OBJECT_DIR   (rewrites the committed table and the README's)
+    kernel_resources.py update OBJECT_DIR   (rewrites the committed table and docs/cuda.md's)
 
 The nvcc build compiles every kernels/cuda/*.cu with -Xptxas=-v; kernels/cuda/tools/ptxas_log.sh
 keeps ptxas's report next to each object (OBJECT.ptxas). From the sm_90a entries this script
@@ -13,7 +13,7 @@ and:
   - prints the table, with the CTAs one H200 SM holds by registers and threads alone (at the
     kernel's block size: its __launch_bounds__);
   - compares it with the committed kernels/cuda/emu/kernel_resources.inc, which the CUDA emulator
-    compiles in to compute occupancy as an H200 would (emu/occupancy.cpp), and with the README's
+    compiles in to compute occupancy as an H200 would (emu/occupancy.cpp), and with docs/cuda.md's
     copy between its kernel-resources markers: a difference fails, `update` rewrites both.
 Kernel names are demangled (c++filt) and normalised as the emulator normalises its own symbols:
 return type and parameter list dropped, anonymous namespaces as "(anonymous namespace)".
@@ -26,7 +26,7 @@ import sys
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 TABLE = os.path.join(ROOT, "kernels", "cuda", "emu", "kernel_resources.inc")
-README = os.path.join(ROOT, "README.md")
+DOC = os.path.join(ROOT, "docs", "cuda.md")
 BEGIN, END = "<!-- kernel-resources:begin -->", "<!-- kernel-resources:end -->"
 
 # Threads per block: each kernel's __launch_bounds__(N), which every launch of ours uses, read
@@ -162,9 +162,9 @@ def table_markdown(kernels):
     return "\n".join(lines) + "\n"
 
 
-def readme_with(text, markdown):
+def doc_with(text, markdown):
     if BEGIN not in text or END not in text:
-        sys.exit(f"kernel_resources: README.md lacks the {BEGIN} / {END} markers")
+        sys.exit(f"kernel_resources: docs/cuda.md lacks the {BEGIN} / {END} markers")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     return head + BEGIN + "\n" + markdown + END + tail
@@ -181,17 +181,17 @@ def main():
         if base_name(r["name"]).startswith(NO_SPILLS) and (r["spill_stores"] or r["spill_loads"] or r["stack"]):
             failures.append(f'{r["name"]} spills ({r["spill_stores"]} bytes stored, {r["spill_loads"]} loaded, '
                             f'{r["stack"]}-byte stack frame): a hot kernel must keep its state in registers')
-    inc, readme = table_inc(kernels), open(README).read()
+    inc, doc = table_inc(kernels), open(DOC).read()
     if sys.argv[1] == "update":
         open(TABLE, "w").write(inc)
-        open(README, "w").write(readme_with(readme, markdown))
-        print(f"kernel_resources: wrote {os.path.relpath(TABLE, ROOT)} and README.md")
+        open(DOC, "w").write(doc_with(doc, markdown))
+        print(f"kernel_resources: wrote {os.path.relpath(TABLE, ROOT)} and docs/cuda.md")
     else:
         fix = f"run tests/scripts/kernel_resources.py update {sys.argv[2]}"
         if not os.path.exists(TABLE) or open(TABLE).read() != inc:
             failures.append(f"{os.path.relpath(TABLE, ROOT)} differs from this build's ptxas report: {fix}")
-        if readme_with(readme, markdown) != readme:
-            failures.append(f"README.md's kernel resources table differs from this build's: {fix}")
+        if doc_with(doc, markdown) != doc:
+            failures.append(f"docs/cuda.md's kernel resources table differs from this build's: {fix}")
     for f in failures:
         print("kernel_resources: FAIL:", f)
     sys.exit(1 if failures else 0)

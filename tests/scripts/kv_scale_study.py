@@ -10,8 +10,8 @@ the scheme under test. Frozen scales are calibrated on the prompt's tokens only.
 
 Tested with torch 2.15, transformers 5.24 (the reference venv); one torch thread.
 
-Workloads, as tests/bench/bench_kv_quality.cpp builds them: the text is README.md + "\\n" +
-tests/fixtures/README.md + "\\n", tokenized without special tokens; short = 50 windows of
+Workloads, as tests/bench/bench_kv_quality.cpp builds them: the text is README.md, docs/*.md
+(by name) and tests/fixtures/README.md, each + "\\n", tokenized without special tokens; short = 50 windows of
 20 + (i * 37 % 81) tokens starting at i * ((n - 100) // 50), + 128 greedy tokens each;
 long = the first 1000 tokens + 256 greedy tokens.
 
@@ -44,7 +44,8 @@ import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = ROOT / ".models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-TEXTS = [ROOT / "README.md", ROOT / "tests" / "fixtures" / "README.md"]
+# README.md, docs/*.md by name, tests/fixtures/README.md (tests/bench/bench_inputs.hpp).
+TEXTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "tests" / "fixtures" / "README.md"]
 BLOCK = 16  # the engine's default block size: whole blocks leave the window
 
 # format: (torch dtype, largest finite value, threshold beyond which a value clips)
@@ -389,7 +390,7 @@ def main():
     ap.add_argument("--workload", default="short", choices=["short", "long", "both"])
     ap.add_argument("--schemes", default=",".join(s for s, _ in SCHEMES))
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--text", action="append", help="text files, in order (default: the two READMEs)")
+    ap.add_argument("--text", action="append", help="text files, in order (default: the README, docs/*.md, the fixtures' README)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)

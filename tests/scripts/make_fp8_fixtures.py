@@ -28,7 +28,7 @@
    engine/NAME.kv-bf16.act-bf16.json, over the dequantized weights (decode(q) * scale in fp32),
    plus formats/fp8_checkpoints.json: dequantized sample values of each, for the loader tests.
 4. Prints what requantizing the block-scaled weights to one scale per row would cost (relative
-   RMS error against the block-scaled weights): why the loader keeps block scales (README).
+   RMS error against the block-scaled weights): why the loader keeps block scales (docs/fp8-weights.md).
 
 Deterministic (no randomness: the tiny models' weights are the inputs).
 """

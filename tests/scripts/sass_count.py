@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Static SASS instruction counts of kernels' steady-state loops, per byte of memory they stream.
 
-The issue budget (README, "CUDA attention"): an H200 SM receives 4.8 TB/s / 132 SMs / 1.98 GHz =
+The issue budget (docs/cuda.md, "CUDA attention"): an H200 SM receives 4.8 TB/s / 132 SMs / 1.98 GHz =
 18.4 bytes per clock and issues 4 warp instructions per clock, so a kernel that streams its bytes
 at full bandwidth may spend at most 4 / 18.4 = 0.217 warp instructions per byte (892 per 4 KiB).
 
@@ -18,7 +18,7 @@ streams) it is compared with the budget.
   sass_count.py OBJ --kernel REGEX --require OP [--require OP] [--rank OP] --bytes N [--trips N,...]
       one kernel, one loop (any kernel: the FP8-weight GEMV's row loop, ...)
   sass_count.py OBJ --table
-      the decode attention's table (DECODE_ROWS below), as the README records it
+      the decode attention's table (DECODE_ROWS below), as docs/cuda.md records it
   sass_count.py OBJ --check
       the same, exit status 1 when a hot loop exceeds the budget (CTest: sass_budget)
 

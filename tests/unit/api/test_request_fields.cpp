@@ -1,6 +1,6 @@
 // The table of request fields (server/api/request_features.hpp) against the parser and the
-// README: every row's accepted example is taken and its refused example gets a 400 naming the
-// field; the README's API table lists exactly the same fields with the same status.
+// docs/api.md: every row's accepted example is taken and its refused example gets a 400 naming the
+// field; the API table of docs/api.md lists exactly the same fields with the same status.
 #include <catch2/catch.hpp>
 
 #include <fstream>
@@ -67,20 +67,20 @@ TEST_CASE("the table covers OpenAI's and vLLM's request fields, once per endpoin
     CHECK(seen.count({name, kChatField}) == 1);
 }
 
-TEST_CASE("the README's API table lists every field with the status the server gives it") {
-  std::ifstream in(std::string(FP8SERVE_SOURCE_DIR) + "/README.md");
+TEST_CASE("the API table of docs/api.md lists every field with the status the server gives it") {
+  std::ifstream in(std::string(FP8SERVE_SOURCE_DIR) + "/docs/api.md");
   REQUIRE(in.good());
   std::stringstream ss;
   ss << in.rdbuf();
-  const std::string readme = ss.str();
-  const size_t begin = readme.find("<!-- api-fields:begin -->");
-  const size_t end = readme.find("<!-- api-fields:end -->");
+  const std::string page = ss.str();
+  const size_t begin = page.find("<!-- api-fields:begin -->");
+  const size_t end = page.find("<!-- api-fields:end -->");
   REQUIRE(begin != std::string::npos);
   REQUIRE(end != std::string::npos);
   // | `name` | completions, chat | supported | ...
   const std::regex row(R"(\| `([a-z_]+)` \| ([a-z, ]+) \| (supported|rejected|ignored) \|)");
   std::map<std::pair<std::string, std::string>, std::string> documented;
-  const std::string table = readme.substr(begin, end - begin);
+  const std::string table = page.substr(begin, end - begin);
   for (auto it = std::sregex_iterator(table.begin(), table.end(), row); it != std::sregex_iterator(); ++it)
     CHECK(documented.emplace(std::pair{(*it)[1].str(), (*it)[2].str()}, (*it)[3].str()).second);
   size_t expected = 0;

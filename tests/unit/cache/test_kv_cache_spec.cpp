@@ -1,5 +1,5 @@
 // Pool sizing from a byte budget, the KvDtype helpers, scale calibration and saturation
-// accounting: checked against the formulas of DESIGN.md §3 written out by hand.
+// accounting: checked against the formulas of docs/design.md, "The FP8 KV contract", written out by hand.
 #include <catch2/catch.hpp>
 
 #include <cfloat>

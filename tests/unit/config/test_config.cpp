@@ -41,7 +41,7 @@ TEST_CASE("defaults and flags of every kind parse", "[config]") {
   const auto q = parse_command_line({"serve", "m", "--quantization", "fp8", "--fp8-lm-head"});
   CHECK(q.quantization == "fp8");
   CHECK(q.fp8_lm_head);
-  CHECK(c.kv_bf16_window == 64);  // the README's choice: 64 tokens, K only
+  CHECK(c.kv_bf16_window == 64);  // docs/fp8-kv-cache.md's choice: 64 tokens, K only
   CHECK(c.kv_bf16_window_tensors == "k");
 }
 

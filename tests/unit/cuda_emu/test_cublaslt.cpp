@@ -3,7 +3,7 @@
 // beta, in-place and separate C, the BIAS epilogue, fp32 / bf16 / FP8 D, and each FP8 scale mode
 // of sm_90, all against a double-precision host reference (cublaslt_case.hpp); a captured call
 // runs at each graph launch; and linear_cublaslt.cpp's row/column mapping, transposed, is refused
-// or gives a wrong y (the injected bug of issue 20: see the README's emulator section).
+// or gives a wrong y (the injected bug of issue 20: see docs/cuda.md, "The CUDA emulator").
 #include <cstdio>
 
 #include "tests/unit/cuda_emu/cublaslt_case.hpp"

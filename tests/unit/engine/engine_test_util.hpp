@@ -72,7 +72,7 @@ inline bool projections_round_to_bf16() { return cpu::linear_best_isa() == cpu::
 // same computation with every projection's input rounded to bf16 (tests/scripts/
 // make_fp8_fixtures.py, numpy checked against transformers), so the tests keep their tight
 // tolerances on the arithmetic this CPU runs. The default model has no such file: the bf16
-// rounding moves its logits far less than the random tiny models' (README "CPU projections").
+// rounding moves its logits far less than the random tiny models' (docs/cpu.md, "CPU projections").
 inline nlohmann::json load_fixture_json(const std::string& relative) {
   std::ifstream in(fixture(relative));
   REQUIRE(in.good());

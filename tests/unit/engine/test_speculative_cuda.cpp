@@ -1,7 +1,7 @@
 // [gpu] Speculative decoding with --device cuda: greedy output with ngram speculation equals plain
 // decoding's, token for token and bit for bit in every logprob, on the CUDA backend - in CI on the
 // emulated H200 (CTest test_speculative_cuda_emu), on a GPU in test_engine (tests/gpu/run.sh).
-// What makes it hold there (README "Speculative decoding"): a speculating sequence enters the
+// What makes it hold there (docs/speculative-decoding.md): a speculating sequence enters the
 // forward pass as one single-token row per verified token, so the decode attention, whose
 // partitions depend on a row's own context only, computes each row as that token's decode step
 // would; the decode graphs serve those steps in the bucket of their row count; and proposals go
