@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "model/grammar/compiled_grammar.hpp"
+#include "server/grammar/compiled_grammar.hpp"
 #include "server/sampling.hpp"
 
 namespace fp8serve {

@@ -18,7 +18,7 @@
 
 #include "cuda_test_util.hpp"
 #include "sampling_test_util.hpp"
-#include "model/grammar/matcher.hpp"
+#include "server/grammar/matcher.hpp"
 #include "server/sampling.hpp"
 
 using namespace fp8serve;

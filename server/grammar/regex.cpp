@@ -1,4 +1,4 @@
-#include "model/grammar/regex.hpp"
+#include "server/grammar/regex.hpp"
 
 #include "model/tokenizer/utf8.hpp"
 

@@ -1,4 +1,4 @@
-#include "model/grammar/token_vocab.hpp"
+#include "server/grammar/token_vocab.hpp"
 
 #include <algorithm>
 #include <numeric>
