@@ -4,8 +4,8 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "model/text/utf8.hpp"
 #include "model/tokenizer/tokenizer.hpp"
-#include "model/tokenizer/utf8.hpp"
 
 namespace fp8serve::grammar {
 
