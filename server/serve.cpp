@@ -13,11 +13,11 @@
 #include <sstream>
 #include <thread>
 
-#include "model/grammar/token_vocab.hpp"
 #include "model/loader.hpp"
 #include "server/api/frontend.hpp"
 #include "server/async_engine.hpp"
 #include "server/engine/engine.hpp"
+#include "server/grammar/token_vocab.hpp"
 #include "server/http/http_server.hpp"
 #include "server/metrics.hpp"
 

@@ -5,7 +5,7 @@
 #include <set>
 
 #include "model/chat_template/builtin_args.hpp"
-#include "model/chat_template/unicode.hpp"
+#include "model/chat_template/py_str.hpp"
 
 namespace fp8serve::jinja {
 
@@ -36,9 +36,9 @@ List iterate(const Value& v) {
     }
     case Value::Kind::string: {
       List chars;
-      for (char32_t c : decode_utf8(v.as_string())) {
+      for (char32_t c : to_code_points(v.as_string())) {
         std::string s;
-        append_utf8(s, c);
+        append_code_point(s, c);
         chars.emplace_back(std::move(s));
       }
       return chars;
@@ -123,12 +123,12 @@ std::string replace_all(const BuiltinContext& ctx, const std::string& s, const s
   std::string out;
   if (old_s.empty()) {  // Python inserts `new` between characters
     int64_t done = 0;
-    for (char32_t c : decode_utf8(s)) {
+    for (char32_t c : to_code_points(s)) {
       if (count < 0 || done < count) {
         out += new_s;
         ++done;
       }
-      append_utf8(out, c);
+      append_code_point(out, c);
       ctx.check_string(out);
     }
     if (count < 0 || done < count) out += new_s;
@@ -391,9 +391,9 @@ Value apply_filter(const BuiltinContext& ctx, const std::string& name, const Val
     if (!input.is_undefined() && !input.is_string() && !input.is_list() && !input.is_dict())
       fail("argument must be iterable");
     if (input.is_string()) {  // value[::-1]: a Markup slice is a Markup
-      std::vector<char32_t> cps = decode_utf8(input.as_string());
+      std::vector<char32_t> cps = to_code_points(input.as_string());
       std::reverse(cps.begin(), cps.end());
-      return input.is_markup() ? Value::markup(encode_utf8(cps)) : Value(encode_utf8(cps));
+      return input.is_markup() ? Value::markup(from_code_points(cps)) : Value(from_code_points(cps));
     }
     List items = iterate(input);
     std::reverse(items.begin(), items.end());
@@ -501,7 +501,7 @@ bool apply_test(const BuiltinContext& ctx, const std::string& name, const Value&
   }
   if (name == "lower" || name == "upper") {
     bool cased = false;
-    for (char32_t c : decode_utf8(to_py_str(input))) {
+    for (char32_t c : to_code_points(to_py_str(input))) {
       const bool up = is_py_upper_char(c);
       const bool low = is_py_lower_char(c);
       if (name == "lower" ? up : low) return false;

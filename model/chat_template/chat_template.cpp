@@ -4,7 +4,7 @@
 
 #include "model/chat_template/interpreter.hpp"
 #include "model/chat_template/parser.hpp"
-#include "model/chat_template/unicode.hpp"
+#include "model/chat_template/py_str.hpp"
 
 namespace fp8serve {
 

@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "model/chat_template/builtin_args.hpp"
-#include "model/chat_template/unicode.hpp"
+#include "model/chat_template/py_str.hpp"
 
 namespace fp8serve::jinja {
 

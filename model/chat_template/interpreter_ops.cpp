@@ -5,7 +5,7 @@
 
 #include "model/chat_template/builtin_args.hpp"
 #include "model/chat_template/interpreter.hpp"
-#include "model/chat_template/unicode.hpp"
+#include "model/chat_template/py_str.hpp"
 
 namespace fp8serve::jinja {
 
@@ -200,7 +200,7 @@ Value Interpreter::eval_slice(const Expr& expr, Scope& scope) {
   std::vector<char32_t> cps;
   int64_t length = 0;
   if (object.is_string()) {
-    cps = decode_utf8(object.as_string());
+    cps = to_code_points(object.as_string());
     length = static_cast<int64_t>(cps.size());
   } else if (object.is_list()) {
     length = static_cast<int64_t>(object.as_list().size());
@@ -213,7 +213,7 @@ Value Interpreter::eval_slice(const Expr& expr, Scope& scope) {
   for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) picks.push_back(static_cast<size_t>(i));
   if (object.is_string()) {
     std::string out;
-    for (size_t i : picks) append_utf8(out, cps[i]);
+    for (size_t i : picks) append_code_point(out, cps[i]);
     return object.is_markup() ? Value::markup(std::move(out)) : Value(std::move(out));
   }
   List out;

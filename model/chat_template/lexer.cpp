@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "model/chat_template/unicode.hpp"
+#include "model/chat_template/py_str.hpp"
 
 namespace fp8serve::jinja {
 
@@ -75,7 +75,7 @@ class Lexer {
     if (l_pos == 0 && !line_starting_) return text;
     const std::string tail = text.substr(l_pos);
     if (tail.empty()) return text;
-    for (char32_t c : decode_utf8(tail)) {
+    for (char32_t c : to_code_points(tail)) {
       if (!is_py_space(c)) return text;
     }
     return text.substr(0, l_pos);
@@ -90,12 +90,12 @@ class Lexer {
   void after_tag_end(char sign, bool block_like) {
     size_t start = pos_;
     if (sign == '-') {
-      const std::vector<char32_t> rest = decode_utf8(std::string_view(src_).substr(pos_));
+      const std::vector<char32_t> rest = to_code_points(std::string_view(src_).substr(pos_));
       size_t skip_bytes = 0;
       for (char32_t c : rest) {
         if (!is_py_space(c)) break;
         std::string enc;
-        append_utf8(enc, c);
+        append_code_point(enc, c);
         skip_bytes += enc.size();
       }
       pos_ += skip_bytes;
@@ -324,7 +324,7 @@ class Lexer {
             ++p;
           }
           if (cp > 0x10FFFF) error("illegal Unicode character in string literal");
-          append_utf8(out, cp);
+          append_code_point(out, cp);
           break;
         }
         default:
@@ -333,7 +333,7 @@ class Lexer {
             for (int k = 0; k < 2 && p < src_.size() && src_[p] >= '0' && src_[p] <= '7'; ++k) {
               cp = cp * 8 + static_cast<char32_t>(src_[p++] - '0');
             }
-            append_utf8(out, cp);
+            append_code_point(out, cp);
           } else if (e == 'N') {
             error("\\N{...} escapes are not supported in chat templates");
           } else {

@@ -5,7 +5,7 @@
 
 #include "model/chat_template/builtin_args.hpp"
 #include "model/chat_template/builtins.hpp"
-#include "model/chat_template/unicode.hpp"
+#include "model/chat_template/py_str.hpp"
 
 namespace fp8serve::jinja {
 
@@ -15,18 +15,18 @@ std::vector<std::string> py_split(const BuiltinContext& ctx, const std::string& 
                                   int64_t maxsplit) {
   std::vector<std::string> parts;
   if (sep_v.is_none()) {  // split on runs of whitespace, ignoring leading/trailing whitespace
-    const std::vector<char32_t> cps = decode_utf8(s);
+    const std::vector<char32_t> cps = to_code_points(s);
     size_t i = 0;
     while (i < cps.size()) {
       while (i < cps.size() && is_py_space(cps[i])) ++i;
       if (i >= cps.size()) break;
       if (maxsplit >= 0 && static_cast<int64_t>(parts.size()) >= maxsplit) {
         std::vector<char32_t> rest(cps.begin() + static_cast<std::ptrdiff_t>(i), cps.end());
-        parts.push_back(py_strip(encode_utf8(rest), nullptr, false, true));
+        parts.push_back(py_strip(from_code_points(rest), nullptr, false, true));
         break;
       }
       std::string word;
-      while (i < cps.size() && !is_py_space(cps[i])) append_utf8(word, cps[i++]);
+      while (i < cps.size() && !is_py_space(cps[i])) append_code_point(word, cps[i++]);
       parts.push_back(std::move(word));
     }
     ctx.check_list(parts.size());
@@ -142,7 +142,7 @@ Value string_method(const BuiltinContext& ctx, const std::string& s, const std::
   if (name == "isdigit" || name == "isspace" || name == "isalpha" || name == "isalnum") {
     return method([self, name](CallArgs&) {
       if (self.empty()) return Value(false);
-      for (char32_t c : decode_utf8(self)) {
+      for (char32_t c : to_code_points(self)) {
         bool ok = false;
         if (name == "isspace") {
           ok = is_py_space(c);
@@ -244,12 +244,12 @@ Value get_item(const Value& object, const Value& key) {
         if (i < 0 || i >= n) return Value::undefined("list index out of range");
         return object.as_list()[static_cast<size_t>(i)];
       }
-      const std::vector<char32_t> cps = decode_utf8(object.as_string());
+      const std::vector<char32_t> cps = to_code_points(object.as_string());
       const auto n = static_cast<int64_t>(cps.size());
       const int64_t i = clamp_index(key.as_int(), n);
       if (i < 0 || i >= n) return Value::undefined("string index out of range");
       std::string out;
-      append_utf8(out, cps[static_cast<size_t>(i)]);
+      append_code_point(out, cps[static_cast<size_t>(i)]);
       return object.is_markup() ? Value::markup(std::move(out)) : Value(std::move(out));
     }
     return Value::undefined("no item");

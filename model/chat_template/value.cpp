@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <limits>
 
-#include "model/chat_template/unicode.hpp"
+#include "model/chat_template/py_str.hpp"
 
 namespace fp8serve::jinja {
 
@@ -227,7 +227,7 @@ std::string string_repr(const std::string& s) {
   const bool has_double = s.find('"') != std::string::npos;
   const char quote = (has_single && !has_double) ? '"' : '\'';
   std::string out(1, quote);
-  for (char32_t c : decode_utf8(s)) {
+  for (char32_t c : to_code_points(s)) {
     if (c == static_cast<char32_t>(quote) || c == '\\') {
       out.push_back('\\');
       out.push_back(static_cast<char>(c));
@@ -249,7 +249,7 @@ std::string string_repr(const std::string& s) {
       }
       out += buf;
     } else {
-      append_utf8(out, c);
+      append_code_point(out, c);
     }
   }
   out.push_back(quote);
@@ -398,7 +398,7 @@ namespace {
 
 void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out.push_back('"');
-  for (char32_t c : decode_utf8(s)) {
+  for (char32_t c : to_code_points(s)) {
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -422,7 +422,7 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
           }
           out += buf;
         } else {
-          append_utf8(out, c);
+          append_code_point(out, c);
         }
       }
     }

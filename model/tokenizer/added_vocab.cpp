@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "model/tokenizer/utf8.hpp"
+#include "model/text/utf8.hpp"
 
 namespace fp8serve {
 

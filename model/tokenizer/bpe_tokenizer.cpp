@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <queue>
 
+#include "model/text/utf8.hpp"
 #include "model/tokenizer/unicode_nfc.hpp"
-#include "model/tokenizer/utf8.hpp"
 
 namespace fp8serve {
 namespace {

@@ -1,6 +1,6 @@
 #include "model/tokenizer/detokenizer.hpp"
 
-#include "model/tokenizer/utf8.hpp"
+#include "model/text/utf8.hpp"
 
 namespace fp8serve {
 

@@ -6,8 +6,8 @@
 #include <array>
 #include <nlohmann/json.hpp>
 
+#include "model/text/utf8.hpp"
 #include "model/tokenizer/tokenizer.hpp"
-#include "model/tokenizer/utf8.hpp"
 
 namespace fp8serve {
 namespace {

@@ -2,9 +2,9 @@
 
 #include <sentencepiece_processor.h>
 
+#include "model/text/utf8.hpp"
 #include "model/tokenizer/spm_proto.hpp"
 #include "model/tokenizer/tokenizer_config.hpp"
-#include "model/tokenizer/utf8.hpp"
 
 namespace fp8serve {
 namespace {

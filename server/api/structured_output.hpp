@@ -19,9 +19,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/grammar/compiled_grammar.hpp"
-#include "model/grammar/json_schema.hpp"
 #include "server/api/errors.hpp"
+#include "server/grammar/compiled_grammar.hpp"
+#include "server/grammar/json_schema.hpp"
 
 namespace fp8serve {
 

@@ -2,8 +2,8 @@
 
 #include <set>
 
-#include "model/grammar/json_text.hpp"
 #include "server/api/responses.hpp"
+#include "server/grammar/json_text.hpp"
 
 namespace fp8serve {
 

@@ -28,7 +28,6 @@
 #include "cache/block_manager.hpp"
 #include "cache/kv_cache_spec.hpp"
 #include "cache/kv_scales.hpp"
-#include "model/grammar/matcher.hpp"
 #include "model/loader.hpp"
 #include "model/tokenizer/detokenizer.hpp"
 #include "model/transformer.hpp"
@@ -42,6 +41,7 @@
 #include "server/engine/speculation.hpp"
 #include "server/engine/step_inputs.hpp"
 #include "server/engine/stop_checker.hpp"
+#include "server/grammar/matcher.hpp"
 
 namespace fp8serve {
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "model/grammar/compiled_grammar.hpp"
 #include "server/engine/sampling.hpp"
+#include "server/grammar/compiled_grammar.hpp"
 
 namespace fp8serve {
 

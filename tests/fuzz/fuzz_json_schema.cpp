@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/grammar/json_schema.hpp"
-#include "model/grammar/matcher.hpp"
+#include "server/grammar/json_schema.hpp"
+#include "server/grammar/matcher.hpp"
 
 using namespace fp8serve::grammar;
 

@@ -23,9 +23,9 @@
 #include <nlohmann/json.hpp>
 
 #include "model/formats/gguf.hpp"
-#include "model/grammar/json_schema.hpp"
-#include "model/grammar/matcher.hpp"
 #include "model/tokenizer/tokenizer.hpp"
+#include "server/grammar/json_schema.hpp"
+#include "server/grammar/matcher.hpp"
 
 using namespace fp8serve;
 using namespace fp8serve::grammar;

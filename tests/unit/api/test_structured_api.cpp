@@ -6,8 +6,8 @@
 #include <catch2/catch.hpp>
 
 #include "fake_engine.hpp"
-#include "model/grammar/token_vocab.hpp"
 #include "server/api/frontend.hpp"
+#include "server/grammar/token_vocab.hpp"
 #include "tests/unit/chat_template/fixture_util.hpp"
 
 using namespace fp8serve;

@@ -6,7 +6,7 @@
 // draws follow the model's exact distribution (a chi-square test). The pool's
 // invariants hold after every step (rejected proposals rolled back: no block, key or slot left).
 #include "spec_test_util.hpp"
-#include "model/grammar/json_schema.hpp"
+#include "server/grammar/json_schema.hpp"
 
 using namespace fp8serve;
 using namespace fp8serve::test;

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/grammar/json_schema.hpp"
+#include "server/grammar/json_schema.hpp"
 
 using namespace fp8serve;
 using namespace fp8serve::test;

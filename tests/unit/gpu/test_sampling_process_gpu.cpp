@@ -18,8 +18,8 @@
 
 #include "cuda_test_util.hpp"
 #include "sampling_test_util.hpp"
-#include "model/grammar/matcher.hpp"
 #include "server/engine/sampling.hpp"
+#include "server/grammar/matcher.hpp"
 
 using namespace fp8serve;
 using namespace fp8serve::gpu_test;

@@ -8,8 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/grammar/json_schema.hpp"
-#include "model/grammar/matcher.hpp"
+#include "server/grammar/json_schema.hpp"
+#include "server/grammar/matcher.hpp"
 
 namespace fp8serve::grammar::test {
 

@@ -7,8 +7,8 @@
 #include <random>
 
 #include "model/formats/gguf.hpp"
+#include "model/text/utf8.hpp"
 #include "model/tokenizer/detokenizer.hpp"
-#include "model/tokenizer/utf8.hpp"
 #include "tokenizer_fixtures.hpp"
 
 using namespace fp8serve;

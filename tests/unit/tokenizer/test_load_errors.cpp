@@ -7,9 +7,9 @@
 #include <random>
 
 #include "model/formats/gguf.hpp"
+#include "model/text/utf8.hpp"
 #include "model/tokenizer/pre_tokenizer.hpp"
 #include "model/tokenizer/tokenizer.hpp"
-#include "model/tokenizer/utf8.hpp"
 #include "tokenizer_fixtures.hpp"
 
 using namespace fp8serve;

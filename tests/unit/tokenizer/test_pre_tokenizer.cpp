@@ -2,9 +2,9 @@
 // behaviours with and without invert, Digits, and ByteLevel's prefix space.
 #include <catch2/catch.hpp>
 
+#include "model/text/utf8.hpp"
 #include "model/tokenizer/pre_tokenizer.hpp"
 #include "model/tokenizer/tokenizer.hpp"
-#include "model/tokenizer/utf8.hpp"
 #include "tokenizer_fixtures.hpp"
 
 using namespace fp8serve;

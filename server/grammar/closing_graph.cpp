@@ -1,4 +1,4 @@
-#include "model/grammar/closing_graph.hpp"
+#include "server/grammar/closing_graph.hpp"
 
 #include <algorithm>
 #include <chrono>

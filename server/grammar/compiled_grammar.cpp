@@ -1,9 +1,9 @@
-#include "model/grammar/compiled_grammar.hpp"
+#include "server/grammar/compiled_grammar.hpp"
 
 #include <algorithm>
 #include <chrono>
 
-#include "model/grammar/stack_machine.hpp"
+#include "server/grammar/stack_machine.hpp"
 
 namespace fp8serve::grammar {
 

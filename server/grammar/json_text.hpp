@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/grammar/nfa.hpp"
+#include "server/grammar/nfa.hpp"
 
 namespace fp8serve::grammar {
 

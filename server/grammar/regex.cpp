@@ -1,6 +1,6 @@
-#include "model/grammar/regex.hpp"
+#include "server/grammar/regex.hpp"
 
-#include "model/tokenizer/utf8.hpp"
+#include "model/text/utf8.hpp"
 
 #include <memory>
 #include <string>

@@ -18,8 +18,8 @@
 #include <string_view>
 #include <vector>
 
-#include "model/grammar/compiled_grammar.hpp"
-#include "model/grammar/stack_machine.hpp"
+#include "server/grammar/compiled_grammar.hpp"
+#include "server/grammar/stack_machine.hpp"
 
 namespace fp8serve::grammar {
 

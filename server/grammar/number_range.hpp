@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "model/grammar/nfa.hpp"
+#include "server/grammar/nfa.hpp"
 
 namespace fp8serve::grammar {
 

@@ -1,4 +1,4 @@
-#include "model/grammar/json_text.hpp"
+#include "server/grammar/json_text.hpp"
 
 #include <algorithm>
 #include <map>

@@ -1,4 +1,4 @@
-#include "model/grammar/nfa.hpp"
+#include "server/grammar/nfa.hpp"
 
 namespace fp8serve::grammar {
 

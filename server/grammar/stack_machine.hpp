@@ -13,7 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "model/grammar/grammar.hpp"
+#include "server/grammar/grammar.hpp"
 
 namespace fp8serve::grammar {
 

@@ -1,4 +1,4 @@
-#include "model/grammar/matcher.hpp"
+#include "server/grammar/matcher.hpp"
 
 #include <algorithm>
 #include <bit>

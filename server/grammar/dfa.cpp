@@ -1,4 +1,4 @@
-#include "model/grammar/dfa.hpp"
+#include "server/grammar/dfa.hpp"
 
 #include <algorithm>
 #include <map>

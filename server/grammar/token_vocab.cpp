@@ -1,11 +1,11 @@
-#include "model/grammar/token_vocab.hpp"
+#include "server/grammar/token_vocab.hpp"
 
 #include <algorithm>
 #include <numeric>
 #include <stdexcept>
 
+#include "model/text/utf8.hpp"
 #include "model/tokenizer/tokenizer.hpp"
-#include "model/tokenizer/utf8.hpp"
 
 namespace fp8serve::grammar {
 

@@ -1,4 +1,4 @@
-#include "model/grammar/number_range.hpp"
+#include "server/grammar/number_range.hpp"
 
 #include <algorithm>
 #include <map>

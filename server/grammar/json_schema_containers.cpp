@@ -14,8 +14,8 @@
 // compiles fast even with hundreds of optional properties.
 #include <map>
 
-#include "model/grammar/json_schema_impl.hpp"
-#include "model/tokenizer/utf8.hpp"
+#include "model/text/utf8.hpp"
+#include "server/grammar/json_schema_impl.hpp"
 
 namespace fp8serve::grammar {
 

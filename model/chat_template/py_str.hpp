@@ -1,5 +1,6 @@
-// UTF-8 helpers with Python's str semantics: templates index, slice, strip and measure strings
-// by code point (len('é') == 1), and str.strip()/split() treat Unicode whitespace as whitespace.
+// Python's str over UTF-8 bytes: templates index, slice, strip and measure strings by code point
+// (len('é') == 1), str.strip()/split() treat Unicode whitespace as whitespace, and upper()/lower()
+// map case as Python does. The bytes are decoded with the one codec, model/text/utf8.hpp.
 #pragma once
 
 #include <cstdint>
@@ -9,11 +10,12 @@
 
 namespace fp8serve::jinja {
 
-// Decodes UTF-8; an invalid byte decodes as itself (U+0080..U+00FF range is never produced for
-// valid input, so invalid bytes round-trip through encode_utf8 unchanged as raw bytes).
-std::vector<char32_t> decode_utf8(std::string_view text);
-std::string encode_utf8(const std::vector<char32_t>& code_points);
-void append_utf8(std::string& out, char32_t code_point);
+// A string's code points. A lone surrogate's bytes decode to it (Python's "surrogatepass"); each
+// byte of an invalid sequence is carried as a code point of its own above U+10FFFF, so that
+// from_code_points writes it back unchanged as the raw byte.
+std::vector<char32_t> to_code_points(std::string_view text);
+std::string from_code_points(const std::vector<char32_t>& code_points);
+void append_code_point(std::string& out, char32_t code_point);
 
 size_t count_code_points(std::string_view text);
 

@@ -16,9 +16,9 @@
 #include <mutex>
 #include <vector>
 
-#include "model/grammar/closing_graph.hpp"
-#include "model/grammar/grammar.hpp"
-#include "model/grammar/token_vocab.hpp"
+#include "server/grammar/closing_graph.hpp"
+#include "server/grammar/grammar.hpp"
+#include "server/grammar/token_vocab.hpp"
 
 namespace fp8serve::grammar {
 

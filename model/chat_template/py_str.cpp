@@ -1,45 +1,14 @@
-#include "model/chat_template/unicode.hpp"
+#include "model/chat_template/py_str.hpp"
 
 #include <algorithm>
 #include <locale.h>
 #include <wctype.h>
 
+#include "model/text/utf8.hpp"
+
 namespace fp8serve::jinja {
 
 namespace {
-
-// Length of the UTF-8 sequence at text[i], or 0 when it is not a valid sequence.
-size_t sequence_length(std::string_view text, size_t i, char32_t& out) {
-  const auto b0 = static_cast<unsigned char>(text[i]);
-  if (b0 < 0x80) {
-    out = b0;
-    return 1;
-  }
-  size_t len = 0;
-  char32_t cp = 0;
-  if ((b0 & 0xE0) == 0xC0) {
-    len = 2;
-    cp = b0 & 0x1F;
-  } else if ((b0 & 0xF0) == 0xE0) {
-    len = 3;
-    cp = b0 & 0x0F;
-  } else if ((b0 & 0xF8) == 0xF0) {
-    len = 4;
-    cp = b0 & 0x07;
-  } else {
-    return 0;
-  }
-  if (i + len > text.size()) return 0;
-  for (size_t k = 1; k < len; ++k) {
-    const auto b = static_cast<unsigned char>(text[i + k]);
-    if ((b & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (b & 0x3F);
-  }
-  static constexpr char32_t min_for_len[5] = {0, 0, 0x80, 0x800, 0x10000};
-  if (cp < min_for_len[len] || cp > 0x10FFFF) return 0;
-  out = cp;
-  return len;
-}
 
 // Invalid bytes are carried as code points in a private range so they re-encode to themselves.
 constexpr char32_t raw_byte_base = 0x110000;
@@ -51,57 +20,44 @@ bool is_line_break(char32_t c) {
 
 }  // namespace
 
-std::vector<char32_t> decode_utf8(std::string_view text) {
+std::vector<char32_t> to_code_points(std::string_view text) {
   std::vector<char32_t> out;
   out.reserve(text.size());
+  char32_t cp = 0;
+  size_t len = 0;
   for (size_t i = 0; i < text.size();) {
-    char32_t cp = 0;
-    const size_t len = sequence_length(text, i, cp);
-    if (len == 0) {
-      out.push_back(raw_byte_base + static_cast<unsigned char>(text[i]));
-      ++i;
-    } else {
+    if (utf8::decode_surrogatepass(text, i, cp, len)) {
       out.push_back(cp);
       i += len;
+    } else {
+      out.push_back(raw_byte_base + static_cast<unsigned char>(text[i]));
+      ++i;
     }
   }
   return out;
 }
 
-void append_utf8(std::string& out, char32_t c) {
+void append_code_point(std::string& out, char32_t c) {
   if (c >= raw_byte_base) {
     out.push_back(static_cast<char>(c - raw_byte_base));
-  } else if (c < 0x80) {
-    out.push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
   } else {
-    out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+    utf8::append(out, c);
   }
 }
 
-std::string encode_utf8(const std::vector<char32_t>& code_points) {
+std::string from_code_points(const std::vector<char32_t>& code_points) {
   std::string out;
   out.reserve(code_points.size());
-  for (char32_t c : code_points) append_utf8(out, c);
+  for (char32_t c : code_points) append_code_point(out, c);
   return out;
 }
 
 size_t count_code_points(std::string_view text) {
   size_t n = 0;
-  for (size_t i = 0; i < text.size();) {
-    char32_t cp = 0;
-    const size_t len = sequence_length(text, i, cp);
-    i += len == 0 ? 1 : len;
-    ++n;
+  char32_t cp = 0;
+  size_t len = 0;
+  for (size_t i = 0; i < text.size(); ++n) {
+    i += utf8::decode_surrogatepass(text, i, cp, len) ? len : 1;  // an invalid byte counts as one
   }
   return n;
 }
@@ -118,9 +74,9 @@ bool is_py_space(char32_t c) {
 }
 
 std::string py_strip(std::string_view text, const std::string* chars, bool left, bool right) {
-  const std::vector<char32_t> cps = decode_utf8(text);
+  const std::vector<char32_t> cps = to_code_points(text);
   std::vector<char32_t> set;
-  if (chars != nullptr) set = decode_utf8(*chars);
+  if (chars != nullptr) set = to_code_points(*chars);
   auto strip_it = [&](char32_t c) {
     if (chars == nullptr) return is_py_space(c);
     return std::find(set.begin(), set.end(), c) != set.end();
@@ -133,7 +89,7 @@ std::string py_strip(std::string_view text, const std::string* chars, bool left,
   if (right) {
     while (e > b && strip_it(cps[e - 1])) --e;
   }
-  return encode_utf8(std::vector<char32_t>(cps.begin() + static_cast<std::ptrdiff_t>(b),
+  return from_code_points(std::vector<char32_t>(cps.begin() + static_cast<std::ptrdiff_t>(b),
                                            cps.begin() + static_cast<std::ptrdiff_t>(e)));
 }
 
@@ -161,7 +117,7 @@ void append_upper(std::string& out, char32_t c) {
   if (c == 0xDF) {  // Python's full case mapping: 'ß'.upper() == 'SS'
     out += "SS";
   } else {
-    append_utf8(out, map_case(c, true));
+    append_code_point(out, map_case(c, true));
   }
 }
 
@@ -176,9 +132,9 @@ void append_titlecase(std::string& out, char32_t c) {
   if (c == 0xDF) {
     out += "Ss";
   } else if (const char32_t t = digraph_titlecase(c)) {
-    append_utf8(out, t);
+    append_code_point(out, t);
   } else {
-    append_utf8(out, map_case(c, true));
+    append_code_point(out, map_case(c, true));
   }
 }
 
@@ -226,27 +182,27 @@ bool is_py_lower_char(char32_t c) {
 
 std::string py_upper(std::string_view text) {
   std::string out;
-  for (char32_t c : decode_utf8(text)) append_upper(out, c);
+  for (char32_t c : to_code_points(text)) append_upper(out, c);
   return out;
 }
 
 std::string py_lower(std::string_view text) {
-  const std::vector<char32_t> cps = decode_utf8(text);
+  const std::vector<char32_t> cps = to_code_points(text);
   std::string out;
   for (size_t i = 0; i < cps.size(); ++i) {
-    append_utf8(out, cps[i] == 0x3A3 && is_final_sigma(cps, i) ? 0x3C2 : map_case(cps[i], false));
+    append_code_point(out, cps[i] == 0x3A3 && is_final_sigma(cps, i) ? 0x3C2 : map_case(cps[i], false));
   }
   return out;
 }
 
 std::string py_title(std::string_view text) {
-  const std::vector<char32_t> cps = decode_utf8(text);
+  const std::vector<char32_t> cps = to_code_points(text);
   std::string out;
   bool previous_cased = false;
   for (size_t i = 0; i < cps.size(); ++i) {
     const char32_t c = cps[i];
     if (previous_cased) {
-      append_utf8(out, c == 0x3A3 && is_final_sigma(cps, i) ? 0x3C2 : map_case(c, false));
+      append_code_point(out, c == 0x3A3 && is_final_sigma(cps, i) ? 0x3C2 : map_case(c, false));
     } else {
       append_titlecase(out, c);
     }
@@ -256,13 +212,13 @@ std::string py_title(std::string_view text) {
 }
 
 std::string py_capitalize(std::string_view text) {
-  const std::vector<char32_t> cps = decode_utf8(text);
+  const std::vector<char32_t> cps = to_code_points(text);
   std::string out;
   for (size_t i = 0; i < cps.size(); ++i) {
     if (i == 0) {
       append_titlecase(out, cps[i]);
     } else {
-      append_utf8(out, cps[i] == 0x3A3 && is_final_sigma(cps, i) ? 0x3C2 : map_case(cps[i], false));
+      append_code_point(out, cps[i] == 0x3A3 && is_final_sigma(cps, i) ? 0x3C2 : map_case(cps[i], false));
     }
   }
   return out;
@@ -270,7 +226,7 @@ std::string py_capitalize(std::string_view text) {
 
 std::string jinja_title(std::string_view text) {
   // item[0].upper() + item[1:].lower() per word: lower() sees only the rest of the word.
-  const std::vector<char32_t> cps = decode_utf8(text);
+  const std::vector<char32_t> cps = to_code_points(text);
   std::string out;
   size_t i = 0;
   auto is_separator = [](char32_t c) {
@@ -278,7 +234,7 @@ std::string jinja_title(std::string_view text) {
   };
   while (i < cps.size()) {
     if (is_separator(cps[i])) {
-      append_utf8(out, cps[i++]);
+      append_code_point(out, cps[i++]);
       continue;
     }
     size_t end = i;
@@ -286,14 +242,14 @@ std::string jinja_title(std::string_view text) {
     append_upper(out, cps[i]);
     const std::vector<char32_t> rest(cps.begin() + static_cast<std::ptrdiff_t>(i) + 1,
                                      cps.begin() + static_cast<std::ptrdiff_t>(end));
-    out += py_lower(encode_utf8(rest));
+    out += py_lower(from_code_points(rest));
     i = end;
   }
   return out;
 }
 
 std::vector<std::string> py_splitlines(std::string_view text) {
-  const std::vector<char32_t> cps = decode_utf8(text);
+  const std::vector<char32_t> cps = to_code_points(text);
   std::vector<std::string> lines;
   std::string current;
   for (size_t i = 0; i < cps.size(); ++i) {
@@ -302,7 +258,7 @@ std::vector<std::string> py_splitlines(std::string_view text) {
       current.clear();
       if (cps[i] == '\r' && i + 1 < cps.size() && cps[i + 1] == '\n') ++i;
     } else {
-      append_utf8(current, cps[i]);
+      append_code_point(current, cps[i]);
     }
   }
   if (!current.empty()) lines.push_back(current);

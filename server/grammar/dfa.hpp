@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "model/grammar/nfa.hpp"
+#include "server/grammar/nfa.hpp"
 
 namespace fp8serve::grammar {
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "model/grammar/dfa.hpp"
-#include "model/grammar/nfa.hpp"
+#include "server/grammar/dfa.hpp"
+#include "server/grammar/nfa.hpp"
 
 namespace fp8serve::grammar {
 

@@ -1,8 +1,11 @@
-#include "model/tokenizer/utf8.hpp"
+#include "model/text/utf8.hpp"
 
 namespace fp8serve::utf8 {
 
-bool decode(std::string_view s, std::size_t pos, char32_t& cp, std::size_t& len) {
+namespace {
+
+bool decode_sequence(std::string_view s, std::size_t pos, char32_t& cp, std::size_t& len,
+                     bool pass_surrogates) {
   const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(s[i]); };
   const unsigned char b0 = byte(pos);
   if (b0 < 0x80) {
@@ -20,7 +23,7 @@ bool decode(std::string_view s, std::size_t pos, char32_t& cp, std::size_t& len)
     need = 2;
     value = b0 & 0x0F;
     if (b0 == 0xE0) lo = 0xA0;
-    if (b0 == 0xED) hi = 0x9F;
+    if (b0 == 0xED && !pass_surrogates) hi = 0x9F;
   } else if (b0 >= 0xF0 && b0 <= 0xF4) {
     need = 3;
     value = b0 & 0x07;
@@ -46,6 +49,16 @@ bool decode(std::string_view s, std::size_t pos, char32_t& cp, std::size_t& len)
   cp = value;
   len = need + 1;
   return true;
+}
+
+}  // namespace
+
+bool decode(std::string_view s, std::size_t pos, char32_t& cp, std::size_t& len) {
+  return decode_sequence(s, pos, cp, len, false);
+}
+
+bool decode_surrogatepass(std::string_view s, std::size_t pos, char32_t& cp, std::size_t& len) {
+  return decode_sequence(s, pos, cp, len, true);
 }
 
 void append(std::string& out, char32_t cp) {

@@ -15,7 +15,7 @@
 // GrammarError naming `pattern`.
 #include <string_view>
 
-#include "model/grammar/json_text.hpp"
+#include "server/grammar/json_text.hpp"
 
 namespace fp8serve::grammar {
 

@@ -1,6 +1,7 @@
 #pragma once
-// UTF-8 helpers shared by the tokenizers: decoding code points, and the "lossy" conversion that
-// HF tokenizers applies to decoded bytes (each maximal invalid subpart becomes U+FFFD).
+// The UTF-8 codec (the tokenizers, the chat templates and the grammar engine share it): decoding
+// code points, and the "lossy" conversion that HF tokenizers applies to decoded bytes (each
+// maximal invalid subpart becomes U+FFFD).
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -10,6 +11,11 @@ namespace fp8serve::utf8 {
 // Decodes one code point at s[pos]. On invalid input returns false and sets len to the length
 // of the maximal invalid subpart (>= 1), as the Unicode "substitution of maximal subparts" rule.
 bool decode(std::string_view s, std::size_t pos, char32_t& cp, std::size_t& len);
+
+// As decode, but an encoded surrogate (ED A0..BF 80..BF) decodes to its code point U+D800..U+DFFF,
+// as Python's "surrogatepass" error handler does: a Python str may hold a lone surrogate, and
+// append() writes it back as these bytes.
+bool decode_surrogatepass(std::string_view s, std::size_t pos, char32_t& cp, std::size_t& len);
 
 void append(std::string& out, char32_t cp);
 

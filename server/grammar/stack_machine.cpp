@@ -1,4 +1,4 @@
-#include "model/grammar/stack_machine.hpp"
+#include "server/grammar/stack_machine.hpp"
 
 #include <algorithm>
 #include <climits>

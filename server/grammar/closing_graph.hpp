@@ -37,9 +37,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "model/grammar/grammar.hpp"
-#include "model/grammar/stack_machine.hpp"
-#include "model/grammar/token_vocab.hpp"
+#include "server/grammar/grammar.hpp"
+#include "server/grammar/stack_machine.hpp"
+#include "server/grammar/token_vocab.hpp"
 
 namespace fp8serve::grammar {
 

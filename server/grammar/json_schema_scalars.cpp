@@ -1,6 +1,6 @@
 // Strings (length, pattern, format) and numbers (bounds).
-#include "model/grammar/json_schema_impl.hpp"
-#include "model/grammar/number_range.hpp"
+#include "server/grammar/json_schema_impl.hpp"
+#include "server/grammar/number_range.hpp"
 
 namespace fp8serve::grammar {
 

@@ -17,8 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/grammar/grammar.hpp"
-#include "model/grammar/regex.hpp"
+#include "server/grammar/grammar.hpp"
+#include "server/grammar/regex.hpp"
 
 namespace fp8serve::grammar {
 

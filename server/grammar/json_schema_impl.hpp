@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "model/grammar/json_schema.hpp"
-#include "model/grammar/json_text.hpp"
+#include "server/grammar/json_schema.hpp"
+#include "server/grammar/json_text.hpp"
 
 namespace fp8serve::grammar {
 

@@ -2,8 +2,8 @@
 #include <cmath>
 #include <set>
 
-#include "model/grammar/json_schema_impl.hpp"
-#include "model/grammar/number_range.hpp"
+#include "server/grammar/json_schema_impl.hpp"
+#include "server/grammar/number_range.hpp"
 
 namespace fp8serve::grammar {
 

@@ -1,4 +1,4 @@
-#include "model/grammar/grammar.hpp"
+#include "server/grammar/grammar.hpp"
 
 #include <algorithm>
 #include <climits>
