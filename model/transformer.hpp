@@ -10,6 +10,11 @@
 // buffer per layer, kernels/paged_kv.hpp layout), the activation buffers sized for the largest step (in the
 // backend's activation dtype), and the step's metadata buffers. It does not know which block
 // belongs to whom: the engine passes block tables, slots and scales in a ForwardBatch.
+//
+// Its members live by concern: transformer.cpp the forward pass (embed, the layers, the LM head);
+// transformer_setup.cpp the constructor and the weights; transformer_kv_pool.cpp the pools and
+// their copies; transformer_step.cpp a step's metadata (checks, layout, upload, download);
+// transformer_sampling.cpp sampling on the device; decode_graphs.cpp the decode graphs.
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
