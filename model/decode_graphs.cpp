@@ -74,7 +74,7 @@ HostBatch pad_decode(const ForwardBatch& b, GraphKey key, int32_t num_layers) {
 int Transformer::capture_decode_graphs() {
   if (options_.graphs != TransformerOptions::Graphs::on) return 0;
   // graph_key's widths: the powers of two below the widest table, and the widest.
-  const int32_t max_blocks = (options_.max_model_len + options_.block_size - 1) / options_.block_size;
+  const int32_t max_blocks = max_table_blocks();
   std::vector<int32_t> widths;
   for (int32_t w = 1; w < max_blocks; w *= 2) widths.push_back(w);
   widths.push_back(max_blocks);

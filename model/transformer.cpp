@@ -1,3 +1,7 @@
+// The forward pass: embed, then one loop over the layers (norm -> qkv -> rope -> kv write ->
+// attention -> out proj -> residual -> norm -> mlp -> residual), then the LM head on the rows
+// that sample. forward() checks and uploads the step, enqueue() issues its ops,
+// finish() brings the results back (transformer_step.cpp).
 #include "model/transformer.hpp"
 
 #include <algorithm>
@@ -32,8 +36,7 @@ void Transformer::forward(const ForwardBatch& b, std::span<float> logits, std::s
   }
   if (!b.score_rows.empty() && !score) throw std::invalid_argument("Transformer::forward: score_rows without a ScoreFn");
   if (options_.graphs != TransformerOptions::Graphs::off && b.score_rows.empty()) {
-    const int32_t max_blocks = (options_.max_model_len + options_.block_size - 1) / options_.block_size;
-    if (const auto key = graph_key(b, graph_buckets_, max_blocks, shape.max_spill_tokens, options_.block_size)) {
+    if (const auto key = graph_key(b, graph_buckets_, max_table_blocks(), shape.max_spill_tokens, options_.block_size)) {
       forward_graphed(b, key->num_seqs, key->width, logits, counts);
       return;
     }
@@ -94,25 +97,17 @@ void Transformer::enqueue(const StepLayout& layout, const StepShape& shape) {
     batch.tail_slots = reinterpret_cast<const int32_t*>(meta(layout.tail_slots));
     batch.tail_ring_blocks = options_.window.ring_blocks();
   }
-  const int32_t max_spill_tokens = shape.max_spill_tokens;
-  const bool track_counts = shape.track_counts;
 
-  auto linear = [&](const void* in, int64_t in_stride, const DeviceProjection& w, const std::uint16_t* bias,
-                    void* out, int64_t out_stride) {
-    LinearParams p;
-    p.x = in;
-    p.x_stride = in_stride;
-    p.weight = w.weight;
-    p.weight_dtype = w.dtype;
-    p.weight_scales = w.scales;
-    p.weight_block_k = w.block_k;
-    p.bias = bias;
-    p.y = out;
-    p.y_stride = out_stride;
+  // The step's ops, each a backend call over these buffers (kernels/forward_ops.hpp).
+  auto embed = [&] {
+    EmbeddingParams p;
+    p.table = embed_tokens_;
+    p.token_ids = token_ids;
+    p.out = x;
     p.num_tokens = num_tokens;
-    p.in_features = w.in_features;
-    p.out_features = w.out_features;
-    backend_.linear(p, stream_);
+    p.vocab_size = c.vocab_size;
+    p.hidden = hidden;
+    backend_.embedding(p, stream_);
   };
   // residual != nullptr: residual += in, then out = norm(residual) (the fused residual add).
   auto rms_norm = [&](const void* in, void* out, const std::uint16_t* weight, int64_t num_heads,
@@ -130,17 +125,94 @@ void Transformer::enqueue(const StepLayout& layout, const StepShape& shape) {
     p.eps = c.rms_norm_eps;
     backend_.rms_norm(p, stream_);
   };
+  auto linear = [&](const void* in, int64_t in_stride, const DeviceProjection& w, const std::uint16_t* bias,
+                    void* out, int64_t out_stride) {
+    LinearParams p;
+    p.x = in;
+    p.x_stride = in_stride;
+    p.weight = w.weight;
+    p.weight_dtype = w.dtype;
+    p.weight_scales = w.scales;
+    p.weight_block_k = w.block_k;
+    p.bias = bias;
+    p.y = out;
+    p.y_stride = out_stride;
+    p.num_tokens = num_tokens;
+    p.in_features = w.in_features;
+    p.out_features = w.out_features;
+    backend_.linear(p, stream_);
+  };
+  auto rope = [&] {  // q and k in place
+    RopeParams p;
+    p.q = q;
+    p.k = k;
+    p.positions = positions;
+    p.num_tokens = num_tokens;
+    p.num_q_heads = c.num_heads;
+    p.num_kv_heads = c.num_kv_heads;
+    p.head_dim = head_dim;
+    p.q_token_stride = qkv_width;
+    p.k_token_stride = qkv_width;
+    backend_.rope(p, stream_);
+  };
+  // The window's tail pool of a layer; an empty view without a window.
+  auto tail_of = [&](int layer) {
+    return options_.window.enabled() ? tail_views_[static_cast<std::size_t>(layer)] : PagedKvView{};
+  };
+  // The step's k and v into the layer's pools. With the window, the blocks that leave it go to
+  // FP8 first, before kv_write reuses their ring slots.
+  auto kv_write = [&](int layer) {
+    KvWriteCounts* layer_counts = shape.track_counts ? step_counts + layer : nullptr;
+    if (shape.max_spill_tokens > 0) {
+      KvSpillParams spill;
+      spill.cache = kv_views_[static_cast<std::size_t>(layer)];
+      spill.tail = tail_of(layer);
+      spill.batch = batch;
+      spill.spill_starts = reinterpret_cast<const int32_t*>(meta(layout.spill_starts));
+      spill.max_spill_tokens = shape.max_spill_tokens;
+      spill.counts = layer_counts;
+      backend_.kv_spill(spill, stream_);
+    }
+    KvWriteParams p;
+    p.k = k;
+    p.v = v;
+    p.k_token_stride = qkv_width;
+    p.v_token_stride = qkv_width;
+    p.cache = kv_views_[static_cast<std::size_t>(layer)];
+    p.tail = tail_of(layer);
+    p.batch = batch;
+    p.scale_margin = options_.kv_scale_margin;
+    p.counts = layer_counts;
+    backend_.kv_write(p, stream_);
+  };
+  auto attention = [&](int layer) {  // q against the layer's pools -> attn
+    PagedAttentionParams p;
+    p.q = q;
+    p.q_token_stride = qkv_width;
+    p.out = attn;
+    p.out_token_stride = q_width;
+    p.num_heads = c.num_heads;
+    p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    p.cache = kv_views_[static_cast<std::size_t>(layer)];
+    p.tail = tail_of(layer);
+    p.batch = batch;
+    backend_.paged_attention(p, stream_);
+  };
+  auto silu_mul = [&] {  // gate = silu(gate) * up, in place
+    SiluMulParams p;
+    p.gate = gate;
+    p.up = up;
+    p.out = gate;
+    p.num_tokens = num_tokens;
+    p.dim = inter;
+    p.gate_token_stride = 2 * inter;
+    p.up_token_stride = 2 * inter;
+    p.out_token_stride = 2 * inter;
+    backend_.silu_mul(p, stream_);
+  };
 
-  EmbeddingParams embed;
-  embed.table = embed_tokens_;
-  embed.token_ids = token_ids;
-  embed.out = x;
-  embed.num_tokens = num_tokens;
-  embed.vocab_size = c.vocab_size;
-  embed.hidden = hidden;
-  backend_.embedding(embed, stream_);
-
-  // Each block's output (proj) joins the residual stream x inside the next norm.
+  // The model. Each block's output (proj) joins the residual stream x inside the next norm.
+  embed();
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& w = layers_[static_cast<std::size_t>(layer)];
     batch.k_scales = k_scales + static_cast<int64_t>(layer) * num_seqs;
@@ -154,69 +226,15 @@ void Transformer::enqueue(const StepLayout& layout, const StepShape& shape) {
       rms_norm(q, q, w.q_norm, c.num_heads, head_dim, qkv_width);
       rms_norm(k, k, w.k_norm, c.num_kv_heads, head_dim, qkv_width);
     }
-    RopeParams rope;
-    rope.q = q;
-    rope.k = k;
-    rope.positions = positions;
-    rope.num_tokens = num_tokens;
-    rope.num_q_heads = c.num_heads;
-    rope.num_kv_heads = c.num_kv_heads;
-    rope.head_dim = head_dim;
-    rope.q_token_stride = qkv_width;
-    rope.k_token_stride = qkv_width;
-    backend_.rope(rope, stream_);
-
-    const PagedKvView tail = options_.window.enabled() ? tail_views_[static_cast<std::size_t>(layer)] : PagedKvView{};
-    if (max_spill_tokens > 0) {  // blocks leave the window: into FP8 before kv_write reuses their ring slots
-      KvSpillParams spill;
-      spill.cache = kv_views_[static_cast<std::size_t>(layer)];
-      spill.tail = tail;
-      spill.batch = batch;
-      spill.spill_starts = reinterpret_cast<const int32_t*>(meta(layout.spill_starts));
-      spill.max_spill_tokens = max_spill_tokens;
-      spill.counts = track_counts ? step_counts + layer : nullptr;
-      backend_.kv_spill(spill, stream_);
-    }
-
-    KvWriteParams write;
-    write.k = k;
-    write.v = v;
-    write.k_token_stride = qkv_width;
-    write.v_token_stride = qkv_width;
-    write.cache = kv_views_[static_cast<std::size_t>(layer)];
-    write.tail = tail;
-    write.batch = batch;
-    write.scale_margin = options_.kv_scale_margin;
-    write.counts = track_counts ? step_counts + layer : nullptr;
-    backend_.kv_write(write, stream_);
-
-    PagedAttentionParams attention;
-    attention.q = q;
-    attention.q_token_stride = qkv_width;
-    attention.out = attn;
-    attention.out_token_stride = q_width;
-    attention.num_heads = c.num_heads;
-    attention.softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    attention.cache = kv_views_[static_cast<std::size_t>(layer)];
-    attention.tail = tail;
-    attention.batch = batch;
-    backend_.paged_attention(attention, stream_);
-
+    rope();
+    kv_write(layer);
+    attention(layer);
     linear(attn, q_width, w.o_proj, nullptr, proj, hidden);
 
     // MLP block: (x += attention) norm -> gate, up -> silu(gate) * up -> down_proj.
     rms_norm(proj, normed, w.post_norm, 1, hidden, hidden, x);
     linear(normed, hidden, w.gate_up_proj, nullptr, gate, 2 * inter);
-    SiluMulParams swiglu;
-    swiglu.gate = gate;
-    swiglu.up = up;
-    swiglu.out = gate;
-    swiglu.num_tokens = num_tokens;
-    swiglu.dim = inter;
-    swiglu.gate_token_stride = 2 * inter;
-    swiglu.up_token_stride = 2 * inter;
-    swiglu.out_token_stride = 2 * inter;
-    backend_.silu_mul(swiglu, stream_);
+    silu_mul();
     linear(gate, 2 * inter, w.down_proj, nullptr, proj, hidden);
   }
 

@@ -225,6 +225,8 @@ class Transformer {
     bool track_counts = false;     // kv_write accumulates counts into the step's metadata
   };
 
+  // The widest block table a sequence can have: max_model_len in blocks.
+  int32_t max_table_blocks() const { return (options_.max_model_len + options_.block_size - 1) / options_.block_size; }
   void validate(const ForwardBatch& batch, std::span<float> logits) const;
   // Packs the step's metadata into step_host_ and uploads it with one copy (a GPU backend
   // stages it through pinned memory and copies asynchronously on the stream).

@@ -33,11 +33,6 @@ std::vector<float> model_inv_freq(const ModelConfig& c) {
   return cpu::rope_inv_freq(rope);
 }
 
-template <typename T>
-DeviceBuffer device_array(Backend& backend, std::size_t count) {
-  return DeviceBuffer(backend, count * sizeof(T));
-}
-
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights, Backend& backend,
@@ -89,11 +84,9 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
   gate_up_ = activations(rows * 2 * static_cast<std::size_t>(c.intermediate_size));
   sampled_ = activations(std::max(seqs, sampled_rows) * hidden);
   sampled_delta_ = activations(std::max(seqs, sampled_rows) * hidden);
-  logits_ = device_array<float>(backend_, std::max(seqs, sampled_rows) * static_cast<std::size_t>(c.vocab_size));
+  logits_ = DeviceBuffer(backend_, std::max(seqs, sampled_rows) * static_cast<std::size_t>(c.vocab_size) * sizeof(float));
 
-  const auto max_blocks = static_cast<std::size_t>((options.max_model_len + options.block_size - 1) /
-                                                   options.block_size);
-  const std::size_t meta_bytes = step_layout(rows, seqs, max_blocks, rows).end;
+  const std::size_t meta_bytes = step_layout(rows, seqs, static_cast<std::size_t>(max_table_blocks()), rows).end;
   step_meta_ = DeviceBuffer(backend_, meta_bytes);
   step_host_ = HostArray<std::byte>(backend_);
   step_host_.resize(meta_bytes);

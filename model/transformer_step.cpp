@@ -14,7 +14,7 @@ void Transformer::validate(const ForwardBatch& b, std::span<float> logits) const
   const auto num_tokens = static_cast<int64_t>(b.token_ids.size());
   const auto num_seqs = static_cast<int64_t>(b.context_lens.size());
   const auto num_layers = static_cast<std::size_t>(config_.num_layers);
-  const int64_t max_blocks = (options_.max_model_len + options_.block_size - 1) / options_.block_size;
+  const int64_t max_blocks = max_table_blocks();
   auto fail = [](const std::string& what) { throw std::invalid_argument("Transformer::forward: " + what); };
   if (num_tokens < 1 || num_tokens > options_.max_num_tokens) fail("num_tokens outside [1, max_num_tokens]");
   if (num_seqs < 1 || num_seqs > options_.max_num_seqs) fail("num_seqs outside [1, max_num_seqs]");
