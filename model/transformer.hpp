@@ -183,11 +183,11 @@ class Transformer {
   std::string describe_weights() const;
   uint64_t kv_cache_bytes() const { return kv_cache_bytes_; }  // the main pool
   uint64_t tail_bytes() const { return tail_bytes_; }           // the window's tail pool
-  // One layer's pools, for tests that read what the kernels stored (device pointers).
-  const PagedKvView& kv_view(int layer) const { return kv_views_.at(static_cast<std::size_t>(layer)); }
-  const PagedKvView& tail_view(int layer) const { return tail_views_.at(static_cast<std::size_t>(layer)); }
 
  private:
+  // Tests read the pools back (tests/unit/engine/transformer_test_access.hpp).
+  friend struct TransformerTestAccess;
+
   struct LayerWeights {
     const std::uint16_t* input_norm = nullptr;
     DeviceProjection qkv_proj;                // [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
