@@ -1,6 +1,7 @@
 #include "model/decode_graphs.hpp"
 
 #include <algorithm>
+#include <utility>
 
 namespace fp8serve {
 
@@ -68,6 +69,72 @@ HostBatch pad_decode(const ForwardBatch& b, GraphKey key, int32_t num_layers) {
     p.tail_slots = padded(b.tail_slots, 0);
   }
   return p;
+}
+
+int Transformer::capture_decode_graphs() {
+  if (options_.graphs != TransformerOptions::Graphs::on) return 0;
+  // graph_key's widths: the powers of two below the widest table, and the widest.
+  const int32_t max_blocks = max_table_blocks();
+  std::vector<int32_t> widths;
+  for (int32_t w = 1; w < max_blocks; w *= 2) widths.push_back(w);
+  widths.push_back(max_blocks);
+  const uint64_t before = graphs_captured_;
+  for (const int32_t bucket : graph_buckets_) {
+    for (const int32_t width : widths) {
+      if (graphs_.count({bucket, width}) != 0) continue;
+      // Padding sequences only, shaped as a real decode step of this key is (the window's arrays
+      // included), so the captured launches are the ones a real step replays.
+      HostBatch padding = pad_decode(ForwardBatch{}, GraphKey{bucket, width}, config_.num_layers);
+      if (options_.window.enabled()) {
+        padding.fp8_lens.assign(static_cast<std::size_t>(bucket), 1);
+        padding.spill_starts.assign(static_cast<std::size_t>(bucket), 1);
+        padding.tail_slots.assign(static_cast<std::size_t>(bucket), 0);
+      }
+      forward_graphed(padding.view(), bucket, width, {}, {});
+    }
+  }
+  return static_cast<int>(graphs_captured_ - before);
+}
+
+void Transformer::forward_graphed(const ForwardBatch& b, int32_t num_seqs, int32_t width, std::span<float> logits,
+                                  std::span<KvWriteCounts> counts) {
+  HostBatch padded = pad_decode(b, GraphKey{num_seqs, width}, config_.num_layers);
+  const ForwardBatch p = padded.view();
+  StepShape shape;
+  shape.num_tokens = num_seqs;
+  shape.num_seqs = num_seqs;
+  shape.max_blocks_per_seq = width;
+  shape.num_rows = num_seqs;
+  // The same launches for every step of the bucket: kv_spill always, with the most a step that
+  // graph_key admits can spill (nothing to do for most sequences), counts always.
+  shape.max_spill_tokens = options_.window.enabled() ? options_.block_size : 0;
+  shape.track_counts = true;
+  const StepLayout layout = step_layout(static_cast<std::size_t>(num_seqs), static_cast<std::size_t>(num_seqs),
+                                        static_cast<std::size_t>(width));
+  upload_batch(p, layout, true);
+  if (options_.graphs == TransformerOptions::Graphs::padded) {
+    enqueue(layout, shape);
+  } else if (const auto it = graphs_.find({num_seqs, width}); it != graphs_.end()) {
+    backend_.replay(*it->second, stream_);
+    ++graph_replays_;
+  } else {
+    // Op by op first: that runs this step and grows every workspace to the bucket's size, so
+    // the capture (which runs nothing) sees the buffers the replays will use.
+    enqueue(layout, shape);
+    backend_.begin_capture(stream_);
+    try {
+      enqueue(layout, shape);
+    } catch (...) {
+      try {
+        (void)backend_.end_capture(stream_);
+      } catch (...) {
+      }
+      throw;
+    }
+    graphs_.emplace(std::pair{num_seqs, width}, backend_.end_capture(stream_));
+    ++graphs_captured_;
+  }
+  finish(p, layout, shape, logits, counts);
 }
 
 }  // namespace fp8serve

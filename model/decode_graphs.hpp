@@ -7,7 +7,8 @@
 // before each replay, and the kernels take everything else from it on the device. Padding
 // sequences are inert: their token has slot -1 (kv_write skips padding), and they attend over one
 // position of block 0 with context 1, so they read valid memory and write nothing; their logits
-// are computed and dropped.
+// are computed and dropped. decode_graphs.cpp holds the Transformer's side too:
+// capture_decode_graphs() and forward_graphed().
 #include <cstdint>
 #include <optional>
 #include <vector>

@@ -10,6 +10,11 @@
 // buffer per layer, kernels/paged_kv.hpp layout), the activation buffers sized for the largest step (in the
 // backend's activation dtype), and the step's metadata buffers. It does not know which block
 // belongs to whom: the engine passes block tables, slots and scales in a ForwardBatch.
+//
+// Its members live by concern: transformer.cpp the forward pass (embed, the layers, the LM head);
+// transformer_setup.cpp the constructor and the weights; transformer_kv_pool.cpp the pools and
+// their copies; transformer_step.cpp a step's metadata (checks, layout, upload, download);
+// transformer_sampling.cpp sampling on the device; decode_graphs.cpp the decode graphs.
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -177,11 +182,11 @@ class Transformer {
   std::string describe_weights() const;
   uint64_t kv_cache_bytes() const { return kv_cache_bytes_; }  // the main pool
   uint64_t tail_bytes() const { return tail_bytes_; }           // the window's tail pool
-  // One layer's pools, for tests that read what the kernels stored (device pointers).
-  const PagedKvView& kv_view(int layer) const { return kv_views_.at(static_cast<std::size_t>(layer)); }
-  const PagedKvView& tail_view(int layer) const { return tail_views_.at(static_cast<std::size_t>(layer)); }
 
  private:
+  // Tests read the pools back (tests/unit/engine/transformer_test_access.hpp).
+  friend struct TransformerTestAccess;
+
   struct LayerWeights {
     const std::uint16_t* input_norm = nullptr;
     DeviceProjection qkv_proj;                // [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
@@ -219,6 +224,8 @@ class Transformer {
     bool track_counts = false;     // kv_write accumulates counts into the step's metadata
   };
 
+  // The widest block table a sequence can have: max_model_len in blocks.
+  int32_t max_table_blocks() const { return (options_.max_model_len + options_.block_size - 1) / options_.block_size; }
   void validate(const ForwardBatch& batch, std::span<float> logits) const;
   // Packs the step's metadata into step_host_ and uploads it with one copy (a GPU backend
   // stages it through pinned memory and copies asynchronously on the stream).

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "engine_test_util.hpp"
+#include "transformer_test_access.hpp"
 #include "kernels/bf16.hpp"
 #include "kernels/fp8.hpp"
 
@@ -35,7 +36,7 @@ struct PositionKv {
 // table and tail ring by the test's own arithmetic (kernels/paged_kv.hpp's layouts).
 std::vector<PositionKv> read_kv(const Engine& engine, SeqId id, int layer) {
   const BlockManager& blocks = engine.block_manager();
-  const PagedKvView& pool = engine.transformer().kv_view(layer);
+  const PagedKvView& pool = TransformerTestAccess::kv_view(engine.transformer(), layer);
   const int bs = pool.block_size, hd = pool.head_dim, nkv = pool.num_kv_heads;
   const auto table = blocks.block_table(id);
   const int num_fp8 = blocks.num_fp8_tokens(id);
@@ -56,13 +57,13 @@ std::vector<PositionKv> read_kv(const Engine& engine, SeqId id, int layer) {
         if (kv.k_fp8) {
           kv.k.push_back(static_cast<const uint8_t*>(pool.k)[in_head + (d / 4) * bs * 4 + (p % bs) * 4 + d % 4]);
         } else {
-          kv.k.push_back(static_cast<const uint16_t*>(engine.transformer().tail_view(layer).k)
+          kv.k.push_back(static_cast<const uint16_t*>(TransformerTestAccess::tail_view(engine.transformer(), layer).k)
                              [tail_head + (d / 2) * bs * 2 + (p % bs) * 2 + d % 2]);
         }
         if (kv.v_fp8) {
           kv.v.push_back(static_cast<const uint8_t*>(pool.v)[in_head + (p % bs) * hd + d]);
         } else {
-          kv.v.push_back(static_cast<const uint16_t*>(engine.transformer().tail_view(layer).v)[tail_head + (p % bs) * hd + d]);
+          kv.v.push_back(static_cast<const uint16_t*>(TransformerTestAccess::tail_view(engine.transformer(), layer).v)[tail_head + (p % bs) * hd + d]);
         }
       }
     }
