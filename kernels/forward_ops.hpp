@@ -63,7 +63,7 @@ enum class WeightDtype : uint8_t {
 //             block_k = weight_block_k, or in_features when weight_block_k is 0 (one scale per
 //             output channel); num_k_blocks = ceil(in_features / block_k). Scales are finite,
 //             positive fp32.
-// Where each comes from (model/transformer.cpp):
+// Where each comes from (model/weight_upload.cpp):
 //   --quantization fp8 (and GGUF quantized tensors under it): per output channel,
 //     scale = max(amax(row) / 448, FLT_MIN), codes = satfinite(RNE(W / scale)): the one
 //     codec of kernels/fp8.hpp. Fused projections (qkv, gate_up) are concatenations of whole
