@@ -7,7 +7,7 @@
 #include <string>
 
 #include "kernels/cpu/ops.hpp"  // make_rope_table: the host computes the table, the device reads it
-#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/device_runtime.hpp"
 #include "kernels/cuda/launch.hpp"
 #include "kernels/cuda/linear_checks.hpp"
 #include "kernels/cuda/linear_cublaslt.hpp"

@@ -31,7 +31,7 @@ class CublasLtLinear;
 
 class CudaBackend final : public Backend {
  public:
-  using Stream = ::fp8serve::Stream;  // not cuda::Stream (device.hpp's owning wrapper)
+  using Stream = ::fp8serve::Stream;  // not cuda::Stream (device_runtime.hpp's owning wrapper)
 
   // Makes `device` current for the calling thread and creates the stream, the cuBLASLt handle
   // and its workspace. Throws std::runtime_error when the device is unusable.

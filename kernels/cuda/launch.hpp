@@ -2,8 +2,8 @@
 // The one header a CUDA kernel file (kernels/cuda/*.cu) includes. Every .cu builds two ways from
 // the same source:
 //   nvcc, for the GPU (fp8serve_cuda): FP8SERVE_CUDA_EMU is 0;
-//   the host compiler, for the CPU emulator (fp8serve_cuda_emu, kernels/cuda/emu/emu.hpp, which
-//   says what it runs and what it cannot): FP8SERVE_CUDA_EMU is 1.
+//   the host compiler, for the CPU emulator (fp8serve_cuda_emu, reached through emulator_hook.hpp;
+//   tests/cuda_emu/emu.hpp says what it runs and what it cannot): FP8SERVE_CUDA_EMU is 1.
 //
 // Write kernels with these, never with their CUDA spellings:
 //   FP8SERVE_LAUNCH(kernel, grid, block, shared_bytes, stream, args...)
@@ -19,27 +19,24 @@
 //       shared_bytes long). Once per kernel.
 //   FP8SERVE_CUDA_FAST_PATHS
 //       1 unless defined 0, in both builds. Inline PTX lives in ptx.cuh only, one named device
-//       function per instruction, which the emulator implements (emu/ptx.hpp): the emulator runs
-//       the code the GPU runs. A portable twin of a fast path exists only where a GPU build may
-//       choose it by measurement, behind `#if FP8SERVE_CUDA_FAST_PATHS` (today: the bit-trick FP8
-//       decode against cvt, attention_device.cuh); -DFP8SERVE_CUDA_FAST_PATHS=0 selects the twins,
-//       in either build, for the A/B. Hopper-only instructions (wgmma, setmaxnreg) also need
-//       `__CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)` (nvcc builds sm_80 and sm_90a).
+//       function per instruction, which the emulator implements (tests/cuda_emu/ptx.hpp): the
+//       emulator runs the code the GPU runs. A portable twin of a fast path exists only where a GPU
+//       build may choose it by measurement, behind `#if FP8SERVE_CUDA_FAST_PATHS` (today: the
+//       bit-trick FP8 decode against cvt, attention_device.cuh); -DFP8SERVE_CUDA_FAST_PATHS=0
+//       selects the twins, in either build, for the A/B. Hopper-only instructions (wgmma,
+//       setmaxnreg) also need `__CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)` (nvcc
+//       builds sm_80 and sm_90a).
 //
 // The file convention: kernels/cuda/*.cu hold kernels and host code that uses only the runtime
 // API the emulator has (memory, copies, streams, events, device properties); both builds compile
 // them (CUDA graphs included). kernels/cuda/*.cpp hold host code that calls a CUDA library
 // (cuBLASLt): nvcc's build links the real library, the emulated build the emulator's stand-in
-// (emu/cublaslt.cpp). kernels/cuda/README.md says how to add a kernel and its tests.
-#if !defined(FP8SERVE_CUDA_EMU)
-#define FP8SERVE_CUDA_EMU 0
-#endif
+// (tests/cuda_emu/cublaslt.cpp). kernels/cuda/README.md says how to add a kernel and its tests.
+#include "kernels/cuda/emulator_hook.hpp"  // the emulator's CUDA when FP8SERVE_CUDA_EMU is 1
 
-#if FP8SERVE_CUDA_EMU
-#include "kernels/cuda/emu/emu.hpp"
-#elif defined(__CUDACC__)
+#if !FP8SERVE_CUDA_EMU && defined(__CUDACC__)
 #include <cuda_runtime.h>
-#else
+#elif !FP8SERVE_CUDA_EMU
 #error "kernels/cuda/launch.hpp: compile with nvcc, or with -DFP8SERVE_CUDA_EMU=1 against the CPU emulator"
 #endif
 

@@ -26,9 +26,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/linear_checks.hpp"
 #include "kernels/cuda/ops_cuda.hpp"
-#if FP8SERVE_CUDA_EMU
-#include "kernels/cuda/emu/cublaslt.hpp"
-#endif
+#include "kernels/cuda/emulator_hook.hpp"  // emu::cublaslt_last_failure, emulated build only
 
 namespace fp8serve::cuda {
 namespace {

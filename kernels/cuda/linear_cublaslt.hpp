@@ -2,10 +2,10 @@
 // The projections on a real GPU through cuBLASLt (linear_cublaslt.cpp): bf16 x and W, fp32
 // accumulation (CUBLAS_COMPUTE_32F), bf16 y - or fp32 y for the LM head (LinearParams::y_fp32)
 // - with Qwen2's QKV bias in the epilogue. The algorithm is chosen once per shape by
-// cublasLtMatmulAlgoGetHeuristic and cached with its descriptors (an LRU of max_plans shapes:
-// token counts vary without bound); one workspace serves every call. Both builds compile it: the
-// emulated one against the CPU emulator's cuBLASLt stand-in (emu/cublaslt.cpp), which checks
-// each call as cuBLASLt's documentation states. Plain C++: no cuBLAS header leaks to the includer.
+// cublasLtMatmulAlgoGetHeuristic and cached with its descriptors (an LRU of max_plans shapes: token
+// counts vary without bound); one workspace serves every call. Both builds compile it: the emulated
+// one against the CPU emulator's cuBLASLt stand-in (tests/cuda_emu/cublaslt.cpp), which checks each
+// call as cuBLASLt's documentation states. Plain C++: no cuBLAS header leaks to the includer.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -50,7 +50,7 @@ class CublasLtLinear {
   // Whether sm_90's FP8 GEMM takes these FP8 weights: one scale per row or 128-input blocks (no
   // other block size has a scale mode), in_features a multiple of 16 (and <= 16384 with one scale
   // per row: the activation quantizer's row), out_features and the y row stride multiples of 16
-  // bytes, W and y 16-byte aligned (cuBLASLt's FP8 rules, emu/cublaslt_checks.cpp).
+  // bytes, W and y 16-byte aligned (cuBLASLt's FP8 rules, tests/cuda_emu/cublaslt_checks.cpp).
   static bool fp8_gemm_supported(const LinearParams& params);
 
   std::size_t num_cached_plans() const;  // at most max_plans

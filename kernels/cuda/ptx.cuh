@@ -1,7 +1,7 @@
 #pragma once
 // Every inline PTX instruction of the CUDA kernels, each in one small named device function. nvcc
 // builds the asm; the emulated build (FP8SERVE_CUDA_EMU) gets the same functions from the
-// emulator (kernels/cuda/emu/ptx.hpp), which implements each exactly: mma.sync as a
+// emulator (tests/cuda_emu/ptx.hpp), which implements each exactly: mma.sync as a
 // warp-collective operation over the PTX ISA's fragment tables, cp.async deferred as on the
 // hardware (poisoned destinations, per-thread groups, visibility only after a barrier), and the
 // conversions with NVIDIA's own host code from cuda_fp8.hpp / cuda_bf16.hpp. So the emulator
@@ -14,8 +14,8 @@
 #include "kernels/cuda/launch.hpp"
 
 #if FP8SERVE_CUDA_EMU
-#include "kernels/cuda/emu/ptx.hpp"
-// coverage: inline PTX (nvcc only), emulated by emu/ptx.hpp: test_fast_paths_emu, test_attention_primitives_gpu_emu
+#include "kernels/cuda/emulator_hook.hpp"  // the same functions, emulated (tests/cuda_emu/ptx.hpp)
+// coverage: inline PTX (nvcc only), emulated by tests/cuda_emu/ptx.hpp: test_fast_paths_emu, test_attention_primitives_gpu_emu
 #else
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>

@@ -6,7 +6,7 @@
 #include "config/config.hpp"
 #include "kernels/cpu/cpu_backend.hpp"
 #if FP8SERVE_WITH_CUDA
-#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/device_runtime.hpp"
 #include "kernels/cuda/make_cuda_backend.hpp"
 #endif
 

@@ -29,7 +29,7 @@
 #include "machine_limits.hpp"
 #include "server/engine/device_select.hpp"
 #if FP8SERVE_WITH_CUDA
-#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/device_runtime.hpp"
 #endif
 
 using namespace fp8serve;

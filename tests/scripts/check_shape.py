@@ -7,7 +7,7 @@ reaches the CUDA emulator through one hook, and no product source file grows pas
 The layers, lowest first: kernels, cache, model, server (config is a leaf beside them, read by the
 server). A file may include its own folder's headers and those of any lower layer, never a higher
 one's. The emulator lives in tests/cuda_emu; product files reach it only through
-kernels/cuda/emu_hook.hpp."""
+kernels/cuda/emulator_hook.hpp."""
 import re
 import sys
 from pathlib import Path
@@ -19,7 +19,7 @@ ALLOWED_EXTRA = {"config": {"kernels"}, "server": {"config"}}
 PRODUCT = ("kernels", "cache", "model", "server", "config")
 SOURCES = (".cpp", ".hpp", ".cu", ".cuh", ".h", ".inc")
 MAX_LINES = 600
-EMU_HOOK = "kernels/cuda/emu_hook.hpp"
+EMU_HOOK = "kernels/cuda/emulator_hook.hpp"
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]')
 
 

@@ -37,9 +37,9 @@ import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MEASURED = ["kernels/cuda/*.cu", "kernels/cuda/*.cuh", "kernels/cuda/linear_cublaslt.cpp"]
-# Built by the emulated build only once the emulator has a cuBLASLt stand-in (emu/cublaslt.cpp):
-# until then the report names it and leaves it out of the figure.
-NEEDS_STAND_IN = {"kernels/cuda/linear_cublaslt.cpp": "kernels/cuda/emu/cublaslt.cpp"}
+# Built by the emulated build only once the emulator has a cuBLASLt stand-in
+# (tests/cuda_emu/cublaslt.cpp): until then the report names it and leaves it out of the figure.
+NEEDS_STAND_IN = {"kernels/cuda/linear_cublaslt.cpp": "tests/cuda_emu/cublaslt.cpp"}
 
 # The macros the measured files' #if conditions may read, per build. An unknown one is an error.
 EMULATED = {"FP8SERVE_CUDA_EMU": 1, "FP8SERVE_CUDA_FAST_PATHS": 1}

@@ -12,9 +12,9 @@ and:
     stack frame: local memory at every access);
   - prints the table, with the CTAs one H200 SM holds by registers and threads alone (at the
     kernel's block size: its __launch_bounds__);
-  - compares it with the committed kernels/cuda/emu/kernel_resources.inc, which the CUDA emulator
-    compiles in to compute occupancy as an H200 would (emu/occupancy.cpp), and with docs/cuda.md's
-    copy between its kernel-resources markers: a difference fails, `update` rewrites both.
+  - compares it with the committed kernels/cuda/kernel_resources.inc, which the CUDA emulator
+    compiles in to compute occupancy as an H200 would (tests/cuda_emu/occupancy.cpp), and with
+    docs/cuda.md's copy between its kernel-resources markers: a difference fails, `update` rewrites both.
 Kernel names are demangled (c++filt) and normalised as the emulator normalises its own symbols:
 return type and parameter list dropped, anonymous namespaces as "(anonymous namespace)".
 """
@@ -25,7 +25,7 @@ import subprocess
 import sys
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-TABLE = os.path.join(ROOT, "kernels", "cuda", "emu", "kernel_resources.inc")
+TABLE = os.path.join(ROOT, "kernels", "cuda", "kernel_resources.inc")
 DOC = os.path.join(ROOT, "docs", "cuda.md")
 BEGIN, END = "<!-- kernel-resources:begin -->", "<!-- kernel-resources:end -->"
 

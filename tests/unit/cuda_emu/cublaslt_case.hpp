@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "kernels/bf16.hpp"
-#include "kernels/cuda/emu/cublaslt.hpp"
+#include "tests/cuda_emu/cublaslt.hpp"
 #include "kernels/cuda/launch.hpp"
 #include "kernels/fp8.hpp"
 

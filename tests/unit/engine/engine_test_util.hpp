@@ -22,7 +22,7 @@
 #include "model/transformer.hpp"
 #include "server/engine/engine.hpp"
 #if FP8SERVE_WITH_CUDA
-#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/device_runtime.hpp"
 #endif
 
 namespace fp8serve::test {

@@ -2,7 +2,7 @@
 #include "tests/unit/gpu/attention_primitives.hpp"
 
 #include "kernels/cuda/attention_device.cuh"
-#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/device_runtime.hpp"
 
 namespace fp8serve::cuda::attn_test {
 namespace {

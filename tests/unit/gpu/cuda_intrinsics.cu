@@ -1,7 +1,7 @@
 // The kernel of cuda_intrinsics.hpp, for nvcc and the emulator.
 #include "tests/unit/gpu/cuda_intrinsics.hpp"
 
-#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/device_runtime.hpp"
 #include "kernels/cuda/launch.hpp"
 
 namespace fp8serve::cuda::intrinsics {

@@ -1,7 +1,7 @@
 // The kernels of cuda_semantics.hpp: valid CUDA with defined results, for nvcc and the emulator.
 #include "tests/unit/gpu/cuda_semantics.hpp"
 
-#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/device_runtime.hpp"
 #include "kernels/cuda/launch.hpp"
 
 namespace fp8serve::cuda::semantics {

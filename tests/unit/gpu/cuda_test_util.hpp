@@ -15,7 +15,7 @@
 
 #include "kernels/backend.hpp"
 #include "kernels/bf16.hpp"
-#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/device_runtime.hpp"
 #include "kernels/cuda/make_cuda_backend.hpp"
 
 namespace fp8serve::gpu_test {

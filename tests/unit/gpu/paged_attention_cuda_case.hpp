@@ -19,7 +19,7 @@
 
 #include "kernels/bf16.hpp"
 #include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/device_runtime.hpp"
 #include "kernels/cuda/paged_attention_cuda.hpp"
 #include "kernels/fp8.hpp"
 #include "tests/unit/attention/attention_test_util.hpp"

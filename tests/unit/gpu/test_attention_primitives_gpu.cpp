@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kernels/bf16.hpp"
-#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/device_runtime.hpp"
 #include "kernels/fp8.hpp"
 #include "tests/unit/gpu/attention_primitives.hpp"
 

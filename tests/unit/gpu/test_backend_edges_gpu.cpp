@@ -1,5 +1,5 @@
-// [gpu] The CUDA backend's own host paths (cuda_backend.cu, device.cu) that neither the op tests
-// nor test_backend_gpu reach: device selection, its description and memory, allocations the
+// [gpu] The CUDA backend's own host paths (cuda_backend.cu, device_runtime.cu) that neither the op
+// tests nor test_backend_gpu reach: device selection, its description and memory, allocations the
 // device or the host refuse, copies above the staging arena's 64 MiB, what a graph capture
 // refuses and what it leaves behind, scratch buffers that grow (and outlive the graphs that
 // captured them), copy_blocks' checks and its byte-wise path, the owned cuda::DeviceBuffer and the
@@ -11,7 +11,7 @@
 #include <stdexcept>
 
 #include "cuda_test_util.hpp"
-#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/device_runtime.hpp"
 #include "tests/unit/asan.hpp"
 
 using namespace fp8serve;

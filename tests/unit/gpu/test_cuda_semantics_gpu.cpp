@@ -9,7 +9,7 @@
 #include <numeric>
 #include <vector>
 
-#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/device_runtime.hpp"
 #include "tests/unit/gpu/cuda_semantics.hpp"
 
 using namespace fp8serve;

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/device_runtime.hpp"
 #include "kernels/fp8.hpp"
 
 using namespace fp8serve;

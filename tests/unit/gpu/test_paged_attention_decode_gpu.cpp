@@ -281,7 +281,7 @@ TEST_CASE("the decode grid is the device's occupancy: an H200's in the emulator"
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   // Llama-3-8B shapes (GQA 4, head_dim 128) run on tensor cores: ptxas gives the
   // paged_decode_mma_kernel<128, 8> build 128 registers on sm_90a (its __launch_bounds__ asks for
-  // 4 CTAs), which lets an SM hold 4 of its 128-thread CTAs (kernels/cuda/emu/kernel_resources.inc;
+  // 4 CTAs), which lets an SM hold 4 of its 128-thread CTAs (kernels/cuda/kernel_resources.inc;
   // shared memory allows 4 up to ~1,000 sequences).
   const int32_t grid = cuda::paged_attention_cuda_decode_grid(4, 128, 64, sms);
   INFO("decode grid " << grid << " on " << sms << " SMs");

@@ -4,8 +4,8 @@
 // not multiples of the block or of the query tile, the bf16 tail, and both implementations of
 // the tile math (tensor-core MMA, the GPU's default, and SIMT), every shape with each. Runs on the
 // GPU (test_gpu) and on the emulator (test_paged_attention_prefill_gpu_emu), which runs the very
-// mma.sync and cp.async code (emu/ptx.hpp) - in each of its mma accumulation orders for the MMA
-// cases, since a tensor core's order is not documented.
+// mma.sync and cp.async code (tests/cuda_emu/ptx.hpp) - in each of its mma accumulation orders for
+// the MMA cases, since a tensor core's order is not documented.
 //
 // Tolerances (attention_tolerance), on the error beyond rounding the bf16 output (up to 2^-8
 // |reference|), as a fraction of the sequence's largest |v|:

@@ -1,4 +1,4 @@
-#include "kernels/cuda/emu/fiber.hpp"
+#include "tests/cuda_emu/fiber.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>

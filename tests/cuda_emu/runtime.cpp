@@ -19,9 +19,9 @@
 //   it) and invalidates the capture.
 // An emulated binary never links libcudart (the build refuses to, and a process holding both
 // aborts at start).
-#include "kernels/cuda/emu/runtime.hpp"
+#include "tests/cuda_emu/runtime.hpp"
 
-#include "kernels/cuda/emu/emu.hpp"
+#include "tests/cuda_emu/emu.hpp"
 
 #include <dlfcn.h>
 

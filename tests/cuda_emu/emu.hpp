@@ -3,7 +3,8 @@
 // the host compiler and run on the CPU, so that CI executes the code a GPU executes - tensor-core
 // MMA, cp.async, the hardware conversions, cuBLASLt, asynchronous streams - strictly enough that a
 // green CI means the GPU build is right. Kernel files do not include this header: they include
-// kernels/cuda/launch.hpp, which includes it when FP8SERVE_CUDA_EMU is 1.
+// kernels/cuda/launch.hpp, whose emulator_hook.hpp includes it (through
+// include/fp8serve_cuda_emu.hpp) when FP8SERVE_CUDA_EMU is 1.
 //
 // What it runs
 // - NVIDIA's own headers (<cuda_runtime.h>, <cuda_fp16.h>, <cuda_bf16.h>, <cuda_fp8.h>) in host
@@ -87,7 +88,7 @@
 // preemption); cudaMemGetInfo reports a fake total (set_device_memory_bytes, default 8 GiB) minus
 // what cudaMalloc holds, and cudaMalloc fails beyond it.
 #if !defined(FP8SERVE_CUDA_EMU) || !FP8SERVE_CUDA_EMU
-#error "kernels/cuda/emu/emu.hpp is for the emulated build (FP8SERVE_CUDA_EMU=1); include kernels/cuda/launch.hpp"
+#error "tests/cuda_emu/emu.hpp is for the emulated build (FP8SERVE_CUDA_EMU=1); include kernels/cuda/launch.hpp"
 #endif
 #if defined(__CUDACC__)
 #error "the CUDA emulator is for the host compiler, not nvcc"
@@ -335,4 +336,4 @@ inline int __syncthreads_or(int predicate, FP8SERVE_EMU_SITE) { return FP8SERVE_
 #undef FP8SERVE_EMU_WARP_OP
 #undef FP8SERVE_EMU_SITE
 
-#include "kernels/cuda/emu/device_functions.hpp"
+#include "tests/cuda_emu/device_functions.hpp"

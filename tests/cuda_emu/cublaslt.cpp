@@ -18,7 +18,7 @@
 // The work - the reference loop of cublaslt_reference.cpp - goes through detail::enqueue: it is
 // recorded into a graph while its stream is captured (real cuBLASLt calls are captured too) and
 // otherwise runs before the call returns, reading device memory only then.
-#include "kernels/cuda/emu/cublaslt.hpp"
+#include "tests/cuda_emu/cublaslt.hpp"
 
 #include <cstring>
 #include <mutex>
@@ -26,8 +26,8 @@
 #include <string>
 #include <utility>
 
-#include "kernels/cuda/emu/cublaslt_internal.hpp"
-#include "kernels/cuda/emu/runtime.hpp"
+#include "tests/cuda_emu/cublaslt_internal.hpp"
+#include "tests/cuda_emu/runtime.hpp"
 
 namespace fp8serve::emu {
 

@@ -18,7 +18,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/cuda/emu/cublaslt_internal.hpp"
+#include "tests/cuda_emu/cublaslt_internal.hpp"
 
 namespace fp8serve::emu::cublaslt {
 namespace {

@@ -4,8 +4,8 @@
 // will). One BlockRunner per worker thread per launch; its fibers and stacks serve every block
 // that worker runs. Warp collectives (mma.sync) complete like warp ops; cp.async copies are
 // deferred per thread (async_copy.cpp).
-#include "kernels/cuda/emu/emu.hpp"
-#include "kernels/cuda/emu/fiber.hpp"
+#include "tests/cuda_emu/emu.hpp"
+#include "tests/cuda_emu/fiber.hpp"
 
 #include <deque>
 #include <string>

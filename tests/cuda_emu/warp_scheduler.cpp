@@ -1,7 +1,7 @@
-#include "kernels/cuda/emu/scheduler.hpp"
+#include "tests/cuda_emu/warp_scheduler.hpp"
 
-#include "kernels/cuda/emu/ptx.hpp"
-#include "kernels/cuda/emu/runtime.hpp"
+#include "tests/cuda_emu/ptx.hpp"
+#include "tests/cuda_emu/runtime.hpp"
 
 #include <algorithm>
 #include <bit>

@@ -1,7 +1,7 @@
 // The emulator's launch: checks the configuration as a GPU would, then shares the grid's blocks
 // among worker threads, each running one block at a time to its end.
-#include "kernels/cuda/emu/runtime.hpp"
-#include "kernels/cuda/emu/scheduler.hpp"
+#include "tests/cuda_emu/runtime.hpp"
+#include "tests/cuda_emu/warp_scheduler.hpp"
 
 #include <algorithm>
 #include <atomic>

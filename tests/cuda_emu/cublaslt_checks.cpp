@@ -33,7 +33,7 @@
 #include <algorithm>
 #include <string>
 
-#include "kernels/cuda/emu/cublaslt_internal.hpp"
+#include "tests/cuda_emu/cublaslt_internal.hpp"
 
 namespace fp8serve::emu::cublaslt {
 namespace {

@@ -1,6 +1,6 @@
 // mma.sync in the emulator: mma.sync.aligned.m16n8k16.row.col.f32.{bf16.bf16,f16.f16}.f32 as a warp
-// collective (scheduler.cpp waits for the 32 lanes at one call site), D computed from the lanes'
-// fragments by the PTX ISA's tables (ptx.cuh repeats them), summed in the run's MmaOrder.
+// collective (warp_scheduler.cpp waits for the 32 lanes at one call site), D computed from the
+// lanes' fragments by the PTX ISA's tables (ptx.cuh repeats them), summed in the run's MmaOrder.
 #include <array>
 #include <bit>
 #include <atomic>
@@ -8,9 +8,9 @@
 #include <cstring>
 #include <mutex>
 
-#include "kernels/cuda/emu/ptx.hpp"
-#include "kernels/cuda/emu/runtime.hpp"
-#include "kernels/cuda/emu/scheduler.hpp"
+#include "tests/cuda_emu/ptx.hpp"
+#include "tests/cuda_emu/runtime.hpp"
+#include "tests/cuda_emu/warp_scheduler.hpp"
 
 namespace fp8serve::emu {
 namespace {

@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cuda/emu/emu.hpp"
-#include "kernels/cuda/emu/runtime.hpp"
+#include "tests/cuda_emu/emu.hpp"
+#include "tests/cuda_emu/runtime.hpp"
 
 namespace fp8serve::emu::detail {
 namespace {

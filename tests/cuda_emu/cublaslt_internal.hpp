@@ -2,7 +2,7 @@
 // Inside the cuBLASLt stand-in: what its descriptors hold, the matmul a call describes once
 // checked, the algorithm its heuristic hands out, and the reference loop. The entry points are in
 // cublaslt.cpp, the checks in cublaslt_checks.cpp, the loop in cublaslt_reference.cpp. Not for
-// kernels or tests (they see kernels/cuda/emu/cublaslt.hpp).
+// kernels or tests (they see tests/cuda_emu/cublaslt.hpp).
 #include <cublasLt.h>
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/device_runtime.hpp"
 #include "kernels/cuda/launch.hpp"
 #include "kernels/fp8.hpp"
 

@@ -3,7 +3,7 @@
 // runtime-API subset (runtime.cpp). Not for kernels or tests.
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/emu/emu.hpp"
+#include "tests/cuda_emu/emu.hpp"
 
 #include <cstddef>
 #include <cstdint>

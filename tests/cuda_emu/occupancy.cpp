@@ -1,8 +1,9 @@
 // Occupancy in the emulator, as an H200 computes it: how many CTAs of a kernel one SM holds, from
 // the kernel's registers and static shared memory as nvcc's ptxas reported them for sm_90a
-// (kernel_resources.inc, generated and checked in CI by tests/scripts/kernel_resources.py), the
-// block size and the dynamic shared memory. So a persistent grid, a split-K decision or a
-// partition plan made from cudaOccupancyMaxActiveBlocksPerMultiprocessor is the H200's.
+// (kernels/cuda/kernel_resources.inc: data about the product's kernels, kept beside them;
+// generated and checked in CI by tests/scripts/kernel_resources.py), the block size and the
+// dynamic shared memory. So a persistent grid, a split-K decision or a partition plan made from
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor is the H200's.
 //
 // A kernel is known by its function's name: the emulator reads its own executable's symbol
 // table (the kernels are static functions, which dladdr does not see), demangles the symbol at
@@ -24,7 +25,7 @@
 #include <string>
 #include <string_view>
 
-#include "kernels/cuda/emu/runtime.hpp"
+#include "tests/cuda_emu/runtime.hpp"
 
 namespace fp8serve::emu::detail {
 namespace {
@@ -37,7 +38,7 @@ struct KernelResources {
 };
 
 constexpr KernelResources kKernelResources[] = {
-#include "kernels/cuda/emu/kernel_resources.inc"
+#include "kernels/cuda/kernel_resources.inc"
 };
 
 // sm_90: the register file is allocated per warp in units of 256 registers; 2048 threads, 64
@@ -136,8 +137,8 @@ const KernelResources& resources_of(const void* function) {
       return r;
     }
   }
-  die("occupancy: kernel '%s' (%p) has no entry in kernels/cuda/emu/kernel_resources.inc: build the CUDA backend "
-      "with nvcc and run tests/scripts/kernel_resources.py update OBJECT_DIR",
+  die("occupancy: kernel '%s' (%p) has no entry in kernels/cuda/kernel_resources.inc: build the CUDA "
+      "backend with nvcc and run tests/scripts/kernel_resources.py update OBJECT_DIR",
       name.empty() ? "?" : name.c_str(), function);
 }
 

@@ -4,18 +4,18 @@
 //   same call (.aligned), or the kernel aborts naming the lines; D is computed from the 32 lanes'
 //   fragments by the PTX ISA's tables, in the accumulation order chosen for the run
 //   (set_mma_order, FP8SERVE_EMU_MMA_ORDER): a tensor core's order is implementation defined.
-// - cp.async is deferred as on the hardware (scheduler.cpp): at issue the copy is queued for its
-//   thread and its destination poisoned (0xFF bytes); cp_async_wait<N> performs all but the N
-//   newest committed groups of that thread; the landed bytes are visible to that thread only
-//   until a __syncthreads, or a __syncwarp naming it, makes them visible to the others. Issuing
-//   into bytes a copy still holds, writing into another thread's unpublished copy, an unaligned
-//   or out-of-bounds address, or a thread that exits with copies in flight aborts.
+// - cp.async is deferred as on the hardware (warp_scheduler.cpp): at issue the copy is queued for
+//   its thread and its destination poisoned (0xFF bytes); cp_async_wait<N> performs all but the N
+//   newest committed groups of that thread; the landed bytes are visible to that thread only until
+//   a __syncthreads, or a __syncwarp naming it, makes them visible to the others. Issuing into
+//   bytes a copy still holds, writing into another thread's unpublished copy, an unaligned or
+//   out-of-bounds address, or a thread that exits with copies in flight aborts.
 // - The conversions are NVIDIA's own host code (cuda_fp8.hpp, cuda_fp16.hpp, cuda_bf16.hpp),
 //   canonical NaN outputs included.
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/cuda/emu/emu.hpp"
+#include "tests/cuda_emu/emu.hpp"
 
 #define FP8SERVE_PTX inline
 

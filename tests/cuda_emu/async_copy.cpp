@@ -11,8 +11,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "kernels/cuda/emu/runtime.hpp"
-#include "kernels/cuda/emu/scheduler.hpp"
+#include "tests/cuda_emu/runtime.hpp"
+#include "tests/cuda_emu/warp_scheduler.hpp"
 
 namespace fp8serve::emu::detail {
 namespace {
