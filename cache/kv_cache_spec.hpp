@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <string>
 
-#include "cache/kv_dtype.hpp"
 #include "cache/kv_window.hpp"
+#include "kernels/kv_dtype.hpp"
 
 namespace fp8serve {
 

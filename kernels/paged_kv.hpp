@@ -27,7 +27,7 @@
 // the new tokens.
 #include <cstdint>
 
-#include "cache/kv_dtype.hpp"
+#include "kernels/kv_dtype.hpp"
 
 #if defined(__CUDACC__)
 #define PAGED_KV_HD __host__ __device__ __forceinline__

@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "cache/block_manager.hpp"
-#include "cache/kv_dtype.hpp"
 #include "cache/kv_scales.hpp"
 #include "cache/kv_window.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/kv_dtype.hpp"
 #include "model/formats/model_config.hpp"
 #include "model/formats/weights.hpp"
 #include "model/weight_upload.hpp"

@@ -10,7 +10,7 @@
 namespace fp8serve {
 
 enum class KvDtype : uint8_t {
-  fp8_e4m3,  // OCP E4M3FN, 1 byte, per-tensor scale (cache/kv_scales.hpp)
+  fp8_e4m3,  // OCP E4M3FN, 1 byte, per-tensor scale (kernels/kv_scale_math.hpp)
   bf16,      // 2 bytes, no scale
 };
 
