@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/kv_dtype.hpp"
+
 namespace fp8serve {
 
 // A bad flag or value: the message names the flag and what it accepts.
@@ -25,18 +27,23 @@ struct ConfigError : std::runtime_error {
 
 enum class Command { inspect, generate, serve };
 
+// The choice flags read below config/, parsed here once (their spellings are the flags' values).
+enum class Quantization : uint8_t { none, fp8 };                // --quantization
+enum class KvWindowTensors : uint8_t { k, kv };                 // --kv-bf16-window-tensors
+enum class SpeculativeMethod : uint8_t { none, ngram, draft };  // --speculative-method
+
 struct Config {
   Command command = Command::inspect;
   std::string model;  // a Hugging Face model folder or a .gguf file
 
   // Device and KV cache (DESIGN §3, §8). Flag names follow vLLM's.
   std::string device = "auto";            // auto | cpu | cuda
-  std::string kv_cache_dtype = "fp8_e4m3";  // fp8_e4m3 | bf16
-  std::string quantization = "none";      // none | fp8: projection weights (FP8 checkpoints: always FP8)
+  KvDtype kv_cache_dtype = KvDtype::fp8_e4m3;
+  Quantization quantization = Quantization::none;  // projection weights (FP8 checkpoints: always FP8)
   bool fp8_lm_head = false;               // with --quantization fp8, the LM head too
   double kv_scale_margin = 2.0;           // calibrated scale = amax * margin / 448 (see README)
   int kv_bf16_window = 64;                // newest tokens kept exact in bf16 (multiple of block_size; README)
-  std::string kv_bf16_window_tensors = "k";   // k | kv: what the window keeps exact
+  KvWindowTensors kv_bf16_window_tensors = KvWindowTensors::k;  // what the window keeps exact
   double kv_bf16_window_share = kDefaultKvBf16WindowShare;  // the most of the KV budget its rings take
   int block_size = 16;
   int64_t kv_cache_memory = 0;            // bytes; 0 = derive (CPU: 1 GiB; CUDA: utilization)
@@ -50,7 +57,7 @@ struct Config {
   bool lazy_graph_capture = false;        // CUDA: capture a decode graph on first use, not at start-up
 
   // Speculative decoding (README "Speculative decoding"; vLLM's names).
-  std::string speculative_method = "none";  // none | ngram | draft (--speculative-model)
+  SpeculativeMethod speculative_method = SpeculativeMethod::none;  // draft: --speculative-model
   int num_speculative_tokens = 6;            // K: tokens proposed and verified per step
   int prompt_lookup_min = 2;                 // ngram: shortest suffix looked up in prompt + output
   int prompt_lookup_max = 4;                 // ngram: longest

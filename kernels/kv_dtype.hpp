@@ -35,7 +35,7 @@ constexpr std::string_view kv_dtype_name(KvDtype dtype) {
   return "unknown";
 }
 
-// Inverse of kv_dtype_name; nullopt for anything else, so config/ can answer with a message.
+// Inverse of kv_dtype_name; nullopt for anything else.
 constexpr std::optional<KvDtype> parse_kv_dtype(std::string_view name) {
   if (name == "fp8_e4m3") return KvDtype::fp8_e4m3;
   if (name == "bf16") return KvDtype::bf16;
