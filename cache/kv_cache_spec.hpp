@@ -10,7 +10,7 @@
 namespace fp8serve {
 
 struct KvCacheSpec {
-  int block_size = 16;  // tokens per block
+  int block_size = kDefaultBlockSize;  // tokens per block
   int num_layers = 0;
   int num_kv_heads = 0;
   int head_dim = 0;

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "kernels/kv_dtype.hpp"
+#include "kernels/kv_scale_math.hpp"
+#include "kernels/paged_kv.hpp"
 
 namespace fp8serve {
 
@@ -24,6 +26,15 @@ inline constexpr double kDefaultKvBf16WindowShare = 0.125;
 struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// Flag defaults the engine's option structs share (server/engine.hpp, server/draft_model.hpp):
+// written once, here. The block size and the scale margin are the kernels' (kDefaultBlockSize,
+// kDefaultKvScaleMargin), which the cache and the model use too.
+inline constexpr int kDefaultKvBf16Window = 64;
+inline constexpr double kDefaultGpuMemoryUtilization = 0.9;
+inline constexpr int kDefaultMaxNumSeqs = 64;
+inline constexpr int kDefaultMaxNumBatchedTokens = 2048;
+inline constexpr int kDefaultSpeculativeDisableByBatchSize = 2;
 
 enum class Command { inspect, generate, serve };
 
@@ -41,16 +52,16 @@ struct Config {
   KvDtype kv_cache_dtype = KvDtype::fp8_e4m3;
   Quantization quantization = Quantization::none;  // projection weights (FP8 checkpoints: always FP8)
   bool fp8_lm_head = false;               // with --quantization fp8, the LM head too
-  double kv_scale_margin = 2.0;           // calibrated scale = amax * margin / 448 (see README)
-  int kv_bf16_window = 64;                // newest tokens kept exact in bf16 (multiple of block_size; README)
+  double kv_scale_margin = kDefaultKvScaleMargin;  // calibrated scale = amax * margin / 448 (see README)
+  int kv_bf16_window = kDefaultKvBf16Window;  // newest tokens kept exact in bf16 (multiple of block_size; README)
   KvWindowTensors kv_bf16_window_tensors = KvWindowTensors::k;  // what the window keeps exact
   double kv_bf16_window_share = kDefaultKvBf16WindowShare;  // the most of the KV budget its rings take
-  int block_size = 16;
+  int block_size = kDefaultBlockSize;
   int64_t kv_cache_memory = 0;            // bytes; 0 = derive (CPU: 1 GiB; CUDA: utilization)
-  double gpu_memory_utilization = 0.9;
+  double gpu_memory_utilization = kDefaultGpuMemoryUtilization;
   int max_model_len = 0;                  // 0 = the model's max_position_embeddings
-  int max_num_seqs = 64;
-  int max_num_batched_tokens = 2048;
+  int max_num_seqs = kDefaultMaxNumSeqs;
+  int max_num_batched_tokens = kDefaultMaxNumBatchedTokens;
   bool enable_prefix_caching = true;
   int threads = 0;                        // 0 = all cores
   bool enforce_eager = false;             // CUDA: every step op by op, no CUDA graphs
@@ -63,7 +74,7 @@ struct Config {
   int prompt_lookup_max = 4;                 // ngram: longest
   std::string speculative_model;             // draft: the draft model's path
   // No speculation in a step with more decoding sequences than this: the step is compute-bound.
-  int speculative_disable_by_batch_size = 2;
+  int speculative_disable_by_batch_size = kDefaultSpeculativeDisableByBatchSize;
 
   // Server.
   std::string host = "127.0.0.1";

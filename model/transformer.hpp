@@ -35,7 +35,7 @@ std::string mib_text(uint64_t bytes);
 
 struct TransformerOptions {
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
-  int block_size = 16;
+  int block_size = kDefaultBlockSize;
   // Blocks of the KV pool (KvCacheSpec::num_blocks_for_budget). 0: the constructor allocates no
   // pool, and allocate_kv_cache() must be called before forward() - the GPU engine sizes the pool
   // from the memory left once the weights and activation buffers are in place.
