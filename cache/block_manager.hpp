@@ -50,7 +50,7 @@ using SeqId = int64_t;
 constexpr int kNoCap = 1 << 30;  // no cap on a prefix hit
 
 struct BlockManagerOptions {
-  int block_size = 16;
+  int block_size = kDefaultBlockSize;
   int num_layers = 0;  // scales per sequence
   int num_blocks = 0;  // KvCacheSpec::num_blocks_for_budget
   bool enable_prefix_caching = false;

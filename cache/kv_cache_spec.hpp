@@ -4,13 +4,13 @@
 #include <cstdint>
 #include <string>
 
-#include "cache/kv_dtype.hpp"
 #include "cache/kv_window.hpp"
+#include "kernels/kv_dtype.hpp"
 
 namespace fp8serve {
 
 struct KvCacheSpec {
-  int block_size = 16;  // tokens per block
+  int block_size = kDefaultBlockSize;  // tokens per block
   int num_layers = 0;
   int num_kv_heads = 0;
   int head_dim = 0;

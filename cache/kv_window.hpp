@@ -7,12 +7,14 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/paged_kv.hpp"
+
 namespace fp8serve {
 
 struct KvWindow {
   int tokens = 0;         // the window, a multiple of block_size; 0 = off (every token FP8)
   bool values = true;     // V kept exact too; false: K only (half the tail, V always FP8)
-  int block_size = 16;
+  int block_size = kDefaultBlockSize;
 
   bool enabled() const { return tokens > 0; }
   // Tail blocks per sequence: the newest `tokens` tokens plus the partial block before them.

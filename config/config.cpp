@@ -150,21 +150,38 @@ FlagSpec text_flag(std::string name, std::string help, std::string Config::*memb
   return spec;
 }
 
-FlagSpec choice_flag(std::string name, std::string help, std::vector<std::string> choices,
-                     std::string Config::*member) {
-  FlagSpec spec{name, Kind::choice, std::move(help), 0, 0, std::move(choices), nullptr, nullptr};
-  spec.set = [spec, member](Config& c, const std::string& v) {
-    for (const auto& choice : spec.choices)
-      if (choice == v) {
-        c.*member = v;
+// A flag with a fixed set of values: choices[i].first is how the flag spells the value that
+// choices[i].second stores (an enum: parsed once, here).
+template <typename T>
+FlagSpec choice_flag(std::string name, std::string help, std::vector<std::pair<std::string, T>> choices,
+                     T Config::*member) {
+  FlagSpec spec{name, Kind::choice, std::move(help), 0, 0, {}, nullptr, nullptr};
+  for (const auto& choice : choices) spec.choices.push_back(choice.first);
+  spec.set = [spec, choices, member](Config& c, const std::string& v) {
+    for (const auto& [text, value] : choices)
+      if (text == v) {
+        c.*member = value;
         return;
       }
     std::string all;
     for (const auto& choice : spec.choices) all += (all.empty() ? "" : ", ") + choice;
     fail(spec.name, "must be one of " + all + ", got '" + v + "'");
   };
-  spec.show = [member](const Config& c) { return c.*member; };
+  spec.show = [choices, member](const Config& c) {
+    for (const auto& [text, value] : choices)
+      if (c.*member == value) return text;
+    return std::string();
+  };
   return spec;
+}
+
+// A choice kept as its text, for the code that reads it as text (make_device, spdlog's levels,
+// parse_tool_call_format).
+FlagSpec choice_flag(std::string name, std::string help, const std::vector<std::string>& choices,
+                     std::string Config::*member) {
+  std::vector<std::pair<std::string, std::string>> same;
+  for (const auto& choice : choices) same.emplace_back(choice, choice);
+  return choice_flag(std::move(name), std::move(help), std::move(same), member);
 }
 
 FlagSpec bool_flag(std::string name, std::string help, bool Config::*member, bool value_when_given) {
@@ -180,11 +197,14 @@ const std::vector<FlagSpec>& flag_specs() {
   static const std::vector<FlagSpec> specs = [] {
     std::vector<FlagSpec> s;
     s.push_back(choice_flag("device", "where to run", {"auto", "cpu", "cuda"}, &Config::device));
-    s.push_back(choice_flag("kv-cache-dtype", "KV cache storage type", {"fp8_e4m3", "bf16"}, &Config::kv_cache_dtype));
+    std::vector<std::pair<std::string, KvDtype>> kv_dtypes;
+    for (const KvDtype dtype : {KvDtype::fp8_e4m3, KvDtype::bf16}) kv_dtypes.emplace_back(kv_dtype_name(dtype), dtype);
+    s.push_back(choice_flag("kv-cache-dtype", "KV cache storage type", kv_dtypes, &Config::kv_cache_dtype));
     s.push_back(choice_flag("quantization",
                             "projection weights: none (as stored, bf16) or fp8 (E4M3, one scale per output channel); "
                             "FP8 checkpoints load as FP8 either way",
-                            {"none", "fp8"}, &Config::quantization));
+                            {{"none", Quantization::none}, {"fp8", Quantization::fp8}},
+                            &Config::quantization));
     s.push_back(bool_flag("fp8-lm-head", "with --quantization fp8, the LM head too (faster, less accurate)",
                           &Config::fp8_lm_head, true));
     s.push_back(real_flag("kv-scale-margin", "FP8 scale headroom: scale = amax * margin / 448", 1.0, 64.0,
@@ -192,7 +212,7 @@ const std::vector<FlagSpec>& flag_specs() {
     s.push_back(integer_flag("kv-bf16-window", "FP8 KV: each sequence's newest tokens kept exact in bf16, quantized "
                              "as whole blocks leave (a multiple of --block-size; 0 = off)", 0, 4096, &Config::kv_bf16_window));
     s.push_back(choice_flag("kv-bf16-window-tensors", "what the bf16 window keeps exact (k: keys only, half the memory)",
-                            {"k", "kv"}, &Config::kv_bf16_window_tensors));
+                            {{"k", KvWindowTensors::k}, {"kv", KvWindowTensors::kv}}, &Config::kv_bf16_window_tensors));
     s.push_back(real_flag("kv-bf16-window-share", "the most of the KV budget the bf16 window's rings take: as many "
                           "rings as fit, sequences beyond them run as pure FP8 (README)", 0.01, 0.9,
                           &Config::kv_bf16_window_share));
@@ -214,7 +234,9 @@ const std::vector<FlagSpec>& flag_specs() {
                           &Config::lazy_graph_capture, true));
     s.push_back(integer_flag("threads", "CPU threads (0 = all cores)", 0, 1024, &Config::threads));
     s.push_back(choice_flag("speculative-method", "speculative decoding: ngram (prompt lookup) or draft (--speculative-model)",
-                            {"none", "ngram", "draft"}, &Config::speculative_method));
+                            {{"none", SpeculativeMethod::none}, {"ngram", SpeculativeMethod::ngram},
+                             {"draft", SpeculativeMethod::draft}},
+                            &Config::speculative_method));
     s.push_back(integer_flag("num-speculative-tokens", "tokens proposed and verified per step", 1, 15,
                              &Config::num_speculative_tokens));
     s.push_back(integer_flag("prompt-lookup-min", "ngram: shortest suffix looked up", 1, 64, &Config::prompt_lookup_min));
@@ -418,9 +440,9 @@ Config parse_command_line(const std::vector<std::string>& args, const Environmen
                                std::to_string(config.kv_bf16_window));
   if (config.prompt_lookup_min > config.prompt_lookup_max)
     fail("prompt-lookup-min", "must be <= --prompt-lookup-max (" + std::to_string(config.prompt_lookup_max) + ")");
-  if (config.speculative_method == "draft" && config.speculative_model.empty())
+  if (config.speculative_method == SpeculativeMethod::draft && config.speculative_model.empty())
     fail("speculative-method", "draft needs --speculative-model PATH (a model with the same tokenizer)");
-  if (!config.speculative_model.empty() && config.speculative_method != "draft")
+  if (!config.speculative_model.empty() && config.speculative_method != SpeculativeMethod::draft)
     fail("speculative-model", "needs --speculative-method draft");
   if (config.command == Command::generate && config.prompt.empty())
     fail("prompt", "generate needs a non-empty --prompt");

@@ -10,6 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "kernels/kv_dtype.hpp"
+#include "kernels/kv_scale_math.hpp"
+#include "kernels/paged_kv.hpp"
+
 namespace fp8serve {
 
 // A bad flag or value: the message names the flag and what it accepts.
@@ -21,7 +25,21 @@ struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Flag defaults the engine's option structs share (server/engine.hpp, server/draft_model.hpp):
+// written once, here. The block size and the scale margin are the kernels' (kDefaultBlockSize,
+// kDefaultKvScaleMargin), which the cache and the model use too.
+inline constexpr int kDefaultKvBf16Window = 64;
+inline constexpr double kDefaultGpuMemoryUtilization = 0.9;
+inline constexpr int kDefaultMaxNumSeqs = 64;
+inline constexpr int kDefaultMaxNumBatchedTokens = 2048;
+inline constexpr int kDefaultSpeculativeDisableByBatchSize = 2;
+
 enum class Command { inspect, generate, serve };
+
+// The choice flags read below config/, parsed here once (their spellings are the flags' values).
+enum class Quantization : uint8_t { none, fp8 };                // --quantization
+enum class KvWindowTensors : uint8_t { k, kv };                 // --kv-bf16-window-tensors
+enum class SpeculativeMethod : uint8_t { none, ngram, draft };  // --speculative-method
 
 struct Config {
   Command command = Command::inspect;
@@ -29,32 +47,32 @@ struct Config {
 
   // Device and KV cache (docs/design.md, "The FP8 KV contract", "Configuration"). Flag names follow vLLM's.
   std::string device = "auto";            // auto | cpu | cuda
-  std::string kv_cache_dtype = "fp8_e4m3";  // fp8_e4m3 | bf16
-  std::string quantization = "none";      // none | fp8: projection weights (FP8 checkpoints: always FP8)
+  KvDtype kv_cache_dtype = KvDtype::fp8_e4m3;
+  Quantization quantization = Quantization::none;  // projection weights (FP8 checkpoints: always FP8)
   bool fp8_lm_head = false;               // with --quantization fp8, the LM head too
-  double kv_scale_margin = 2.0;           // calibrated scale = amax * margin / 448 (docs/fp8-kv-cache.md)
-  int kv_bf16_window = 64;                // newest tokens kept exact in bf16 (multiple of block_size; docs/fp8-kv-cache.md)
-  std::string kv_bf16_window_tensors = "k";   // k | kv: what the window keeps exact
+  double kv_scale_margin = kDefaultKvScaleMargin;  // calibrated scale = amax * margin / 448 (docs/fp8-kv-cache.md)
+  int kv_bf16_window = kDefaultKvBf16Window;  // newest tokens kept exact in bf16 (multiple of block_size; docs/fp8-kv-cache.md)
+  KvWindowTensors kv_bf16_window_tensors = KvWindowTensors::k;  // what the window keeps exact
   double kv_bf16_window_share = kDefaultKvBf16WindowShare;  // the most of the KV budget its rings take
-  int block_size = 16;
+  int block_size = kDefaultBlockSize;
   int64_t kv_cache_memory = 0;            // bytes; 0 = derive (CPU: 1 GiB; CUDA: utilization)
-  double gpu_memory_utilization = 0.9;
+  double gpu_memory_utilization = kDefaultGpuMemoryUtilization;
   int max_model_len = 0;                  // 0 = the model's max_position_embeddings
-  int max_num_seqs = 64;
-  int max_num_batched_tokens = 2048;
+  int max_num_seqs = kDefaultMaxNumSeqs;
+  int max_num_batched_tokens = kDefaultMaxNumBatchedTokens;
   bool enable_prefix_caching = true;
   int threads = 0;                        // 0 = all cores
   bool enforce_eager = false;             // CUDA: every step op by op, no CUDA graphs
   bool lazy_graph_capture = false;        // CUDA: capture a decode graph on first use, not at start-up
 
   // Speculative decoding (docs/speculative-decoding.md; vLLM's names).
-  std::string speculative_method = "none";  // none | ngram | draft (--speculative-model)
+  SpeculativeMethod speculative_method = SpeculativeMethod::none;  // draft: --speculative-model
   int num_speculative_tokens = 6;            // K: tokens proposed and verified per step
   int prompt_lookup_min = 2;                 // ngram: shortest suffix looked up in prompt + output
   int prompt_lookup_max = 4;                 // ngram: longest
   std::string speculative_model;             // draft: the draft model's path
   // No speculation in a step with more decoding sequences than this: the step is compute-bound.
-  int speculative_disable_by_batch_size = 2;
+  int speculative_disable_by_batch_size = kDefaultSpeculativeDisableByBatchSize;
 
   // Server.
   std::string host = "127.0.0.1";

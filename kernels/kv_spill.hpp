@@ -19,7 +19,7 @@
 // sequences and max_spill_tokens positions; the CPU splits over (sequence, position).
 #include <cstdint>
 
-#include "cache/kv_scales.hpp"
+#include "kernels/kv_scale_math.hpp"
 #include "kernels/paged_kv.hpp"
 
 namespace fp8serve {

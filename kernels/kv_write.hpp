@@ -18,7 +18,7 @@
 // is unchanged: the amax of all the chunk's tokens (tail-bound ones included) of x itself.
 #include <cstdint>
 
-#include "cache/kv_scales.hpp"
+#include "kernels/kv_scale_math.hpp"
 #include "kernels/paged_kv.hpp"
 
 namespace fp8serve {

@@ -27,7 +27,7 @@
 // the new tokens.
 #include <cstdint>
 
-#include "cache/kv_dtype.hpp"
+#include "kernels/kv_dtype.hpp"
 
 #if defined(__CUDACC__)
 #define PAGED_KV_HD __host__ __device__ __forceinline__
@@ -39,6 +39,10 @@ namespace fp8serve {
 
 // Elements per 4-byte group of K (P above).
 PAGED_KV_HD constexpr int32_t kv_k_pack(KvDtype dtype) { return dtype == KvDtype::fp8_e4m3 ? 4 : 2; }
+
+// Tokens per block unless --block-size says otherwise (the CUDA attention takes 8, 16 or 32).
+// The one default every layer's options use: config, the engine, the model and the cache.
+constexpr int32_t kDefaultBlockSize = 16;
 
 struct PagedKvView {
   void* k = nullptr;  // [num_blocks, num_kv_heads, head_dim / P, block_size, P] elements of dtype

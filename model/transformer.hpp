@@ -25,10 +25,10 @@
 #include <vector>
 
 #include "cache/block_manager.hpp"
-#include "cache/kv_dtype.hpp"
 #include "cache/kv_scales.hpp"
 #include "cache/kv_window.hpp"
 #include "kernels/backend.hpp"
+#include "kernels/kv_dtype.hpp"
 #include "model/formats/model_config.hpp"
 #include "model/formats/weights.hpp"
 #include "model/weight_upload.hpp"
@@ -40,7 +40,7 @@ std::string mib_text(uint64_t bytes);
 
 struct TransformerOptions {
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
-  int block_size = 16;
+  int block_size = kDefaultBlockSize;
   // Blocks of the KV pool (KvCacheSpec::num_blocks_for_budget). 0: the constructor allocates no
   // pool, and allocate_kv_cache() must be called before forward() - the GPU engine sizes the pool
   // from the memory left once the weights and activation buffers are in place.

@@ -5,7 +5,7 @@
 // once per instruction set (scalar, AVX2, AVX-512) and picked at run time.
 #include <cstdint>
 
-#include "cache/kv_dtype.hpp"
+#include "kernels/kv_dtype.hpp"
 
 namespace fp8serve::cpu {
 

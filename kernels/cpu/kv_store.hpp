@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cache/kv_dtype.hpp"
-#include "cache/kv_scales.hpp"
+#include "kernels/kv_dtype.hpp"
+#include "kernels/kv_scale_math.hpp"
 #include "kernels/bf16.hpp"
 #include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/fp8_encode_avx512.hpp"

@@ -7,7 +7,7 @@
 // PRECOND for kVec = 8: d % 8 == 0 and the view passes pool_vec_ok().
 #include <cstdint>
 
-#include "cache/kv_scales.hpp"
+#include "kernels/kv_scale_math.hpp"
 #include "kernels/cuda/device_util.cuh"
 
 
@@ -96,7 +96,7 @@ FP8SERVE_DEVICE void load_v_bf16(const PagedKvView& view, int64_t slot, int32_t 
 
 // ---- the FP8 pool --------------------------------------------------------------------------------
 
-// q = E4M3(x / scale), an IEEE division; returns how many |x / scale| > 464 (kv_scales.hpp).
+// q = E4M3(x / scale), an IEEE division; returns how many |x / scale| > 464 (kernels/kv_scale_math.hpp).
 template <int kVec>
 FP8SERVE_DEVICE unsigned quantize(const std::uint16_t (&x)[kVec], float scale, uint8_t (&codes)[kVec]) {
   if constexpr (kVec == 1) {

@@ -27,6 +27,7 @@
 
 #include "cache/block_manager.hpp"
 #include "cache/kv_cache_spec.hpp"
+#include "config/config.hpp"
 #include "kernels/backend.hpp"
 #include "model/loader.hpp"
 #include "model/transformer.hpp"
@@ -37,9 +38,10 @@ namespace fp8serve {
 struct DraftOptions {
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
   float kv_scale_margin = kDefaultKvScaleMargin;
-  int block_size = 16;
-  int max_num_tokens = 2048;  // per catch-up chunk (--max-num-batched-tokens)
-  int max_num_seqs = 2;       // sequences proposing in one step (--speculative-disable-by-batch-size)
+  int block_size = kDefaultBlockSize;
+  int max_num_tokens = kDefaultMaxNumBatchedTokens;  // per catch-up chunk (--max-num-batched-tokens)
+  // Sequences proposing in one step (--speculative-disable-by-batch-size).
+  int max_num_seqs = kDefaultSpeculativeDisableByBatchSize;
   int max_model_len = 0;
 };
 

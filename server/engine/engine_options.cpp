@@ -1,22 +1,18 @@
 #include "server/engine/engine_options.hpp"
 
-#include <optional>
-
 namespace fp8serve {
 
 EngineOptions engine_options_from_config(const Config& config) {
   EngineOptions options;
   options.device = config.device;
   options.gpu_memory_utilization = config.gpu_memory_utilization;
-  const std::optional<KvDtype> dtype = parse_kv_dtype(config.kv_cache_dtype);
-  if (!dtype) throw ConfigError("--kv-cache-dtype: expected fp8_e4m3 or bf16");
-  options.kv_dtype = *dtype;
+  options.kv_dtype = config.kv_cache_dtype;
   options.kv_scale_margin = static_cast<float>(config.kv_scale_margin);
-  options.quantize_fp8 = config.quantization == "fp8";
+  options.quantize_fp8 = config.quantization == Quantization::fp8;
   options.quantize_lm_head = config.fp8_lm_head;
   // A bf16 pool is exact already: the window applies to FP8 KV alone (the start-up log says so).
   options.kv_bf16_window = options.kv_dtype == KvDtype::fp8_e4m3 ? config.kv_bf16_window : 0;
-  options.kv_bf16_window_values = config.kv_bf16_window_tensors == "kv";
+  options.kv_bf16_window_values = config.kv_bf16_window_tensors == KvWindowTensors::kv;
   options.max_tail_share = config.kv_bf16_window_share;
   options.block_size = config.block_size;
   if (config.kv_cache_memory > 0) options.kv_cache_memory = static_cast<uint64_t>(config.kv_cache_memory);
@@ -27,8 +23,8 @@ EngineOptions engine_options_from_config(const Config& config) {
   options.threads = config.threads;
   options.enforce_eager = config.enforce_eager;
   options.lazy_graph_capture = config.lazy_graph_capture;
-  if (config.speculative_method != "none") options.num_speculative_tokens = config.num_speculative_tokens;
-  if (config.speculative_method == "draft") options.speculative_model = config.speculative_model;
+  if (config.speculative_method != SpeculativeMethod::none) options.num_speculative_tokens = config.num_speculative_tokens;
+  if (config.speculative_method == SpeculativeMethod::draft) options.speculative_model = config.speculative_model;
   options.ngram = NgramOptions{config.prompt_lookup_min, config.prompt_lookup_max};
   options.speculative_disable_by_batch_size = config.speculative_disable_by_batch_size;
   return options;

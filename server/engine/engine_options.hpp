@@ -3,8 +3,9 @@
 #include <cstdint>
 #include <string>
 
-#include "cache/kv_dtype.hpp"
-#include "cache/kv_scales.hpp"
+#include "kernels/kv_dtype.hpp"
+#include "kernels/kv_scale_math.hpp"
+#include "kernels/paged_kv.hpp"
 #include "config/config.hpp"
 #include "server/engine/speculation.hpp"
 
@@ -16,20 +17,20 @@ struct EngineOptions {
   float kv_scale_margin = kDefaultKvScaleMargin;
   bool quantize_fp8 = false;           // --quantization fp8 (TransformerOptions)
   bool quantize_lm_head = false;       // with it, the LM head too (--fp8-lm-head)
-  int kv_bf16_window = 64;             // --kv-bf16-window tokens (FP8 pool only; 0 = off)
+  int kv_bf16_window = kDefaultKvBf16Window;             // --kv-bf16-window tokens (FP8 pool only; 0 = off)
   bool kv_bf16_window_values = false;  // --kv-bf16-window-tensors kv (true) or k (false)
   // --kv-bf16-window-share: the most of the KV budget the window's rings may take; as many rings
   // as fit are made, sequences beyond them run as pure FP8.
   double max_tail_share = kDefaultKvBf16WindowShare;
-  int block_size = 16;
+  int block_size = kDefaultBlockSize;
   // Bytes of K + V pool, the bf16 window's tail pool included; 0 = derive: on a GPU
   // gpu_memory_utilization of its memory minus what the weights and buffers took, on the CPU
   // kDefaultCpuKvCacheMemory.
   uint64_t kv_cache_memory = 0;
-  double gpu_memory_utilization = 0.9;
+  double gpu_memory_utilization = kDefaultGpuMemoryUtilization;
   int max_model_len = 0;                  // 0 = the model's max_position_embeddings
-  int max_num_seqs = 64;
-  int max_num_batched_tokens = 2048;
+  int max_num_seqs = kDefaultMaxNumSeqs;
+  int max_num_batched_tokens = kDefaultMaxNumBatchedTokens;
   bool enable_prefix_caching = true;
   int threads = 0;                        // CPU threads, 0 = all cores
   bool enforce_eager = false;             // no CUDA graphs (decode steps replay them otherwise)
@@ -40,7 +41,7 @@ struct EngineOptions {
   NgramOptions ngram;
   // Non-empty: draft-model proposals from this model (server/engine/draft_model.hpp) instead of ngram.
   std::string speculative_model;
-  int speculative_disable_by_batch_size = 2;
+  int speculative_disable_by_batch_size = kDefaultSpeculativeDisableByBatchSize;
 };
 
 constexpr uint64_t kDefaultCpuKvCacheMemory = 1ull << 30;

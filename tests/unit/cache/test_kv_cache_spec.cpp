@@ -8,8 +8,8 @@
 #include <limits>
 
 #include "cache/kv_cache_spec.hpp"
-#include "cache/kv_dtype.hpp"
 #include "cache/kv_scales.hpp"
+#include "kernels/kv_dtype.hpp"
 
 using fp8serve::KvCacheSpec;
 using fp8serve::KvDtype;

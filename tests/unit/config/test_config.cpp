@@ -8,7 +8,11 @@
 
 using fp8serve::Command;
 using fp8serve::ConfigError;
+using fp8serve::KvDtype;
+using fp8serve::KvWindowTensors;
 using fp8serve::parse_command_line;
+using fp8serve::Quantization;
+using fp8serve::SpeculativeMethod;
 
 namespace {
 
@@ -30,19 +34,19 @@ TEST_CASE("defaults and flags of every kind parse", "[config]") {
   CHECK(c.command == Command::serve);
   CHECK(c.model == "model.gguf");
   CHECK(c.port == 9000);
-  CHECK(c.kv_cache_dtype == "bf16");
+  CHECK(c.kv_cache_dtype == KvDtype::bf16);
   CHECK(c.kv_scale_margin == 2.5);
   CHECK_FALSE(c.enable_prefix_caching);
   CHECK(parse_command_line({"generate", "m", "--prompt", "p", "--seed", "18446744073709551615"}).seed == 18446744073709551615ull);
   CHECK(c.host == "127.0.0.1");  // loopback unless told otherwise
   CHECK(c.block_size == 16);
-  CHECK(c.quantization == "none");  // weights as stored unless told otherwise
+  CHECK(c.quantization == Quantization::none);  // weights as stored unless told otherwise
   CHECK_FALSE(c.fp8_lm_head);
   const auto q = parse_command_line({"serve", "m", "--quantization", "fp8", "--fp8-lm-head"});
-  CHECK(q.quantization == "fp8");
+  CHECK(q.quantization == Quantization::fp8);
   CHECK(q.fp8_lm_head);
   CHECK(c.kv_bf16_window == 64);  // docs/fp8-kv-cache.md's choice: 64 tokens, K only
-  CHECK(c.kv_bf16_window_tensors == "k");
+  CHECK(c.kv_bf16_window_tensors == KvWindowTensors::k);
 }
 
 TEST_CASE("bad values name the flag and the accepted range", "[config]") {
@@ -99,7 +103,7 @@ TEST_CASE("--config file is applied first and the command line overrides it", "[
   }
   const auto c = parse_command_line({"serve", "m", "--port", "8200", "--config", path});
   CHECK(c.port == 8200);
-  CHECK(c.kv_cache_dtype == "bf16");
+  CHECK(c.kv_cache_dtype == KvDtype::bf16);
   CHECK_FALSE(c.enable_prefix_caching);
   CHECK(c.kv_scale_margin == 2.0);
 
@@ -138,7 +142,7 @@ TEST_CASE("FP8SERVE_<FLAG> variables set flags: over --config, under the command
   CHECK(c.host == "0.0.0.0");
   CHECK(c.port == 9001);  // the environment over the file
   CHECK(c.max_num_seqs == 7);
-  CHECK(c.kv_cache_dtype == "bf16");
+  CHECK(c.kv_cache_dtype == KvDtype::bf16);
   CHECK_FALSE(c.enable_prefix_caching);
   CHECK(c.shutdown_timeout == 30.0);
   CHECK(c.environment_variables ==
@@ -204,7 +208,7 @@ TEST_CASE("a flag the command does not use is an error, not silently ignored", "
     out << R"({"port": 8123, "temperature": 0.5, "kv-cache-dtype": "bf16"})";
   }
   const auto serve = parse_command_line({"serve", "m", "--config", path});
-  CHECK((serve.port == 8123 && serve.temperature == 0.0 && serve.kv_cache_dtype == "bf16"));
+  CHECK((serve.port == 8123 && serve.temperature == 0.0 && serve.kv_cache_dtype == KvDtype::bf16));
   const auto generate = parse_command_line({"generate", "m", "--prompt", "p", "--config", path});
   CHECK((generate.port == 8000 && generate.temperature == 0.5));
   std::remove(path.c_str());
@@ -220,7 +224,7 @@ TEST_CASE("draft-model speculation: flags and --config keys, the model required"
     out << R"({"speculative-method": "draft", "speculative-model": "draft.gguf", "num-speculative-tokens": 3})";
   }
   const auto c = parse_command_line({"serve", "m", "--config", path});
-  CHECK(c.speculative_method == "draft");
+  CHECK(c.speculative_method == SpeculativeMethod::draft);
   CHECK(c.speculative_model == "draft.gguf");
   CHECK(c.num_speculative_tokens == 3);
   std::remove(path.c_str());

@@ -16,7 +16,7 @@ TEST_CASE("generate runs the engine on a prompt and exits 0", "[engine][generate
   config.max_model_len = 256;
   config.kv_cache_memory = 1 << 20;
   CHECK(run_generate(config) == 0);
-  config.kv_cache_dtype = "bf16";
+  config.kv_cache_dtype = KvDtype::bf16;
   config.temperature = 0.8;
   config.seed = 3;
   CHECK(run_generate(config) == 0);

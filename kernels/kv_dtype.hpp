@@ -10,7 +10,7 @@
 namespace fp8serve {
 
 enum class KvDtype : uint8_t {
-  fp8_e4m3,  // OCP E4M3FN, 1 byte, per-tensor scale (cache/kv_scales.hpp)
+  fp8_e4m3,  // OCP E4M3FN, 1 byte, per-tensor scale (kernels/kv_scale_math.hpp)
   bf16,      // 2 bytes, no scale
 };
 
@@ -35,7 +35,7 @@ constexpr std::string_view kv_dtype_name(KvDtype dtype) {
   return "unknown";
 }
 
-// Inverse of kv_dtype_name; nullopt for anything else, so config/ can answer with a message.
+// Inverse of kv_dtype_name; nullopt for anything else.
 constexpr std::optional<KvDtype> parse_kv_dtype(std::string_view name) {
   if (name == "fp8_e4m3") return KvDtype::fp8_e4m3;
   if (name == "bf16") return KvDtype::bf16;
