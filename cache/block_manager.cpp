@@ -113,7 +113,7 @@ AllocateResult BlockManager::allocate(SeqId id, std::span<const int32_t> prompt,
   if (!can_allocate(prompt, max_cached_tokens)) broken("allocate() without can_allocate() (empty prompt or pool full)");
   PrefixMatch match = match_prefix(prompt, max_cached_tokens);
   Sequence s;
-  s.tokens.assign(prompt.begin(), prompt.end());
+  s.num_tokens = static_cast<int>(prompt.size());
   // Hits first: acquiring takes them off the LRU, so the allocations below cannot evict them.
   for (const int32_t block : match.blocks) {
     pool_.acquire(block);
@@ -147,7 +147,7 @@ AllocateResult BlockManager::allocate(SeqId id, std::span<const int32_t> prompt,
 
 bool BlockManager::can_append(SeqId id) const {
   const Sequence& s = seq(id);
-  const bool new_block = s.tokens.size() % static_cast<std::size_t>(block_size_) == 0;
+  const bool new_block = s.num_tokens % block_size_ == 0;
   int needed = new_block ? 1 : 0;
   // The new token's pool slot (its K and V; its V alone in a K-only window; nothing, its
   // token going to the tail, in a K+V window) needs a private last block.
@@ -155,7 +155,7 @@ bool BlockManager::can_append(SeqId id) const {
   if (writes_last_block && !new_block && pool_.ref_count(s.block_table.back()) > 1) ++needed;
   if (in_window(s)) {
     // The blocks this step's spill writes into: a shared one needs a private replacement.
-    const int end = fp8_len_after(s, static_cast<int>(s.tokens.size()) + 1, 0) / block_size_;
+    const int end = fp8_len_after(s, s.num_tokens + 1, 0) / block_size_;
     for (int b = s.num_fp8_tokens / block_size_; b < end; ++b) {
       needed += pool_.ref_count(s.block_table[static_cast<std::size_t>(b)]) > 1 ? 1 : 0;
     }
@@ -163,11 +163,11 @@ bool BlockManager::can_append(SeqId id) const {
   return needed <= pool_.num_free_blocks();
 }
 
-AppendResult BlockManager::append_slot(SeqId id, int32_t token) {
+AppendResult BlockManager::append_slot(SeqId id) {
   if (!can_append(id)) broken("append_slot() without can_append() (pool full)");
   Sequence& s = seq(id);
-  const std::size_t position = s.tokens.size();
-  const std::size_t offset = position % static_cast<std::size_t>(block_size_);
+  const int position = s.num_tokens;
+  const int offset = position % block_size_;
   AppendResult result;
   // A private block in place of a shared one (copy-on-write); returns the copy to make.
   auto make_private = [this](int32_t& block) {
@@ -179,7 +179,7 @@ AppendResult BlockManager::append_slot(SeqId id, int32_t token) {
   if (in_window(s)) {
     // The block this step's spill fills. In a K+V window it holds nothing final (its tokens are
     // in the tail): a fresh block, no copy. In a K-only one its V is final: a copy.
-    const int end = fp8_len_after(s, static_cast<int>(position) + 1, 0) / block_size_;
+    const int end = fp8_len_after(s, position + 1, 0) / block_size_;
     for (int b = s.num_fp8_tokens / block_size_; b < end; ++b) {
       int32_t& block = s.block_table[static_cast<std::size_t>(b)];
       if (pool_.ref_count(block) == 1) continue;
@@ -194,32 +194,35 @@ AppendResult BlockManager::append_slot(SeqId id, int32_t token) {
     // original left to the other holders.
     result.copy = make_private(s.block_table.back());
   }
-  s.tokens.push_back(token);
+  ++s.num_tokens;
   result.slot = static_cast<int64_t>(s.block_table.back()) * block_size_ + static_cast<int64_t>(offset);
   return result;
 }
 
-void BlockManager::mark_computed(SeqId id, int num_computed_tokens, int fp8_floor) {
+void BlockManager::mark_computed(SeqId id, std::span<const int32_t> tokens, int num_computed_tokens, int fp8_floor) {
   Sequence& s = seq(id);
-  if (num_computed_tokens < s.num_computed_tokens || num_computed_tokens > static_cast<int>(s.tokens.size())) {
+  if (num_computed_tokens < s.num_computed_tokens || num_computed_tokens > s.num_tokens) {
     broken("mark_computed(" + std::to_string(num_computed_tokens) + ") outside [" +
-           std::to_string(s.num_computed_tokens) + ", " + std::to_string(s.tokens.size()) + "]");
+           std::to_string(s.num_computed_tokens) + ", " + std::to_string(s.num_tokens) + "]");
+  }
+  if (static_cast<int>(tokens.size()) < num_computed_tokens) {
+    broken("mark_computed(" + std::to_string(num_computed_tokens) + ") given " + std::to_string(tokens.size()) + " tokens");
   }
   if (num_computed_tokens == s.num_computed_tokens) return;
   s.num_fp8_tokens = fp8_len_after(s, num_computed_tokens, fp8_floor);
   s.num_computed_tokens = num_computed_tokens;
   s.scales->frozen = true;  // the first chunk calibrated them; every later token reuses them
-  cache_full_blocks(s);
+  cache_full_blocks(s, tokens);
 }
 
 // Caches the full blocks computed so far and final in FP8 (out of the window). A key already
 // cached by another writer keeps that block (ours stays private, freed normally);
 // match_prefix() then stops at any scale change.
-void BlockManager::cache_full_blocks(Sequence& s) {
+void BlockManager::cache_full_blocks(Sequence& s, std::span<const int32_t> tokens) {
   if (!pool_.prefix_caching_enabled()) return;
   const std::size_t num_full = static_cast<std::size_t>(s.num_fp8_tokens / block_size_);
   for (std::size_t i = s.block_keys.size(); i < num_full; ++i) {
-    const BlockHash key = block_key(s.tokens, i, i == 0 ? nullptr : &s.block_keys.back());
+    const BlockHash key = block_key(tokens, i, i == 0 ? nullptr : &s.block_keys.back());
     s.block_keys.push_back(key);
     const int32_t block = s.block_table[i];
     if (!pool_.is_cached(block)) pool_.register_block(block, key, s.scales);
@@ -229,10 +232,10 @@ void BlockManager::cache_full_blocks(Sequence& s) {
 void BlockManager::fork(SeqId parent, SeqId child) {
   if (contains(child)) broken("fork() into live sequence " + std::to_string(child));
   Sequence& p = seq(parent);
-  if (p.num_computed_tokens != static_cast<int>(p.tokens.size()) || !p.scales->frozen) {
+  if (p.num_computed_tokens != p.num_tokens || !p.scales->frozen) {
     broken("fork() of sequence " + std::to_string(parent) + " with uncomputed tokens or unfrozen scales");
   }
-  Sequence c = p;  // same tokens, table, keys and the same scales object
+  Sequence c = p;  // same token count, table, keys and the same scales object
   c.reserved_rings.clear();
   if (in_window(p)) {
     // The ring allocate() reserved for it; a fork beyond those (not what the scheduler does)
@@ -260,12 +263,12 @@ void BlockManager::free(SeqId id) {
 
 void BlockManager::truncate(SeqId id, int num_tokens) {
   Sequence& s = seq(id);
-  if (num_tokens < s.num_computed_tokens || num_tokens > static_cast<int>(s.tokens.size()) || num_tokens < 1) {
+  if (num_tokens < s.num_computed_tokens || num_tokens > s.num_tokens || num_tokens < 1) {
     broken("truncate(" + std::to_string(num_tokens) + ") outside [max(1, " + std::to_string(s.num_computed_tokens) +
-           "), " + std::to_string(s.tokens.size()) + "]");
+           "), " + std::to_string(s.num_tokens) + "]");
   }
-  s.tokens.resize(static_cast<std::size_t>(num_tokens));
-  const auto keep = static_cast<std::size_t>(num_blocks_for(s.tokens.size()));
+  s.num_tokens = num_tokens;
+  const auto keep = static_cast<std::size_t>(num_blocks_for(static_cast<std::size_t>(num_tokens)));
   while (s.block_table.size() > keep) {
     pool_.release(s.block_table.back());
     s.block_table.pop_back();
@@ -279,8 +282,7 @@ int BlockManager::fp8_len_after(SeqId id, int num_tokens, int fp8_floor) const {
 }
 
 std::span<const int32_t> BlockManager::block_table(SeqId id) const { return seq(id).block_table; }
-std::span<const int32_t> BlockManager::tokens(SeqId id) const { return seq(id).tokens; }
-int BlockManager::num_tokens(SeqId id) const { return static_cast<int>(seq(id).tokens.size()); }
+int BlockManager::num_tokens(SeqId id) const { return seq(id).num_tokens; }
 int BlockManager::num_computed_tokens(SeqId id) const { return seq(id).num_computed_tokens; }
 const KvScales& BlockManager::scales(SeqId id) const { return *seq(id).scales; }
 
@@ -291,23 +293,23 @@ KvScales* BlockManager::scales_to_calibrate(SeqId id) {
 
 int64_t BlockManager::slot(SeqId id, int position) const {
   const Sequence& s = seq(id);
-  if (position < 0 || position >= static_cast<int>(s.tokens.size())) {
+  if (position < 0 || position >= s.num_tokens) {
     broken("slot() of position " + std::to_string(position) + " outside sequence " + std::to_string(id));
   }
   const int32_t block = s.block_table[static_cast<std::size_t>(position / block_size_)];
   return static_cast<int64_t>(block) * block_size_ + position % block_size_;
 }
 
-void BlockManager::check_integrity() const {
+void BlockManager::check_integrity(const TokensOf& tokens_of) const {
   std::vector<int> refs(static_cast<std::size_t>(pool_.num_blocks()), 0);
   std::set<int64_t> pending_slots;
   std::set<int> rings(free_rings_.begin(), free_rings_.end());
   if (rings.size() != free_rings_.size()) broken("a tail ring is free twice");
   for (const auto& [id, s] : seqs_) {
     const std::string name = "sequence " + std::to_string(id);
-    const int num_tokens = static_cast<int>(s.tokens.size());
-    if (s.tokens.empty()) broken(name + " has no tokens");
-    if (static_cast<int>(s.block_table.size()) != num_blocks_for(s.tokens.size())) {
+    const int num_tokens = s.num_tokens;
+    if (num_tokens < 1) broken(name + " has no tokens");
+    if (static_cast<int>(s.block_table.size()) != num_blocks_for(static_cast<std::size_t>(num_tokens))) {
       broken(name + " table does not cover exactly its tokens");
     }
     if (s.num_computed_tokens < 0 || s.num_computed_tokens > num_tokens) {
@@ -365,9 +367,15 @@ void BlockManager::check_integrity() const {
     if (pool_.prefix_caching_enabled() && s.block_keys.size() != num_full_final) {
       broken(name + " has computed full blocks that were not offered to the cache");
     }
+    const std::span<const int32_t> tokens = tokens_of ? tokens_of(id) : std::span<const int32_t>{};
+    if (tokens_of && tokens.size() < s.block_keys.size() * static_cast<std::size_t>(block_size_)) {
+      broken(name + " has keys for more blocks than its owner has tokens");
+    }
     for (std::size_t i = 0; i < s.block_keys.size(); ++i) {
-      const BlockHash key = block_key(s.tokens, i, i == 0 ? nullptr : &s.block_keys[i - 1]);
-      if (key != s.block_keys[i]) broken(name + " block key " + std::to_string(i) + " does not match its tokens");
+      const BlockHash& key = s.block_keys[i];
+      if (tokens_of && key != block_key(tokens, i, i == 0 ? nullptr : &s.block_keys[i - 1])) {
+        broken(name + " block key " + std::to_string(i) + " does not match its tokens");
+      }
       const int32_t block = s.block_table[i];
       if (pool_.is_cached(block)) {
         if (pool_.lookup(key) != block) {

@@ -2,14 +2,20 @@
 // Block tables of the running sequences over one BlockPool, with prefix caching and the
 // per-sequence FP8 scales (docs/design.md, "FP8 semantics"). Pure host logic, driven by the engine loop only.
 //
+// The manager holds a sequence's KV, not its tokens: its table, how many slots it holds
+// (num_tokens), how many of them are computed and final in FP8, the chain keys of its cached
+// blocks, its scales and its tail ring. The tokens belong to whoever owns the sequence (the
+// Scheduler's Sequence; the draft model's own list): allocate() and mark_computed() read them
+// for the prefix cache's keys, and nothing keeps a copy.
+//
 // A sequence's life, in engine terms:
 //   can_allocate(prompt) / allocate(id, prompt)  table for the whole prompt; the longest cached
 //                                                prefix is mapped, not recomputed (its count is
 //                                                returned; those tokens are already computed)
 //   forward step over tokens [computed, n)       kv_write calibrates scales_to_calibrate(id)
 //                                                (non-null only before the first commit)
-//   mark_computed(id, n)                         freezes the scales; full blocks become cached
-//   can_append(id) / append_slot(id, token)      slot for the next token's KV (+ a block copy
+//   mark_computed(id, tokens, n)                 freezes the scales; full blocks become cached
+//   can_append(id) / append_slot(id)             slot for the next token's KV (+ a block copy
 //                                                to do first when the last block was shared)
 //   fork(parent, child)                          child shares every block (n > 1 sampling)
 //   free(id)                                     finished, aborted or preempted
@@ -32,6 +38,7 @@
 //     false) writes every token's V straight into the pool, so there the last block is copied on
 //     write as without a window, and so is a shared block about to be spilled into.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -100,12 +107,13 @@ class BlockManager {
   // Whether append_slot() can place one more token (a new or copied block if it needs one, and
   // with a window a private block for a shared one that the step's spill writes into).
   bool can_append(SeqId id) const;
-  // Adds `token` to the sequence and returns its slot. PRECOND: can_append(id).
-  AppendResult append_slot(SeqId id, int32_t token);
+  // A slot for the sequence's next token (position num_tokens(id)), returned. PRECOND: can_append(id).
+  AppendResult append_slot(SeqId id);
   // The step wrote KV for tokens [0, num_computed_tokens). Freezes the scales; caches the
-  // full blocks now computed (and out of the window). fp8_floor: the step's fp8_len_after floor.
+  // full blocks now computed (and out of the window), keyed by `tokens` (the sequence's, at
+  // least num_computed_tokens of them). fp8_floor: the step's fp8_len_after floor.
   // PRECOND: old count <= num_computed_tokens <= num_tokens(id).
-  void mark_computed(SeqId id, int num_computed_tokens, int fp8_floor = 0);
+  void mark_computed(SeqId id, std::span<const int32_t> tokens, int num_computed_tokens, int fp8_floor = 0);
   // `child` shares all of `parent`'s blocks and scales; the next append of either copies the
   // shared last block. With a window the child gets its own tail ring, which the engine fills
   // with a copy of the parent's (tail_ring()). PRECOND: parent fully computed (scales frozen),
@@ -121,8 +129,7 @@ class BlockManager {
 
   bool contains(SeqId id) const { return seqs_.count(id) != 0; }
   std::span<const int32_t> block_table(SeqId id) const;
-  std::span<const int32_t> tokens(SeqId id) const;
-  int num_tokens(SeqId id) const;
+  int num_tokens(SeqId id) const;  // slots held: its computed tokens, then those a step will compute
   int num_computed_tokens(SeqId id) const;
   int64_t slot(SeqId id, int position) const;
   const KvScales& scales(SeqId id) const;
@@ -158,12 +165,14 @@ class BlockManager {
   // will still be written is shared or cached; cached keys match their contents; a
   // sequence's cached blocks carry its own scales; computed sequences have frozen scales; with
   // a window, every live sequence owns one ring of its own, its tail fits the ring and no block
-  // in its window is cached.
-  void check_integrity() const;
+  // in its window is cached. The keys are checked against the tokens when tokens_of gives them
+  // (a sequence's id -> its owner's tokens).
+  using TokensOf = std::function<std::span<const int32_t>(SeqId)>;
+  void check_integrity(const TokensOf& tokens_of = nullptr) const;
 
  private:
   struct Sequence {
-    std::vector<int32_t> tokens;
+    int num_tokens = 0;  // slots in block_table
     std::vector<int32_t> block_table;
     std::vector<BlockHash> block_keys;  // chain keys of the first block_keys.size() full blocks
     int num_computed_tokens = 0;
@@ -183,7 +192,7 @@ class BlockManager {
   int num_blocks_for(std::size_t num_tokens) const;
   BlockHash block_key(std::span<const int32_t> tokens, std::size_t i, const BlockHash* parent) const;
   PrefixMatch match_prefix(std::span<const int32_t> prompt, int max_cached_tokens) const;
-  void cache_full_blocks(Sequence& s);
+  void cache_full_blocks(Sequence& s, std::span<const int32_t> tokens);
   int fp8_len_after(const Sequence& s, int num_tokens, int fp8_floor) const;
   int take_ring();
   bool in_window(const Sequence& s) const { return window_.enabled() && s.tail_ring >= 0; }

@@ -336,7 +336,7 @@ void check_request_fields(const Json& body, ApiKind kind) {
     const RequestFieldSpec* spec = find_spec(key, kind);
     if (spec == nullptr)
       reject(key, "Unknown parameter: '" + key + "'. This server rejects fields it does not know rather than ignore "
-                      "them; the README's API section lists every field it accepts.",
+                      "them; docs/api.md lists every field it accepts.",
              "unknown_parameter");
     if (value.is_null() || spec->status == FieldStatus::supported) continue;  // the parser checks its own fields
     if (!has_type(value, spec->type))

@@ -68,6 +68,7 @@ void DraftModel::allocate_kv_cache(uint64_t bytes) {
 
 void DraftModel::release(SeqId id) {
   if (blocks_->contains(id)) blocks_->free(id);
+  fed_.erase(id);
   held_.erase(std::remove(held_.begin(), held_.end(), id), held_.end());
 }
 
@@ -85,7 +86,7 @@ bool DraftModel::catch_up(SeqId id, std::span<const int32_t> tokens, std::span<c
   if (blocks_->contains(id)) {
     // Keep what the target kept: the computed tokens and the draft's own proposals it accepted
     // (their KV is written); the rest is rolled back as the target rolls back its own.
-    const std::span<const int32_t> held = blocks_->tokens(id);
+    const std::vector<int32_t>& held = fed_.at(id);
     const auto mismatch = std::mismatch(held.begin(), held.end(), tokens.begin(), tokens.end());
     const int common = static_cast<int>(mismatch.first - held.begin());
     // The last token is run again even when held: its row gives the first proposal.
@@ -93,8 +94,9 @@ bool DraftModel::catch_up(SeqId id, std::span<const int32_t> tokens, std::span<c
     if (kept < blocks_->num_computed_tokens(id)) {
       release(id);  // not a continuation of what the draft computed: start again
     } else {
-      blocks_->mark_computed(id, kept);
+      blocks_->mark_computed(id, tokens, kept);
       blocks_->truncate(id, kept);
+      fed_.at(id).resize(static_cast<std::size_t>(kept));
     }
   }
   if (!blocks_->contains(id)) {
@@ -102,14 +104,17 @@ bool DraftModel::catch_up(SeqId id, std::span<const int32_t> tokens, std::span<c
     if (!make_room(need, keep) || !blocks_->can_allocate(tokens)) return false;
     blocks_->allocate(id, tokens);
     held_.push_back(id);
+    fed_[id].assign(tokens.begin(), tokens.end());
     return true;
   }
-  for (std::size_t p = static_cast<std::size_t>(blocks_->num_tokens(id)); p < tokens.size(); ++p) {
+  std::vector<int32_t>& fed = fed_.at(id);
+  for (std::size_t p = fed.size(); p < tokens.size(); ++p) {
     if (!blocks_->can_append(id) && !make_room(1, keep)) {
       release(id);
       return false;
     }
-    blocks_->append_slot(id, tokens[p]);
+    blocks_->append_slot(id);
+    fed.push_back(tokens[p]);
   }
   return true;
 }
@@ -142,7 +147,8 @@ void DraftModel::propose(std::span<DraftJob> jobs) {
     for (std::size_t i = 0; i < live.size(); ++i) {
       if (k >= live_jobs[i]->max_tokens || !blocks_->contains(live[i])) continue;
       if (!blocks_->can_append(live[i])) continue;  // the pool is full: fewer proposals
-      blocks_->append_slot(live[i], live_jobs[i]->out->back());
+      blocks_->append_slot(live[i]);
+      fed_.at(live[i]).push_back(live_jobs[i]->out->back());
       step.push_back(live[i]);
       which.push_back(i);
     }
@@ -176,7 +182,9 @@ void DraftModel::forward(std::span<const SeqId> ids, bool catching_up, std::vect
       calibrating[si] = blocks_->scales_to_calibrate(id) != nullptr;
       if (calibrating[si] && calibrate_end > start) ends[si] = std::min(ends[si], calibrate_end);
       if (ends[si] < total) more = true;
-      inputs_->add(id, start, ends[si], calibrating[si]);
+      const std::span<const int32_t> fed = fed_.at(id);
+      const auto chunk = fed.subspan(static_cast<std::size_t>(start), static_cast<std::size_t>(ends[si] - start));
+      inputs_->add(id, start, chunk, calibrating[si]);
       inputs_->add_sample_row(inputs_->num_tokens() - 1);
     }
     logits_.resize(ids.size() * vocab);
@@ -186,7 +194,7 @@ void DraftModel::forward(std::span<const SeqId> ids, bool catching_up, std::vect
       const SeqId id = ids[si];
       if (calibrating[si]) inputs_->write_back_scales(id, i);
       // Catch-up tokens are the target's own: computed (the scales freeze after the first chunk).
-      if (catching_up) blocks_->mark_computed(id, ends[si]);
+      if (catching_up) blocks_->mark_computed(id, fed_.at(id), ends[si]);
       begin[si] = ends[si];
       next[si] = argmax(std::span<const float>(logits_.data() + si * vocab, vocab));
     }

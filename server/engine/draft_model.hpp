@@ -7,7 +7,8 @@
 // The draft has its own Transformer on the target's backend, its own paged KV pool (the
 // target's --kv-cache-dtype; FP8 scales calibrated on its own first prefill and frozen, as the
 // target's are) and its own BlockManager (block tables; no prefix cache, no bf16 window: its
-// KV only steers guesses). Per speculating sequence:
+// KV only steers guesses), over the tokens it has fed (the target's, then its own guesses).
+// Per speculating sequence:
 //
 //   propose()   roll the draft's cache back to the longest prefix of its tokens that the
 //               target kept (its accepted proposals stay, rejected ones are truncated),
@@ -23,6 +24,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cache/block_manager.hpp"
@@ -99,6 +101,9 @@ class DraftModel {
   std::unique_ptr<StepInputs> inputs_;  // over blocks_
   std::vector<float> logits_;
   std::vector<SeqId> held_;  // sequences with draft KV, oldest first
+  // Per held sequence, the tokens whose slots blocks_ holds: the target's it has seen, then the
+  // guesses it fed itself (kept while the target accepts them).
+  std::unordered_map<SeqId, std::vector<int32_t>> fed_;
 };
 
 }  // namespace fp8serve

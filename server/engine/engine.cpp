@@ -238,11 +238,15 @@ void Engine::prepare_inputs(const StepPlan& plan) {
     // (its proposals never move the window's boundary: Scheduler::schedule_proposals).
     const int fp8_len = window ? blocks_->fp8_len_after(s.id, s.start + s.num_tokens, s.fp8_floor) : 0;
     const int rows = s.proposals.empty() ? 1 : s.num_tokens;
+    // The chunk's tokens, or the decode's token and then its proposals, a row each.
+    const std::size_t num_own = static_cast<std::size_t>(s.num_tokens) - s.proposals.size();
+    const auto chunk = scheduler_->tokens(s.id).subspan(static_cast<std::size_t>(s.start), num_own);
+    const std::span<const int32_t> proposals = s.proposals;
     for (int j = 0; j < rows; ++j) {
-      const int begin = s.start + j, end = rows == 1 ? s.start + s.num_tokens : begin + 1;
+      const auto tokens = j == 0 ? chunk : proposals.subspan(static_cast<std::size_t>(j - 1), 1);
       // The first row spills what leaves the window; the others find nothing left to spill.
       const int spill_start = window ? (j == 0 ? blocks_->num_fp8_tokens(s.id) : fp8_len) : 0;
-      inputs_->add(s.id, begin, end, s.calibrate, fp8_len, spill_start);
+      inputs_->add(s.id, s.start + j, tokens, s.calibrate, fp8_len, spill_start);
     }
     if (s.samples) {  // a speculating sequence samples every row: its token's and each proposal's
       const int32_t last = inputs_->num_tokens() - 1;

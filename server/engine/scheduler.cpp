@@ -41,9 +41,9 @@ void Scheduler::preempt(SeqId id, StepPlan& plan) {
   // Recomputing must reproduce the same KV: keep the scales the first prefill froze.
   if (scales.frozen) s.saved_scales = scales;
   blocks_.free(id);
-  s.num_computed_tokens = 0;
-  s.running = false;
   s.phase = Phase::waiting;
+  s.verifying.clear();
+  s.num_verified = 0;
   running_.erase(std::find(running_.begin(), running_.end(), id));
   waiting_.push_front(id);
   plan.preempted.push_back(id);
@@ -72,7 +72,7 @@ StepPlan Scheduler::schedule() {
       }
     }
     if (preempted_self) break;  // it was the newest: nobody after it is left
-    const AppendResult slot = blocks_.append_slot(id, s.tokens.back());
+    const AppendResult slot = blocks_.append_slot(id);
     if (slot.spill_copy) plan.block_copies.push_back(*slot.spill_copy);
     if (slot.copy) plan.block_copies.push_back(*slot.copy);
     ScheduledSeq step;
@@ -86,16 +86,17 @@ StepPlan Scheduler::schedule() {
   }
 
   auto schedule_chunk = [&](SeqId id, Sequence& s, bool calibrate) {
-    const int remaining = static_cast<int>(s.tokens.size()) - s.num_computed_tokens;
+    const int computed = blocks_.num_computed_tokens(id);
+    const int remaining = static_cast<int>(s.tokens.size()) - computed;
     int chunk = std::min(remaining, budget);
     ScheduledSeq step;
-    if (const Fp8Step* replayed = replayed_step(s, s.num_computed_tokens)) {
+    if (const Fp8Step* replayed = replayed_step(s, computed)) {
       // A recompute: end where the original step ended, read what it read from FP8.
-      chunk = std::min(chunk, replayed->end - s.num_computed_tokens);
+      chunk = std::min(chunk, replayed->end - computed);
       step.fp8_floor = replayed->fp8_len;
     }
     step.id = id;
-    step.start = s.num_computed_tokens;
+    step.start = computed;
     step.num_tokens = chunk;
     step.samples = chunk == remaining;
     step.calibrate = calibrate;
@@ -113,7 +114,7 @@ StepPlan Scheduler::schedule() {
     if (budget <= 0) break;
     Sequence& s = seq(id);
     if (std::find(decoded.begin(), decoded.end(), id) != decoded.end()) continue;
-    if (s.num_computed_tokens < blocks_.num_tokens(id)) schedule_chunk(id, s, false);
+    if (s.phase == Phase::prefilling) schedule_chunk(id, s, false);
   }
 
   // 3. Admit waiting sequences, first come first served. Not in a step that had to preempt:
@@ -128,7 +129,6 @@ StepPlan Scheduler::schedule() {
     if (!blocks_.can_allocate(s.tokens, max_cached, need_rings)) break;
     const AllocateResult allocated = blocks_.allocate(id, s.tokens, max_cached, group);
     s.had_ring = blocks_.tail_ring(id) >= 0;
-    s.num_computed_tokens = allocated.num_cached_tokens;
     if (s.num_cached_tokens < 0) s.num_cached_tokens = allocated.num_cached_tokens;
     if (blocks_.window().enabled() && s.fp8_steps.empty() && allocated.num_cached_tokens > 0) {
       // A first admission with a hit: those tokens were FP8 from the start.
@@ -144,7 +144,6 @@ StepPlan Scheduler::schedule() {
       }
     }
     s.saved_scales.reset();
-    s.running = true;
     s.phase = Phase::prefilling;
     waiting_.pop_front();
     running_.push_back(id);
@@ -185,11 +184,13 @@ void Scheduler::schedule_proposals(StepPlan& plan, int& budget) {
     if (s.draft_after != n) continue;  // none proposed for this decode
     for (std::size_t i = 0; i < s.draft_tokens.size() && static_cast<int>(i) < max_tokens; ++i) {
       if (!blocks_.can_append(step.id)) break;
-      const AppendResult slot = blocks_.append_slot(step.id, s.draft_tokens[i]);
+      const AppendResult slot = blocks_.append_slot(step.id);
       if (slot.spill_copy) plan.block_copies.push_back(*slot.spill_copy);
       if (slot.copy) plan.block_copies.push_back(*slot.copy);
       step.proposals.push_back(s.draft_tokens[i]);
     }
+    s.verifying = step.proposals;
+    s.num_verified = 0;
     s.draft_tokens.clear();
     s.draft_after = -1;
     step.num_tokens += static_cast<int>(step.proposals.size());
@@ -213,8 +214,7 @@ void Scheduler::set_draft_tokens(SeqId id, std::span<const int32_t> tokens) {
 }
 
 void Scheduler::mark_computed(SeqId id, Sequence& s, int num_computed, int fp8_floor) {
-  s.num_computed_tokens = num_computed;
-  blocks_.mark_computed(id, num_computed, fp8_floor);
+  blocks_.mark_computed(id, s.tokens, num_computed, fp8_floor);
   if (blocks_.window().enabled() && (s.fp8_steps.empty() || num_computed > s.fp8_steps.back().end)) {
     const int fp8_len = blocks_.num_fp8_tokens(id);  // a new step, not a replayed one
     if (!s.fp8_steps.empty() && s.fp8_steps.back().fp8_len == fp8_len) s.fp8_steps.back().end = num_computed;
@@ -224,20 +224,23 @@ void Scheduler::mark_computed(SeqId id, Sequence& s, int num_computed, int fp8_f
 
 void Scheduler::accept_proposed(SeqId id) {
   Sequence& s = seq(id);
-  const int position = s.num_computed_tokens;
-  const std::span<const int32_t> held = blocks_.tokens(id);
-  if (static_cast<int>(s.tokens.size()) != position + 1 || position >= static_cast<int>(held.size()) ||
-      held[static_cast<std::size_t>(position)] != s.tokens.back()) {
+  const int position = blocks_.num_computed_tokens(id);
+  // The step's proposals follow the decode's token; those before this one are verified.
+  const auto i = static_cast<std::size_t>(s.num_verified);
+  if (static_cast<int>(s.tokens.size()) != position + 1 || i >= s.verifying.size() || s.verifying[i] != s.tokens.back()) {
     throw std::logic_error("Scheduler::accept_proposed: sequence " + std::to_string(id) +
                            " has no computed proposal equal to its last token");
   }
   mark_computed(id, s, position + 1, 0);
+  ++s.num_verified;
 }
 
 void Scheduler::end_speculation(SeqId id) {
   const auto it = seqs_.find(id);
-  if (it == seqs_.end() || !it->second.running) return;
-  blocks_.truncate(id, it->second.num_computed_tokens);
+  if (it == seqs_.end() || it->second.phase == Phase::waiting) return;
+  it->second.verifying.clear();
+  it->second.num_verified = 0;
+  blocks_.truncate(id, blocks_.num_computed_tokens(id));
 }
 
 void Scheduler::on_step_done(const StepPlan& plan) {
@@ -252,11 +255,9 @@ void Scheduler::on_step_done(const StepPlan& plan) {
       Sequence c;
       c.tokens = s.tokens;
       c.num_prompt_tokens = s.num_prompt_tokens;
-      c.num_computed_tokens = s.num_computed_tokens;
       c.num_cached_tokens = s.num_cached_tokens;
       c.fp8_steps = s.fp8_steps;
       c.had_ring = blocks_.tail_ring(child) >= 0;
-      c.running = true;
       c.phase = Phase::decoding;
       seqs_.emplace(child, std::move(c));
       running_.push_back(child);
@@ -267,7 +268,7 @@ void Scheduler::on_step_done(const StepPlan& plan) {
 
 void Scheduler::append_token(SeqId id, int32_t token) {
   Sequence& s = seq(id);
-  if (static_cast<int>(s.tokens.size()) != s.num_computed_tokens) {
+  if (s.phase == Phase::waiting || static_cast<int>(s.tokens.size()) != blocks_.num_computed_tokens(id)) {
     throw std::logic_error("Scheduler::append_token: sequence " + std::to_string(id) +
                            " has tokens whose KV is not computed yet");
   }
@@ -277,7 +278,7 @@ void Scheduler::append_token(SeqId id, int32_t token) {
 void Scheduler::finish(SeqId id) {
   const auto it = seqs_.find(id);
   if (it == seqs_.end()) return;
-  if (it->second.running) {
+  if (it->second.phase != Phase::waiting) {
     blocks_.free(id);
     running_.erase(std::find(running_.begin(), running_.end(), id));
   } else {
@@ -305,6 +306,15 @@ int Scheduler::replay_hit_limit(const Sequence& s) const {
     if ((step != nullptr ? step->fp8_len : next_fp8_len) >= h) return h;
   }
   return 0;
+}
+
+void Scheduler::check_integrity() const {
+  blocks_.check_integrity([this](SeqId id) { return tokens(id); });
+  for (const auto& [id, s] : seqs_) {
+    const bool running = std::find(running_.begin(), running_.end(), id) != running_.end();
+    if (running != (s.phase != Phase::waiting) || running != blocks_.contains(id))
+      throw std::logic_error("Scheduler: sequence " + std::to_string(id) + " is running in one place and not in another");
+  }
 }
 
 std::span<const int32_t> Scheduler::tokens(SeqId id) const {

@@ -120,8 +120,11 @@ class Scheduler {
   int num_running() const { return static_cast<int>(running_.size()); }
   uint64_t num_preemptions() const { return num_preemptions_; }
   bool contains(SeqId id) const { return seqs_.count(id) != 0; }
-  std::span<const int32_t> tokens(SeqId id) const;
+  std::span<const int32_t> tokens(SeqId id) const;  // prompt + generated (not the proposals)
   int num_cached_tokens(SeqId id) const;  // prompt tokens the prefix cache served at admission
+  // BlockManager::check_integrity with the keys checked against the tokens, and every
+  // sequence running here exactly when the block manager holds it (std::logic_error if not).
+  void check_integrity() const;
 
  private:
   // One run of steps with the same FP8 length (bf16 window): tokens up to `end` were computed
@@ -133,13 +136,14 @@ class Scheduler {
   // waiting: queued (new, or preempted); prefilling: its prompt (or a recompute) is computed in
   // chunks; decoding: every token but the last is computed, and the next step computes that one.
   enum class Phase : uint8_t { waiting, prefilling, decoding };
+  // The one record of a sequence's tokens and phase. Its KV - the block table, how many tokens
+  // are computed (BlockManager::num_computed_tokens), the scales, the ring - is the block
+  // manager's, which holds no copy of the tokens.
   struct Sequence {
-    Phase phase = Phase::waiting;
+    Phase phase = Phase::waiting;  // running: prefilling or decoding
     std::vector<int32_t> tokens;  // prompt + generated
     int num_prompt_tokens = 0;
-    int num_computed_tokens = 0;
     int num_cached_tokens = 0;
-    bool running = false;  // prefilling or decoding
     bool prefix_cache = true;  // may map cached blocks at admission
     // bf16 window: ran with a tail ring. A recompute replays what its steps read, so it waits
     // for a ring; a sequence that ran as pure FP8 replays exactly with or without one.
@@ -149,6 +153,8 @@ class Scheduler {
     std::vector<Fp8Step> fp8_steps;        // bf16 window: what a recompute replays
     std::vector<int32_t> draft_tokens;     // speculative decoding: proposals after token draft_after - 1
     int draft_after = -1;
+    std::vector<int32_t> verifying;  // the proposals this step verifies (their slots are held)
+    int num_verified = 0;            // of those, accepted so far
   };
 
   Sequence& seq(SeqId id);

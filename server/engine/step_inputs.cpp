@@ -27,13 +27,13 @@ void StepInputs::begin(int32_t num_rows, int32_t max_blocks) {
   next_row_ = 0;
 }
 
-int32_t StepInputs::add(SeqId id, int begin, int end, bool calibrate, int fp8_len, int spill_start) {
+int32_t StepInputs::add(SeqId id, int begin, std::span<const int32_t> tokens, bool calibrate, int fp8_len, int spill_start) {
   if (next_row_ >= num_rows_) throw std::logic_error("StepInputs::add: more rows than begin() was told");
   HostBatch& b = batch_;
   const int32_t row = next_row_++;
-  const std::span<const int32_t> tokens = blocks_.tokens(id);
+  const int end = begin + static_cast<int>(tokens.size());
+  b.token_ids.insert(b.token_ids.end(), tokens.begin(), tokens.end());
   for (int p = begin; p < end; ++p) {
-    b.token_ids.push_back(tokens[static_cast<std::size_t>(p)]);
     b.positions.push_back(p);
     b.slot_mapping.push_back(blocks_.slot(id, p));
   }

@@ -5,7 +5,8 @@
 // and the draft model build their batches here, and both hand the calibrated scales back here.
 //
 //   begin(num_rows, max_blocks)      a new batch of num_rows forward-batch sequences ("rows")
-//   add(id, begin, end, ...)         one row: tokens [begin, end) of `id`, attending to [0, end)
+//   add(id, begin, tokens, ...)      one row: `tokens` at positions [begin, end) of `id`,
+//                                    attending to [0, end)
 //   add_sample_row(row)              a token row whose logits are wanted
 //   batch()                          the ForwardBatch (valid until the next begin())
 //   write_back_scales(id, row)       after the forward pass: the row's calibrated scales into the
@@ -26,11 +27,12 @@ class StepInputs {
   // Starts a batch of num_rows rows whose block tables are at most max_blocks wide. Scales start
   // at 1 and tables at block 0, so that a row added with fewer blocks reads nothing undefined.
   void begin(int32_t num_rows, int32_t max_blocks);
-  // Adds the next row: tokens [begin, end) of sequence `id`, attending to positions [0, end);
-  // `calibrate`: kv_write calibrates the row's FP8 scales (the sequence's first prefill chunk).
-  // With the bf16 window, fp8_len is where the FP8 part ends after the step and spill_start where
-  // it ended before (kernels/paged_kv.hpp). Returns the row's index.
-  int32_t add(SeqId id, int begin, int end, bool calibrate, int fp8_len = 0, int spill_start = 0);
+  // Adds the next row: `tokens` at positions [begin, end = begin + tokens.size()) of sequence
+  // `id` (whose block table holds their slots), attending to positions [0, end); `calibrate`:
+  // kv_write calibrates the row's FP8 scales (the sequence's first prefill chunk). With the bf16
+  // window, fp8_len is where the FP8 part ends after the step and spill_start where it ended
+  // before (kernels/paged_kv.hpp). Returns the row's index.
+  int32_t add(SeqId id, int begin, std::span<const int32_t> tokens, bool calibrate, int fp8_len = 0, int spill_start = 0);
   void add_sample_row(int32_t token_row) { batch_.sample_rows.push_back(token_row); }
 
   int32_t num_tokens() const { return static_cast<int32_t>(batch_.token_ids.size()); }

@@ -2,7 +2,9 @@
 // copies and evictions worked out by hand, and check_integrity() runs after every operation.
 #include <catch2/catch.hpp>
 
+#include <map>
 #include <numeric>
+#include <span>
 #include <vector>
 
 #include "cache/block_manager.hpp"
@@ -13,6 +15,44 @@ using fp8serve::BlockManager;
 using fp8serve::BlockManagerOptions;
 
 namespace {
+
+// The block manager keeps no tokens: their owner (the scheduler) passes them where the prefix
+// cache keys blocks. Here the test owns them, through the token-taking calls of the old interface.
+class Manager : public BlockManager {
+ public:
+  using BlockManager::BlockManager;
+  AllocateResult allocate(fp8serve::SeqId id, std::span<const int32_t> prompt, int max_cached = fp8serve::kNoCap, int group = 1) {
+    const AllocateResult result = BlockManager::allocate(id, prompt, max_cached, group);
+    tokens_[id].assign(prompt.begin(), prompt.end());
+    return result;
+  }
+  AppendResult append_slot(fp8serve::SeqId id, int32_t token) {
+    const AppendResult result = BlockManager::append_slot(id);
+    tokens_[id].push_back(token);
+    return result;
+  }
+  void mark_computed(fp8serve::SeqId id, int num_computed, int fp8_floor = 0) {
+    BlockManager::mark_computed(id, tokens(id), num_computed, fp8_floor);
+  }
+  void fork(fp8serve::SeqId parent, fp8serve::SeqId child) {
+    BlockManager::fork(parent, child);
+    tokens_[child] = tokens_.at(parent);
+  }
+  void free(fp8serve::SeqId id) {
+    BlockManager::free(id);
+    tokens_.erase(id);
+  }
+  void check_integrity() const {
+    BlockManager::check_integrity([this](fp8serve::SeqId id) { return tokens(id); });
+  }
+
+ private:
+  std::span<const int32_t> tokens(fp8serve::SeqId id) const {
+    const auto it = tokens_.find(id);
+    return it == tokens_.end() ? std::span<const int32_t>{} : std::span<const int32_t>(it->second);
+  }
+  std::map<fp8serve::SeqId, std::vector<int32_t>> tokens_;
+};
 
 std::vector<int32_t> iota_tokens(int n, int32_t first = 100) {
   std::vector<int32_t> t(static_cast<std::size_t>(n));
@@ -26,7 +66,7 @@ std::vector<int32_t> table_of(const BlockManager& m, fp8serve::SeqId id) {
 }
 
 // What kv_write does on the first chunk: store calibrated scales, then the engine commits.
-void calibrate_and_commit(BlockManager& m, fp8serve::SeqId id, float k, float v, int num_computed) {
+void calibrate_and_commit(Manager& m, fp8serve::SeqId id, float k, float v, int num_computed) {
   fp8serve::KvScales* scales = m.scales_to_calibrate(id);
   REQUIRE(scales != nullptr);
   for (int l = 0; l < m.num_layers(); ++l) {
@@ -40,7 +80,7 @@ void calibrate_and_commit(BlockManager& m, fp8serve::SeqId id, float k, float v,
 }  // namespace
 
 TEST_CASE("allocate maps a prompt onto ceil(n / block_size) blocks and slots follow the table", "[cache]") {
-  BlockManager m({4, 2, 8, false});
+  Manager m({4, 2, 8, false});
   m.check_integrity();
   const auto prompt = iota_tokens(10);
   REQUIRE(m.can_allocate(prompt));
@@ -70,7 +110,7 @@ TEST_CASE("allocate maps a prompt onto ceil(n / block_size) blocks and slots fol
 }
 
 TEST_CASE("exhaustion: can_allocate and can_append say no exactly when blocks run out", "[cache]") {
-  BlockManager m({4, 1, 3, false});
+  Manager m({4, 1, 3, false});
   CHECK_FALSE(m.can_allocate(iota_tokens(13)));  // 4 blocks
   CHECK_FALSE(m.can_allocate({}));
   REQUIRE(m.can_allocate(iota_tokens(12)));      // exactly 3 blocks
@@ -88,7 +128,7 @@ TEST_CASE("exhaustion: can_allocate and can_append say no exactly when blocks ru
 }
 
 TEST_CASE("fork shares blocks; the next append copies the shared partial block", "[cache]") {
-  BlockManager m({4, 2, 8, false});
+  Manager m({4, 2, 8, false});
   m.allocate(1, iota_tokens(6));  // blocks 0 (full) and 1 (2 of 4)
   CHECK_THROWS_AS(m.fork(1, 2), std::logic_error);  // not computed yet
   calibrate_and_commit(m, 1, 2.0f, 3.0f, 6);
@@ -125,7 +165,7 @@ TEST_CASE("fork shares blocks; the next append copies the shared partial block",
 }
 
 TEST_CASE("fork at a block boundary needs no copy", "[cache]") {
-  BlockManager m({4, 1, 8, false});
+  Manager m({4, 1, 8, false});
   m.allocate(1, iota_tokens(8));
   calibrate_and_commit(m, 1, 1.0f, 1.0f, 8);
   m.fork(1, 2);
@@ -138,7 +178,7 @@ TEST_CASE("fork at a block boundary needs no copy", "[cache]") {
 }
 
 TEST_CASE("prefix hits map the longest cached chain and inherit its scales", "[cache][prefix]") {
-  BlockManager m({4, 3, 16, true});
+  Manager m({4, 3, 16, true});
   const auto prompt = iota_tokens(11);  // 2 full blocks + 3 tokens
   CHECK(m.allocate(1, prompt).num_cached_tokens == 0);
   CHECK(m.scales_to_calibrate(1) != nullptr);
@@ -179,7 +219,7 @@ TEST_CASE("prefix hits map the longest cached chain and inherit its scales", "[c
 }
 
 TEST_CASE("finished sequences stay cached and are evicted LRU, tail blocks first", "[cache][prefix]") {
-  BlockManager m({2, 1, 6, true});
+  Manager m({2, 1, 6, true});
   const std::vector<int32_t> a = {1, 2, 3, 4, 5};   // blocks a0 a1 + partial
   const std::vector<int32_t> b = {7, 8, 9, 10, 11};
   m.allocate(1, a);
@@ -219,7 +259,7 @@ TEST_CASE("finished sequences stay cached and are evicted LRU, tail blocks first
 }
 
 TEST_CASE("a chain stops where its blocks were written with other scales", "[cache][prefix]") {
-  BlockManager m({2, 1, 16, true});
+  Manager m({2, 1, 16, true});
   // A caches block 0 of prefix P; B has the same block 0 but its own calibration, and caches
   // its block 1 (block 0's key was taken by A, so B's copy stays private).
   // Both are admitted in one step, before either committed, so B does not hit A.
@@ -237,7 +277,7 @@ TEST_CASE("a chain stops where its blocks were written with other scales", "[cac
 }
 
 TEST_CASE("chunked prefill: scales freeze at the first commit and blocks cache as they fill", "[cache][prefix]") {
-  BlockManager m({4, 2, 16, true});
+  Manager m({4, 2, 16, true});
   const auto prompt = iota_tokens(14);
   m.allocate(1, prompt);
   calibrate_and_commit(m, 1, 1.5f, 2.5f, 6);  // first chunk: block 0 full, block 1 half
@@ -257,7 +297,7 @@ TEST_CASE("chunked prefill: scales freeze at the first commit and blocks cache a
 }
 
 TEST_CASE("prefix caching disabled: no hits, freed blocks go straight back", "[cache]") {
-  BlockManager m({4, 1, 4, false});
+  Manager m({4, 1, 4, false});
   m.allocate(1, iota_tokens(9));
   calibrate_and_commit(m, 1, 1.0f, 1.0f, 9);
   m.free(1);
@@ -268,7 +308,7 @@ TEST_CASE("prefix caching disabled: no hits, freed blocks go straight back", "[c
 }
 
 TEST_CASE("misuse is an error, not corruption", "[cache]") {
-  BlockManager m({4, 1, 4, true});
+  Manager m({4, 1, 4, true});
   m.allocate(1, iota_tokens(3));
   CHECK_THROWS_AS(m.allocate(1, iota_tokens(3)), std::logic_error);
   CHECK_THROWS_AS(m.free(7), std::logic_error);
@@ -282,7 +322,7 @@ TEST_CASE("misuse is an error, not corruption", "[cache]") {
 }
 
 TEST_CASE("a preempted sequence re-admitted with its generated tokens reuses its own blocks", "[cache][prefix]") {
-  BlockManager m({4, 2, 8, true});
+  Manager m({4, 2, 8, true});
   auto tokens = iota_tokens(6);
   m.allocate(1, tokens);
   calibrate_and_commit(m, 1, 0.75f, 0.5f, 6);
@@ -307,7 +347,7 @@ TEST_CASE("a preempted sequence re-admitted with its generated tokens reuses its
 TEST_CASE("bf16 window: the FP8 rule, one tail ring per live sequence, none left over", "[cache][window]") {
   // Window 8 tokens, blocks of 4: rings of 3 blocks; 2 rings.
   BlockManagerOptions o{4, 2, 32, false, fp8serve::KvWindow{8, true, 4}, 2};
-  BlockManager m(o);
+  Manager m(o);
   CHECK(m.num_tail_rings() == 2);
   CHECK(m.window().ring_blocks() == 3);
   // fp8_len(n) = floor((n - 8) / 4) * 4: the newest 8 tokens and the partial block before them.
@@ -359,7 +399,7 @@ TEST_CASE("bf16 window: the FP8 rule, one tail ring per live sequence, none left
 
 TEST_CASE("bf16 window: only blocks out of every window are cached, and a hit stops before the new window", "[cache][window]") {
   BlockManagerOptions o{4, 2, 32, true, fp8serve::KvWindow{8, true, 4}, 4};
-  BlockManager m(o);
+  Manager m(o);
   const auto prompt = iota_tokens(22);
   m.allocate(1, prompt);
   calibrate_and_commit(m, 1, 0.5f, 0.25f, 22);
@@ -388,7 +428,7 @@ TEST_CASE("bf16 window: only blocks out of every window are cached, and a hit st
 
 TEST_CASE("bf16 window: a fork shares every block and the spill, not the append, makes one private", "[cache][window]") {
   BlockManagerOptions o{4, 2, 32, false, fp8serve::KvWindow{8, true, 4}, 4};
-  BlockManager m(o);
+  Manager m(o);
   m.allocate(1, iota_tokens(14));
   calibrate_and_commit(m, 1, 0.5f, 0.25f, 14);
   CHECK(m.num_fp8_tokens(1) == 4);
@@ -433,7 +473,7 @@ TEST_CASE("bf16 window: a fork shares every block and the spill, not the append,
 
 TEST_CASE("bf16 window, K only: every V is in the pool, so shared blocks are copied on write", "[cache][window]") {
   BlockManagerOptions o{4, 2, 32, false, fp8serve::KvWindow{8, false, 4}, 4};
-  BlockManager m(o);
+  Manager m(o);
   m.allocate(1, iota_tokens(14));
   calibrate_and_commit(m, 1, 0.5f, 0.25f, 14);
   m.fork(1, 2);
@@ -461,7 +501,7 @@ TEST_CASE("bf16 window, K only: every V is in the pool, so shared blocks are cop
 
 TEST_CASE("bf16 window: a sequence admitted with no free ring runs as pure FP8, and so do its forks", "[cache][window]") {
   // Window 8, blocks of 4, one ring.
-  BlockManager m(BlockManagerOptions{4, 2, 40, true, fp8serve::KvWindow{8, true, 4}, 1});
+  Manager m(BlockManagerOptions{4, 2, 40, true, fp8serve::KvWindow{8, true, 4}, 1});
   m.allocate(1, iota_tokens(10));
   CHECK(m.tail_ring(1) == 0);
   calibrate_and_commit(m, 1, 0.5f, 0.25f, 10);
@@ -504,7 +544,7 @@ TEST_CASE("bf16 window: a sequence admitted with no free ring runs as pure FP8, 
 }
 
 TEST_CASE("bf16 window: a group's rings are reserved at admission for its forks", "[cache][window]") {
-  BlockManager m(BlockManagerOptions{4, 2, 40, false, fp8serve::KvWindow{8, true, 4}, 3});
+  Manager m(BlockManagerOptions{4, 2, 40, false, fp8serve::KvWindow{8, true, 4}, 3});
   m.allocate(1, iota_tokens(6), fp8serve::kNoCap, /*group=*/3);
   CHECK(m.tail_ring(1) >= 0);
   CHECK(m.num_free_tail_rings() == 0);  // two held for the forks

@@ -1,6 +1,7 @@
 #pragma once
 // Helpers of the speculative-decoding tests (test_speculative.cpp: ngram; test_speculative_draft.cpp:
 // a draft model): a batch of requests run with and without speculation, compared bit for bit.
+#include "engine_test_access.hpp"
 #include "engine_test_util.hpp"
 
 namespace fp8serve::test {
@@ -37,7 +38,7 @@ inline RunResult run_batch(const std::string& model, const EngineOptions& option
   for (std::size_t i = half; i < requests.size(); ++i) engine->add_request(requests[i], collect(result.outputs));
   for (int step = 0; step < 100000 && engine->has_work(); ++step) {
     engine->step();
-    engine->block_manager().check_integrity();
+    EngineTestAccess::check_integrity(*engine);
     if (engine->draft() != nullptr) engine->draft()->block_manager().check_integrity();
   }
   REQUIRE_FALSE(engine->has_work());

@@ -2,6 +2,7 @@
 // different lengths (prefills mixed with decodes in one step), after preemption in a pool too
 // small for everyone, or as one of n forked choices. Compared bitwise: tokens and the logprob
 // of every chosen token (a function of the whole logits row).
+#include "engine_test_access.hpp"
 #include "engine_test_util.hpp"
 
 using namespace fp8serve;
@@ -70,7 +71,7 @@ TEST_CASE("preemption in a tiny pool leaves outputs unchanged and returns every 
       run_to_completion(*reference);
       for (int step = 0; step < 100000 && engine->has_work(); ++step) {
         engine->step();
-        engine->block_manager().check_integrity();
+        EngineTestAccess::check_integrity(*engine);
       }
       INFO(kv_dtype_name(dtype) << " pool, prefix caching " << prefix_caching);
       REQUIRE_FALSE(engine->has_work());

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstring>
 
+#include "engine_test_access.hpp"
 #include "engine_test_util.hpp"
 #include "transformer_test_access.hpp"
 #include "kernels/bf16.hpp"
@@ -128,7 +129,7 @@ class KvWatcher {
 void run_watched(Engine& engine, KvWatcher& watcher, SeqId max_id) {
   for (int i = 0; i < 100000 && engine.has_work(); ++i) {
     engine.step();
-    engine.block_manager().check_integrity();
+    EngineTestAccess::check_integrity(engine);
     watcher.observe(engine, max_id);
   }
   REQUIRE_FALSE(engine.has_work());
@@ -280,8 +281,8 @@ TEST_CASE("bf16 window: preemption and recompute give the same tokens and, at la
       int compared = 0;
       for (int step = 0; step < 100000 && engine->has_work(); ++step) {
         engine->step();
+        EngineTestAccess::check_integrity(*engine);
         const BlockManager& blocks = engine->block_manager();
-        blocks.check_integrity();
         watcher.observe(*engine, 8);
         for (SeqId id = 0; id < 8; ++id) {
           const bool finished = got.count(std::to_string(id)) && got.at(std::to_string(id)).at(0).finish.has_value();
@@ -474,8 +475,8 @@ TEST_CASE("bf16 window: a sequence preempted after decoding across several block
     std::vector<std::vector<PositionKv>> last, before;
     for (int step = 0; step < 1000 && engine->has_work(); ++step) {
       engine->step();
+      EngineTestAccess::check_integrity(*engine);
       const BlockManager& blocks = engine->block_manager();
-      blocks.check_integrity();
       if (!blocks.contains(1)) {
         if (before.empty() && !last.empty()) before = last;  // B's KV when it was preempted
         continue;

@@ -1,4 +1,5 @@
 // Request handling: validation errors as values, abort, stop conditions, seeded sampling.
+#include "engine_test_access.hpp"
 #include "engine_test_util.hpp"
 
 using namespace fp8serve;
@@ -56,7 +57,7 @@ TEST_CASE("abort frees a running request's blocks and ends it with finish = abor
   run_to_completion(*engine);
   CHECK(out.at("b").at(0).finish == FinishReason::length);
   CHECK(engine->block_manager().num_free_blocks() == engine->block_manager().num_blocks());
-  engine->block_manager().check_integrity();
+  EngineTestAccess::check_integrity(*engine);
 }
 
 TEST_CASE("stop token ids end a choice with finish = stop, without emitting the token's text", "[engine][requests]") {

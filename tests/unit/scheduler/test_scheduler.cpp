@@ -67,7 +67,7 @@ struct FakeEngine {
         }
       }
     }
-    blocks.check_integrity();
+    scheduler.check_integrity();
     return plan;
   }
 };
@@ -242,7 +242,7 @@ TEST_CASE("finish() of a waiting or running sequence returns its blocks", "[sche
   scheduler.finish(7);  // unknown: ignored
   CHECK_FALSE(scheduler.has_work());
   CHECK(blocks.num_free_blocks() == blocks.num_blocks());
-  blocks.check_integrity();
+  scheduler.check_integrity();
 }
 
 TEST_CASE("random workloads: budgets hold, every sequence completes, no block leaks", "[scheduler]") {
