@@ -214,7 +214,7 @@ const std::vector<FlagSpec>& flag_specs() {
     s.push_back(choice_flag("kv-bf16-window-tensors", "what the bf16 window keeps exact (k: keys only, half the memory)",
                             {{"k", KvWindowTensors::k}, {"kv", KvWindowTensors::kv}}, &Config::kv_bf16_window_tensors));
     s.push_back(real_flag("kv-bf16-window-share", "the most of the KV budget the bf16 window's rings take: as many "
-                          "rings as fit, sequences beyond them run as pure FP8 (docs/fp8-kv-cache.md)", 0.01, 0.9,
+                          "rings as fit, one per running sequence: more rings, more sequences at once (docs/fp8-kv-cache.md)", 0.01, 0.9,
                           &Config::kv_bf16_window_share));
     s.push_back(integer_flag("block-size", "tokens per KV block (8, 16 or 32)", 8, 32, &Config::block_size));
     s.push_back(bytes_flag("kv-cache-memory", "KV cache budget in bytes, e.g. 4GiB (0 = default)", 0, 1e15,

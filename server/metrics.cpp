@@ -136,10 +136,10 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
         engine.kv_tail_usage);
   gauge("fp8serve:kv_bf16_tail_tokens", "Tokens held exact in the bf16 window's tail rings now.",
         static_cast<double>(engine.kv_tail_tokens));
-  counter("fp8serve:kv_bf16_window_ringless_seqs_total",
-          "Sequences that ran as pure FP8 because no bf16 window ring was free (the rings are a capped share of the "
-          "KV budget).",
-          static_cast<double>(engine.kv_ringless_seqs));
+  counter("fp8serve:kv_bf16_window_ring_waits_total",
+          "Steps in which the next waiting sequence had its KV blocks but no free bf16 window ring: every running "
+          "sequence holds one, so the rings (a capped share of the KV budget) cap the concurrency.",
+          static_cast<double>(engine.kv_ring_waits));
   counter("fp8serve:num_preemptions_total", "Sequences preempted (blocks freed, recomputed later).",
           static_cast<double>(engine.num_preemptions));
   if (engine.speculative) {

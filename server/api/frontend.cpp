@@ -103,9 +103,13 @@ std::optional<ApiError> ApiFrontend::admit(int num_seqs, int num_prompts, const 
     std::string what = std::to_string(num_prompts) + " prompt" + (num_prompts == 1 ? "" : "s");
     if (r.n > 1) what += " x n=" + std::to_string(r.n);
     if (r.best_of > r.n) what += " (best_of=" + std::to_string(r.best_of) + ")";
+    const std::string n = std::to_string(model_->max_num_seqs);
+    const std::string running = model_->max_num_seqs_source == "--max-num-seqs"
+                                    ? "--max-num-seqs " + n + " running"
+                                    : n + " running (" + model_->max_num_seqs_source + ")";
     return bad_request("This request needs " + std::to_string(num_seqs) + " sequences (" + what +
-                           ") but the server holds at most " + std::to_string(capacity) + " at once (--max-num-seqs " +
-                           std::to_string(model_->max_num_seqs) + " running + --max-waiting-requests " +
+                           ") but the server holds at most " + std::to_string(capacity) + " at once (" + running +
+                           " + --max-waiting-requests " +
                            std::to_string(options_.max_waiting_requests) + " waiting): split it into smaller requests.",
                        r.best_of > 1 ? (r.best_of > r.n ? "best_of" : "n") : "prompt", "request_too_large");
   }
@@ -278,7 +282,7 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
   for (const auto& [value, name] : {std::pair{r.n, "n"}, std::pair{r.best_of, "best_of"}})
     if (value > model_->max_num_seqs)
       return error_reply(bad_request("'" + std::string(name) + "' must be at most " + std::to_string(model_->max_num_seqs) +
-                                         " (--max-num-seqs).",
+                                         " (" + model_->max_num_seqs_source + ").",
                                      name));
   const int max_len = model_->max_model_len;
   std::vector<int> max_tokens(prompts.size());

@@ -48,7 +48,8 @@ HttpReply error_reply(const ApiError& error);
 struct ModelContext {
   std::string served_model_name;
   int max_model_len = 0;
-  int max_num_seqs = 1;           // caps n; and the waiting-queue estimate
+  int max_num_seqs = 1;           // sequences that run at once: caps n; and the waiting-queue estimate
+  std::string max_num_seqs_source = "--max-num-seqs";  // what sets it, for the error message
   int vocab_size = 0;             // the model's logits; 0 = the tokenizer's vocabulary
   int64_t max_pool_tokens = 0;    // tokens the whole KV pool holds; 0 = unchecked
   const Tokenizer* tokenizer = nullptr;

@@ -25,6 +25,10 @@ std::string Engine::validate(const GenerationRequest& r) const {
   if (r.sampling.min_tokens < 0 || r.sampling.min_tokens > r.max_tokens) return "min_tokens must be in [0, max_tokens]";
   if (r.n < 1 || r.n > options_.max_num_seqs)
     return "n must be in [1, " + std::to_string(options_.max_num_seqs) + "] (--max-num-seqs)";
+  if (blocks_->window().enabled() && r.n > blocks_->num_tail_rings()) {
+    return "n = " + std::to_string(r.n) + " needs a bf16 window ring per choice at once, and there are " +
+           std::to_string(blocks_->num_tail_rings()) + " (raise --kv-bf16-window-share or --kv-cache-memory)";
+  }
   const int64_t total = static_cast<int64_t>(r.prompt_tokens.size()) + r.max_tokens;
   if (total > options_.max_model_len) {
     return "prompt (" + std::to_string(r.prompt_tokens.size()) + " tokens) + max_tokens (" +
@@ -351,7 +355,7 @@ EngineStats Engine::stats() const {
   if (const int rings = blocks_->num_tail_rings(); rings > 0) {
     s.kv_tail_usage = static_cast<double>(rings - blocks_->num_free_tail_rings()) / rings;
   }
-  s.kv_ringless_seqs = blocks_->num_seqs_without_ring();
+  s.kv_ring_waits = scheduler_->num_ring_waits();
   s.num_preemptions = scheduler_->num_preemptions();
   s.spec_num_drafts = spec_counters_.num_drafts;
   s.spec_num_draft_tokens = spec_counters_.num_draft_tokens;

@@ -74,7 +74,7 @@ struct EngineStats {
   double kv_usage = 0.0;            // fraction of KV blocks in use, [0, 1]
   double kv_tail_usage = 0.0;       // bf16 window: fraction of tail rings owned by sequences, [0, 1]
   uint64_t kv_tail_tokens = 0;      // bf16 window: tokens its rings hold now
-  uint64_t kv_ringless_seqs = 0;    // bf16 window: sequences that ran as pure FP8 for want of a ring
+  uint64_t kv_ring_waits = 0;       // bf16 window: steps whose next admission waited for a ring (Scheduler)
   uint64_t num_preemptions = 0;
   bool speculative = false;         // speculative decoding on: the spec_decode counters below
   uint64_t spec_num_drafts = 0;     // steps that verified proposals, summed over sequences

@@ -20,7 +20,7 @@ struct EngineOptions {
   int kv_bf16_window = kDefaultKvBf16Window;             // --kv-bf16-window tokens (FP8 pool only; 0 = off)
   bool kv_bf16_window_values = false;  // --kv-bf16-window-tensors kv (true) or k (false)
   // --kv-bf16-window-share: the most of the KV budget the window's rings may take; as many rings
-  // as fit are made, sequences beyond them run as pure FP8.
+  // as fit are made, and a sequence runs only with one (they cap how many run at once).
   double max_tail_share = kDefaultKvBf16WindowShare;
   int block_size = kDefaultBlockSize;
   // Bytes of K + V pool, the bf16 window's tail pool included; 0 = derive: on a GPU

@@ -83,8 +83,8 @@ Engine::~Engine() = default;
 // The KV budget: --kv-cache-memory, else on a GPU what utilization x its memory leaves once
 // everything else is in use (vLLM's rule), else the CPU's default. The draft's pool takes its
 // share first; the bf16 window's rings come out of the rest (KvCacheSpec::split_budget), as many
-// as fit in their share (--kv-bf16-window-share): sequences beyond them run as pure FP8, and a
-// budget with no room for one ring runs without a window, so the tail never makes a budget fail
+// as fit in their share (--kv-bf16-window-share): every running sequence holds one, so they cap
+// how many run at once; a budget with no room for one ring runs without a window, so the tail never makes a budget fail
 // that the FP8 pool alone could serve.
 void Engine::size_kv_cache() {
   Backend& backend = *device_.backend;
@@ -199,7 +199,8 @@ void Engine::log_startup() {
     rings_note = kv_.num_rings < options_.max_num_seqs
                      ? " - rings for " + std::to_string(kv_.num_rings) + " of --max-num-seqs " +
                            std::to_string(options_.max_num_seqs) + " sequences (--kv-bf16-window-share " +
-                           fmt::format("{:g}", options_.max_tail_share) + " of the budget); the others run as pure FP8"
+                           fmt::format("{:g}", options_.max_tail_share) + " of the budget): at most " +
+                           std::to_string(kv_.num_rings) + " run at once, the others wait for a ring"
                      : " - a ring for each of --max-num-seqs " + std::to_string(options_.max_num_seqs) + " sequences";
   }
   spdlog::info("KV {}{}{}; pool + tail {} of the {} budget", spec.describe_tail(kv_.num_rings),

@@ -125,10 +125,14 @@ StepPlan Scheduler::schedule() {
     const int group = 1 + static_cast<int>(s.pending_forks.size());
     if (static_cast<int>(running_.size()) + group > options_.max_num_seqs && !running_.empty()) break;
     const int max_cached = !s.prefix_cache ? 0 : s.fp8_steps.empty() ? kNoCap : replay_hit_limit(s);
-    const int need_rings = s.had_ring ? group : 0;
-    if (!blocks_.can_allocate(s.tokens, max_cached, need_rings)) break;
+    // With the bf16 window every sequence runs with a ring of its own, its forks too: what a
+    // token reads from bf16 never depends on what else runs (the rings cap the concurrency).
+    const int need_rings = blocks_.window().enabled() ? group : 0;
+    if (!blocks_.can_allocate(s.tokens, max_cached, need_rings)) {
+      if (need_rings > 0 && blocks_.can_allocate(s.tokens, max_cached, 0)) ++num_ring_waits_;
+      break;
+    }
     const AllocateResult allocated = blocks_.allocate(id, s.tokens, max_cached, group);
-    s.had_ring = blocks_.tail_ring(id) >= 0;
     if (s.num_cached_tokens < 0) s.num_cached_tokens = allocated.num_cached_tokens;
     if (blocks_.window().enabled() && s.fp8_steps.empty() && allocated.num_cached_tokens > 0) {
       // A first admission with a hit: those tokens were FP8 from the start.
@@ -257,7 +261,6 @@ void Scheduler::on_step_done(const StepPlan& plan) {
       c.num_prompt_tokens = s.num_prompt_tokens;
       c.num_cached_tokens = s.num_cached_tokens;
       c.fp8_steps = s.fp8_steps;
-      c.had_ring = blocks_.tail_ring(child) >= 0;
       c.phase = Phase::decoding;
       seqs_.emplace(child, std::move(c));
       running_.push_back(child);

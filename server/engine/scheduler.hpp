@@ -16,6 +16,9 @@
 // cannot hold a running sequence's next token, the newest running sequence is preempted: its
 // blocks are freed and it goes back to the front of the queue, to be recomputed from its
 // tokens (prompt + generated so far) with its frozen FP8 scales restored, so its KV is the same.
+// With the bf16 window a sequence is admitted only with a tail ring for itself and each of its
+// forks: the rings (a capped share of the KV budget) cap how many run at once, and no output
+// depends on what else runs, as it would if a sequence admitted under load ran as pure FP8.
 //
 // With the bf16 window the KV of a token (past layer 0) depends on which of the earlier tokens
 // its step read from FP8 - the window is per step, so a long prefill reads more of them from
@@ -119,6 +122,9 @@ class Scheduler {
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return static_cast<int>(running_.size()); }
   uint64_t num_preemptions() const { return num_preemptions_; }
+  // bf16 window: steps in which the next waiting sequence had its KV blocks but not the rings
+  // for its group (every running sequence holds one: the rings cap the concurrency).
+  uint64_t num_ring_waits() const { return num_ring_waits_; }
   bool contains(SeqId id) const { return seqs_.count(id) != 0; }
   std::span<const int32_t> tokens(SeqId id) const;  // prompt + generated (not the proposals)
   int num_cached_tokens(SeqId id) const;  // prompt tokens the prefix cache served at admission
@@ -145,9 +151,6 @@ class Scheduler {
     int num_prompt_tokens = 0;
     int num_cached_tokens = 0;
     bool prefix_cache = true;  // may map cached blocks at admission
-    // bf16 window: ran with a tail ring. A recompute replays what its steps read, so it waits
-    // for a ring; a sequence that ran as pure FP8 replays exactly with or without one.
-    bool had_ring = false;
     std::vector<SeqId> pending_forks;
     std::optional<KvScales> saved_scales;  // frozen scales kept across a preemption
     std::vector<Fp8Step> fp8_steps;        // bf16 window: what a recompute replays
@@ -175,6 +178,7 @@ class Scheduler {
   std::deque<SeqId> waiting_;
   std::vector<SeqId> running_;  // admission order: back() is the newest
   uint64_t num_preemptions_ = 0;
+  uint64_t num_ring_waits_ = 0;
 };
 
 }  // namespace fp8serve

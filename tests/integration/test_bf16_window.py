@@ -1,7 +1,8 @@
 """The bf16 recent window on the real server: it starts with the tail pool reported, serves a
 streaming request while /metrics shows the tail in use, gives every ring back afterwards, and
 n > 1 choices (forked rings) equal the single greedy output. Small KV budgets start: the rings
-get a capped share, sequences beyond them run as pure FP8 (counted), generate sizes for one."""
+get a capped share, every sequence runs with one (the others wait), so 16 greedy requests at
+once answer what each answers alone; generate sizes for one."""
 import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -41,30 +42,68 @@ def test_window_tail_in_use_while_streaming_and_released_after(tmp_path):
         assert s.stop() == 0, s.log_text()
 
 
-def test_small_budgets_start_with_capped_rings_and_ringless_sequences_run_pure_fp8(tmp_path):
+def test_small_budgets_start_with_capped_rings_and_sequences_wait_for_one(tmp_path):
     # 8 MiB on the default model: 64 K-only rings would take 56 MiB. The rings get at most an
-    # eighth of the budget (1 MiB: one ring of 0.88 MiB), the FP8 pool the rest; sequences beyond
-    # the ring run as pure FP8 and are counted.
+    # eighth of the budget (1 MiB: one ring of 0.88 MiB), the FP8 pool the rest; a sequence runs
+    # only with a ring, so one runs at a time and the others wait (counted).
     s = Server(DEFAULT_MODEL, "--kv-cache-memory", "8MiB", "--served-model-name", "m", "--max-num-seqs", 4,
                "--max-model-len", 512, tmp_path=tmp_path)
     try:
         log = s.startup_log()
         assert "bf16 window 64 tokens (K only): 1 rings x 5 blocks" in log, log
-        assert "rings for 1 of --max-num-seqs 4 sequences" in log and "pure FP8" in log, log
+        assert "rings for 1 of --max-num-seqs 4 sequences" in log and "at most 1 run at once" in log, log
         # The split: the FP8 pool holds twice the tokens bf16 KV would in its bytes.
         split = re.search(r"KV split: FP8 pool [\d.]+ MiB = (\d+) tokens \(bf16 KV would hold (\d+) in those bytes\)",
                           log)
         assert split and int(split[1]) >= 2 * int(split[2]) > 0, log
         client = openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0, timeout=300)
         prompts = ["the weather today", "count the colours of the rainbow", "a story about a ship", "hello"]
-        before = s.metrics()["fp8serve:kv_bf16_window_ringless_seqs_total"]
+        before = s.metrics()["fp8serve:kv_bf16_window_ring_waits_total"]
         with ThreadPoolExecutor(4) as pool:
             answers = list(pool.map(lambda p: client.completions.create(
                 model="m", prompt=p, max_tokens=40, temperature=0, extra_body={"ignore_eos": True}), prompts))
         assert all(a.usage.completion_tokens == 40 for a in answers)
-        assert s.metrics()["fp8serve:kv_bf16_window_ringless_seqs_total"] - before >= 1
+        assert s.metrics()["fp8serve:kv_bf16_window_ring_waits_total"] - before >= 1
         assert s.wait_kv_idle() == 0
         assert s.metrics()["fp8serve:kv_bf16_tail_usage_perc"] == 0
+        # n larger than the rings could never run at once: a 400 naming the rings.
+        try:
+            client.completions.create(model="m", prompt="hi", max_tokens=2, n=2)
+            raise AssertionError("n = 2 with one ring was accepted")
+        except openai.BadRequestError as e:
+            assert "bf16 window's rings" in str(e), e
+    finally:
+        assert s.stop() == 0, s.log_text()
+
+
+def test_output_never_depends_on_load_with_the_window_on(tmp_path):
+    # The storm a new user tries: a small budget, 16 greedy requests at once. Every sequence runs
+    # with its ring (the others wait), so each answer - text and every logprob - is the one the
+    # same request gets alone. Short raw prompts (< one block) never hit the prefix cache, so the
+    # solo runs on the same server compute everything again.
+    s = Server(DEFAULT_MODEL, "--kv-cache-memory", "24MiB", "--served-model-name", "m", "--max-num-seqs", 16,
+               "--max-model-len", 512, tmp_path=tmp_path)
+    try:
+        rings = int(re.search(r"rings for (\d+) of --max-num-seqs 16", s.startup_log())[1])
+        assert 1 <= rings < 16
+        client = openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0, timeout=300)
+        prompts = ["Water boils at", "The capital of France is", "Two plus two equals", "My favourite colour is",
+                   "The sun rises in the", "A week has seven", "Cats like to", "The ocean is",
+                   "In the morning I", "The best way to learn is", "Rain falls from", "A good book",
+                   "The train left the", "Bread is made from", "Music makes people", "The mountain was"]
+        ask = lambda p: client.completions.create(model="m", prompt=p, max_tokens=32, temperature=0, logprobs=1,
+                                                  extra_body={"ignore_eos": True})
+        before = s.metrics()
+        with ThreadPoolExecutor(16) as pool:
+            loaded = list(pool.map(ask, prompts))
+        after = s.metrics()
+        assert after["fp8serve:kv_bf16_window_ring_waits_total"] > before["fp8serve:kv_bf16_window_ring_waits_total"]
+        alone = [ask(p) for p in prompts]
+        for p, a, b in zip(prompts, loaded, alone):
+            assert a.choices[0].text == b.choices[0].text, p
+            assert a.choices[0].logprobs.token_logprobs == b.choices[0].logprobs.token_logprobs, p
+            assert b.usage.prompt_tokens_details is None or not b.usage.prompt_tokens_details.cached_tokens
+        assert s.wait_kv_idle() == 0
     finally:
         assert s.stop() == 0, s.log_text()
 

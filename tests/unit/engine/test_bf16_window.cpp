@@ -431,11 +431,30 @@ TEST_CASE("bf16 window: the tail pool comes out of the KV budget and shows in th
   CHECK(small->block_manager().num_tail_rings() == 2);
   CHECK(small->kv_tail_bytes() == tail / 8);
   CHECK(small->block_manager().num_blocks() == static_cast<int>((tail - tail / 8) / block_bytes));
-  // Four requests at once: two get a ring, two run as pure FP8 (counted), all finish.
-  for (int i = 0; i < 4; ++i) small->add_request(greedy_request(std::to_string(i), eight_prompts()[i], 4), collect(out));
+  // Four requests at once: two run, two wait for a ring (counted). Each output is bit for bit
+  // the one it gives alone: no sequence runs without a ring, so no load changes what it reads.
+  Outputs together;
+  for (int i = 0; i < 4; ++i) small->add_request(greedy_request(std::to_string(i), eight_prompts()[i], 4), collect(together));
+  small->step();
+  CHECK(small->stats().num_running == 2);
+  CHECK(small->stats().num_waiting == 2);
   run_to_completion(*small);
-  CHECK(small->stats().kv_ringless_seqs == 2);
+  CHECK(small->stats().kv_ring_waits >= 1);
+  CHECK(small->block_manager().num_seqs_without_ring() == 0);
   CHECK(small->block_manager().num_free_tail_rings() == 2);
+  for (int i = 0; i < 4; ++i) {
+    const Choice alone = run_alone(fixture("models/tiny-llama"), options, eight_prompts()[static_cast<std::size_t>(i)], 4);
+    const Choice& loaded = together.at(std::to_string(i)).at(0);
+    CHECK(loaded.tokens == alone.tokens);
+    CHECK(loaded.logprobs == alone.logprobs);
+  }
+  // More choices than rings could never run at once: refused, not queued for ever.
+  GenerationRequest three = greedy_request("three", eight_prompts()[0], 4);
+  three.n = 3;
+  small->add_request(three, collect(out));
+  CHECK(out.at("three").at(0).finish == FinishReason::error);
+  CHECK(out.at("three").at(0).error.find("bf16 window ring") != std::string::npos);
+  CHECK_FALSE(small->has_work());
   // A share too small for one ring: no window at all, the pool takes the budget.
   options.max_tail_share = 0.01;
   auto none = make_engine(fixture("models/tiny-llama"), options);

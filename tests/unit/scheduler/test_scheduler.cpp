@@ -347,7 +347,7 @@ TEST_CASE("a sequence added without the prefix cache computes its whole prompt",
   CHECK(plan.seqs.at(0).calibrate);  // its own scales, from its own first chunk
 }
 
-TEST_CASE("bf16 window: rings for a whole group or none, reserved for its forks", "[scheduler][window]") {
+TEST_CASE("bf16 window: a sequence runs only with a ring; a group waits for rings for all its choices", "[scheduler][window]") {
   BlockManagerOptions options;
   options.block_size = 4;
   options.num_layers = 2;
@@ -356,19 +356,36 @@ TEST_CASE("bf16 window: rings for a whole group or none, reserved for its forks"
   options.num_tail_rings = 3;
   BlockManager blocks(options);
   Scheduler scheduler({8, 64}, blocks);
-  FakeEngine engine{blocks, scheduler, {{0, 4}, {1, 4}, {2, 4}, {3, 4}, {4, 4}}, {}, {}};
+  FakeEngine engine{blocks, scheduler, {{0, 4}, {1, 4}, {2, 4}, {3, 4}, {4, 3}, {5, 3}, {6, 3}}, {}, {}};
   scheduler.add(0, make_prompt(6, 1), std::vector<SeqId>{1, 2});  // n = 3: three rings
-  scheduler.add(3, make_prompt(6, 100));  // none left: pure FP8
+  scheduler.add(3, make_prompt(6, 100));  // none left: it waits, blocks to spare
   engine.step();
   CHECK(blocks.tail_ring(0) >= 0);
   CHECK(blocks.tail_ring(1) >= 0);
   CHECK(blocks.tail_ring(2) >= 0);
-  CHECK(blocks.tail_ring(3) == -1);
-  CHECK(blocks.num_seqs_without_ring() == 1);
-  CHECK(blocks.fp8_len_after(3, 7) == 7);  // every position FP8
+  CHECK_FALSE(blocks.contains(3));
+  CHECK(scheduler.num_waiting() == 1);
+  CHECK(scheduler.num_ring_waits() == 1);
+  // Sequence 3 is admitted once the group's rings come back, with one of them.
+  while (blocks.contains(0) || blocks.contains(1) || blocks.contains(2)) {
+    engine.step();
+    CHECK_FALSE(blocks.contains(3));
+  }
+  engine.step();
+  REQUIRE(blocks.contains(3));
+  CHECK(blocks.tail_ring(3) >= 0);
+  CHECK(blocks.num_seqs_without_ring() == 0);
+  // A group waits for rings for all its choices, never runs some of them without.
+  scheduler.add(4, make_prompt(5, 200), std::vector<SeqId>{5, 6});  // n = 3, two rings free
+  const uint64_t waits = scheduler.num_ring_waits();
+  engine.step();
+  CHECK_FALSE(blocks.contains(4));
+  CHECK(scheduler.num_ring_waits() == waits + 1);
   while (scheduler.has_work()) engine.step();
   CHECK(engine.generated[1].size() == 4);
   CHECK(engine.generated[3].size() == 4);
+  CHECK(engine.generated[6].size() == 3);
+  CHECK(blocks.num_seqs_without_ring() == 0);
   CHECK(blocks.num_free_tail_rings() == 3);
   CHECK(blocks.num_free_blocks() == blocks.num_blocks());
 }
