@@ -375,6 +375,21 @@ Environment flag_environment() {
   return env;
 }
 
+std::optional<std::string> help_requested(const std::vector<std::string>& args) {
+  if (args.empty()) return std::nullopt;
+  if (args[0] == "--help" || args[0] == "-h") return usage();
+  const bool asks = args[0] == "help" || std::find_if(args.begin() + 1, args.end(), [](const std::string& a) {
+                                           return a == "--help" || a == "-h";
+                                         }) != args.end();
+  if (!asks) return std::nullopt;
+  const std::string& word = args[0] == "help" ? (args.size() > 1 ? args[1] : args[0]) : args[0];
+  try {
+    return usage(parse_command(word));
+  } catch (const ConfigError&) {
+    return usage();  // `fp8serve help`, or help for a command that does not exist: all of them
+  }
+}
+
 Config parse_command_line(const std::vector<std::string>& args, const Environment& env) {
   if (args.empty()) throw ConfigError("missing command: expected inspect, generate or serve");
   Config config;
@@ -406,7 +421,7 @@ Config parse_command_line(const std::vector<std::string>& args, const Environmen
       continue;
     }
     const FlagSpec* spec = find_flag(name);
-    if (spec == nullptr) throw ConfigError("unknown flag --" + name + " (see fp8serve --help)");
+    if (spec == nullptr) throw ConfigError("unknown flag --" + name + " (see fp8serve " + args[0] + " --help)");
     if ((spec->commands & command_bit(config.command)) == 0) {
       std::string users;
       for (const Command c : {Command::inspect, Command::generate, Command::serve})
@@ -449,12 +464,19 @@ Config parse_command_line(const std::vector<std::string>& args, const Environmen
   return config;
 }
 
-std::string usage() {
+std::string usage(std::optional<Command> command) {
+  static const char* const kLines[] = {"fp8serve inspect MODEL", "fp8serve generate MODEL --prompt TEXT [flags]",
+                                       "fp8serve serve MODEL [flags]"};
+  const unsigned only = command ? command_bit(*command) : kAll;
   std::ostringstream out;
-  out << "usage: fp8serve inspect MODEL\n"
-         "       fp8serve generate MODEL --prompt TEXT [flags]\n"
-         "       fp8serve serve MODEL [flags]\n"
-         "MODEL is a Hugging Face model folder or a .gguf file.\n"
+  const char* prefix = "usage: ";
+  for (const Command c : {Command::inspect, Command::generate, Command::serve}) {
+    if ((command_bit(c) & only) == 0) continue;
+    out << prefix << kLines[static_cast<int>(c)] << '\n';
+    prefix = "       ";
+  }
+  if (!command) out << "       fp8serve COMMAND --help     that command's flags\n       fp8serve --version\n";
+  out << "MODEL is a Hugging Face model folder or a .gguf file.\n"
          "Every flag can also be set in the environment as FP8SERVE_<FLAG> (FP8SERVE_HOST,\n"
          "FP8SERVE_API_KEY, FP8SERVE_KV_CACHE_DTYPE, ...): over --config, under the command line.\n\n"
          "flags (default):\n"
@@ -462,6 +484,7 @@ std::string usage() {
   const Config defaults;
   unsigned group = 0;
   for (const auto& spec : flag_specs()) {
+    if ((spec.commands & only) == 0) continue;
     if (spec.commands != group) {
       group = spec.commands;
       out << (group == kEngine ? "\n serve and generate:\n" : group == kServe ? "\n serve:\n" : group == kGenerate ? "\n generate:\n" : "\n every command:\n");

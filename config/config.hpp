@@ -113,7 +113,11 @@ Environment flag_environment();
 // Parses `fp8serve COMMAND MODEL [flags]` with `env` (see Environment). Throws ConfigError.
 Config parse_command_line(const std::vector<std::string>& args, const Environment& env = {});
 
-// The usage text, with every flag, its default and its range.
-std::string usage();
+// The usage text, with every flag, its default and its range; for one command, its flags only.
+std::string usage(std::optional<Command> command = std::nullopt);
+// The usage text the arguments ask for, if they do: `--help`/`-h` first (every command), or
+// after a command (`fp8serve serve --help`, anywhere on the line: that command's), or
+// `fp8serve help [COMMAND]`. nullopt: no help asked for.
+std::optional<std::string> help_requested(const std::vector<std::string>& args);
 
 }  // namespace fp8serve

@@ -16,9 +16,18 @@
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    std::fputs(fp8serve::usage().c_str(), args.empty() ? stderr : stdout);
-    return args.empty() ? 2 : 0;
+  if (args.empty()) {
+    std::fputs(fp8serve::usage().c_str(), stderr);
+    return 2;
+  }
+  if (args[0] == "--version" || args[0] == "version") {
+    // The build: set by CMake (server/CMakeLists.txt) for this file alone.
+    std::printf("fp8serve %s (%s, %s)\n", FP8SERVE_VERSION, FP8SERVE_BUILD_BACKENDS, FP8SERVE_BUILD_TYPE);
+    return 0;
+  }
+  if (const auto help = fp8serve::help_requested(args)) {
+    std::fputs(help->c_str(), stdout);
+    return 0;
   }
   fp8serve::Config config;
   try {

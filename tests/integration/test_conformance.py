@@ -3,6 +3,7 @@ against the real server with curl-like raw sockets and the official `openai` cli
 against independent references where there is one (transformers' logits for logit_bias, HF
 tokenizers and Python's UTF-8 codec for streamed text, jinja2's renderings for templates)."""
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -353,6 +354,23 @@ def test_a_flag_the_command_does_not_use_is_refused():
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and run.stdout == ""
     assert "--api-key: generate does not use it (a flag of serve" in run.stderr
+
+
+def test_each_command_has_its_own_help_and_the_binary_its_version():
+    # The first thing a person types after the Quick start (`vllm serve --help` works too).
+    for command, has, lacks in [("serve", "--port", "--prompt"), ("generate", "--prompt", "--port"),
+                                ("inspect", "--log-level", "--port")]:
+        run = subprocess.run([str(binary()), command, "--help"], capture_output=True, text=True, timeout=30)
+        assert run.returncode == 0 and run.stderr == "", run.stderr
+        assert run.stdout.startswith(f"usage: fp8serve {command} MODEL"), run.stdout
+        flags = [l.split()[0] for l in run.stdout.splitlines() if l.startswith("  --")]
+        assert has in flags and lacks not in flags, flags
+    run = subprocess.run([str(binary()), "--version"], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0
+    assert re.fullmatch(r"fp8serve \d+\.\d+\.\d+ \((CPU only, built without CUDA|CPU and CUDA [\d.]+, SM targets [\da-z ]+), \w+ build\)\n",
+                        run.stdout), run.stdout
+    run = subprocess.run([str(binary()), "serve", str(TINY_QWEN3), "--bogus"], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 2 and "see fp8serve serve --help" in run.stderr
 
 
 def test_help_says_what_chat_template_does():

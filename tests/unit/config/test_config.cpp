@@ -1,8 +1,10 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 
 #include "config/config.hpp"
 
@@ -65,7 +67,7 @@ TEST_CASE("bad values name the flag and the accepted range", "[config]") {
   CHECK(message_of({"serve", "m", "--kv-scale-margin", "nan"}).rfind("--kv-scale-margin: expected a number", 0) == 0);
   CHECK(message_of({"serve", "m", "--kv-bf16-window-share", "0.95"}) == "--kv-bf16-window-share: must be in [0.01, 0.9], got 0.95");
   CHECK(message_of({"serve", "m", "--kv-bf16-window-share", "0.5"}) == "no error");
-  CHECK(message_of({"serve", "m", "--bogus"}) == "unknown flag --bogus (see fp8serve --help)");
+  CHECK(message_of({"serve", "m", "--bogus"}) == "unknown flag --bogus (see fp8serve serve --help)");
   CHECK(message_of({"serve"}) == "missing MODEL: a Hugging Face model folder or a .gguf file");
   CHECK(message_of({"train", "m"}) == "unknown command 'train': expected inspect, generate or serve");
   CHECK(message_of({"generate", "m"}) == "--prompt: generate needs a non-empty --prompt");
@@ -232,4 +234,50 @@ TEST_CASE("draft-model speculation: flags and --config keys, the model required"
         "--speculative-method: draft needs --speculative-model PATH (a model with the same tokenizer)");
   CHECK(message_of({"serve", "m", "--speculative-model", "d.gguf"}) == "--speculative-model: needs --speculative-method draft");
   CHECK(message_of({"serve", "m", "--speculative-method", "draft", "--speculative-model", "d.gguf"}) == "no error");
+}
+
+TEST_CASE("help: each command's usage lists the flags it takes, and only those", "[config][cli]") {
+  using fp8serve::Command;
+  using fp8serve::help_requested;
+  using fp8serve::usage;
+  const std::string all = usage();
+  // The flag names a usage text lists, one per line that starts with "  --".
+  auto flags_of = [](const std::string& text) {
+    std::vector<std::string> names;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind("  --", 0) == 0) names.push_back(line.substr(2, line.find(' ', 2) - 2));
+    return names;
+  };
+  const std::vector<std::string> every = flags_of(all);
+  for (const Command command : {Command::inspect, Command::generate, Command::serve}) {
+    const std::string text = usage(command);
+    const std::string word = command == Command::inspect ? "inspect" : command == Command::generate ? "generate" : "serve";
+    INFO(word);
+    CHECK(text.rfind("usage: fp8serve " + word + " MODEL", 0) == 0);
+    // A flag is listed for a command exactly when the command line of that command accepts it.
+    for (const std::string& flag : every) {
+      if (flag == "--config") continue;
+      std::vector<std::string> args{word, "m", flag};
+      if (command == Command::generate && flag != "--prompt") args.insert(args.end(), {"--prompt", "p"});
+      std::string why;
+      try {
+        parse_command_line(args);
+      } catch (const fp8serve::ConfigError& e) {
+        why = e.what();
+      }
+      const bool refused = why.find(word + " does not use it") != std::string::npos;
+      const auto listed = flags_of(text);
+      CHECK((std::find(listed.begin(), listed.end(), flag) != listed.end()) == !refused);
+    }
+    CHECK(help_requested({word, "--help"}) == text);
+    CHECK(help_requested({word, "MODEL", "--port", "1", "-h"}) == text);
+    CHECK(help_requested({"help", word}) == text);
+  }
+  CHECK(flags_of(usage(Command::serve)).size() < every.size());
+  CHECK(help_requested({"--help"}) == all);
+  CHECK(help_requested({"help"}) == all);
+  CHECK(help_requested({"nonsense", "--help"}) == all);
+  CHECK_FALSE(help_requested({"serve", "m", "--port", "8001"}).has_value());
+  CHECK_FALSE(help_requested({}).has_value());
 }
