@@ -224,6 +224,10 @@ const std::vector<FlagSpec>& flag_specs() {
     s.push_back(integer_flag("max-model-len", "longest sequence (0 = the model's)", 0, 1 << 24, &Config::max_model_len));
     s.push_back(integer_flag("max-num-seqs", "sequences per step", 1, 4096, &Config::max_num_seqs));
     s.push_back(integer_flag("max-num-batched-tokens", "tokens per step", 16, 1 << 20, &Config::max_num_batched_tokens));
+    s.push_back(choice_flag("scheduling-policy", "which waiting request runs first: fcfs, or priority (the request's "
+                            "\"priority\", lower first, then arrival; less urgent running requests are preempted for it)",
+                            {{"fcfs", SchedulingPolicy::fcfs}, {"priority", SchedulingPolicy::priority}},
+                            &Config::scheduling_policy));
     s.push_back(bool_flag("enable-prefix-caching", "reuse cached prefix blocks", &Config::enable_prefix_caching, true));
     s.push_back(bool_flag("no-enable-prefix-caching", "do not reuse prefix blocks", &Config::enable_prefix_caching, false));
     s.push_back(bool_flag("enforce-eager", "CUDA: run every step op by op, without CUDA graphs for decode",

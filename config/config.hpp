@@ -40,6 +40,7 @@ enum class Command { inspect, generate, serve };
 enum class Quantization : uint8_t { none, fp8 };                // --quantization
 enum class KvWindowTensors : uint8_t { k, kv };                 // --kv-bf16-window-tensors
 enum class SpeculativeMethod : uint8_t { none, ngram, draft };  // --speculative-method
+enum class SchedulingPolicy : uint8_t { fcfs, priority };        // --scheduling-policy
 
 struct Config {
   Command command = Command::inspect;
@@ -60,6 +61,7 @@ struct Config {
   int max_model_len = 0;                  // 0 = the model's max_position_embeddings
   int max_num_seqs = kDefaultMaxNumSeqs;
   int max_num_batched_tokens = kDefaultMaxNumBatchedTokens;
+  SchedulingPolicy scheduling_policy = SchedulingPolicy::fcfs;
   bool enable_prefix_caching = true;
   int threads = 0;                        // 0 = all cores
   bool enforce_eager = false;             // CUDA: every step op by op, no CUDA graphs

@@ -142,6 +142,19 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
           static_cast<double>(engine.kv_ring_waits));
   counter("fp8serve:num_preemptions_total", "Sequences preempted (blocks freed, recomputed later).",
           static_cast<double>(engine.num_preemptions));
+  if (!engine.by_priority.empty()) {  // --scheduling-policy priority: the same per request priority
+    auto per_priority = [&](const char* name, const char* type, const char* help, auto value) {
+      family(out, name, type, help);
+      for (const EngineStats::PriorityClass& c : engine.by_priority)
+        sample(out, name, "priority=\"" + std::to_string(c.priority) + "\"", static_cast<double>(value(c)));
+    };
+    per_priority("fp8serve:num_requests_running_by_priority", "gauge", "Sequences in the running batch, by priority.",
+                 [](const EngineStats::PriorityClass& c) { return c.num_running; });
+    per_priority("fp8serve:num_requests_waiting_by_priority", "gauge", "Sequences waiting to be scheduled, by priority.",
+                 [](const EngineStats::PriorityClass& c) { return c.num_waiting; });
+    per_priority("fp8serve:num_preemptions_by_priority_total", "counter", "Sequences preempted, by their priority.",
+                 [](const EngineStats::PriorityClass& c) { return c.num_preemptions; });
+  }
   if (engine.speculative) {
     counter("fp8serve:spec_decode_num_drafts_total", "Speculative decoding: drafts verified (one per sequence and step).",
             static_cast<double>(engine.spec_num_drafts));

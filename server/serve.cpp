@@ -151,6 +151,7 @@ int run_serve(const Config& config) {
   ctx.served_model_name = name;
   ctx.max_model_len = core.options().max_model_len;
   ctx.max_num_seqs = core.options().max_num_seqs;
+  ctx.priority_scheduling = core.options().priority_scheduling;
   if (const BlockManager& blocks = core.block_manager(); blocks.window().enabled() && blocks.num_tail_rings() < ctx.max_num_seqs) {
     ctx.max_num_seqs = blocks.num_tail_rings();  // a sequence runs only with a ring
     ctx.max_num_seqs_source = "the bf16 window's rings: raise --kv-bf16-window-share or --kv-cache-memory";

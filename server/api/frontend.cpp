@@ -279,6 +279,10 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
     }
   }
 
+  if (r.priority != 0 && !model_->priority_scheduling)
+    return error_reply(bad_request("'priority' needs priority scheduling: start the server with --scheduling-policy priority "
+                                   "(this one serves first come, first served).",
+                                   "priority"));
   for (const auto& [value, name] : {std::pair{r.n, "n"}, std::pair{r.best_of, "best_of"}})
     if (value > model_->max_num_seqs)
       return error_reply(bad_request("'" + std::string(name) + "' must be at most " + std::to_string(model_->max_num_seqs) +
@@ -355,6 +359,7 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
     g.include_stop_str_in_output = r.include_stop_str_in_output;
     g.stop_token_ids = r.stop_token_ids;
     g.ignore_eos = r.ignore_eos;
+    g.priority = r.priority;
     g.n = r.best_of;
     g.skip_special_tokens = r.skip_special_tokens;
     g.grammar = grammar;

@@ -50,6 +50,7 @@ struct ModelContext {
   int max_model_len = 0;
   int max_num_seqs = 1;           // sequences that run at once: caps n; and the waiting-queue estimate
   std::string max_num_seqs_source = "--max-num-seqs";  // what sets it, for the error message
+  bool priority_scheduling = false;  // --scheduling-policy priority: "priority" other than 0 is accepted
   int vocab_size = 0;             // the model's logits; 0 = the tokenizer's vocabulary
   int64_t max_pool_tokens = 0;    // tokens the whole KV pool holds; 0 = unchecked
   const Tokenizer* tokenizer = nullptr;

@@ -266,6 +266,7 @@ ApiRequest parse_fields(const Json& body, ApiKind kind, const ApiLimits& limits)
   if (const Json* format = f.find("response_format")) r.response_format = *format;
   r.ignore_eos = f.boolean("ignore_eos").value_or(false);
   r.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);
+  r.priority = static_cast<int>(f.integer("priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()).value_or(0));
   return r;
 }
 

@@ -68,6 +68,7 @@ struct ApiRequest {
   bool ignore_eos = false;
   bool skip_special_tokens = true;
   bool return_tokens_as_token_ids = false;  // logprobs tokens as "token_id:N"
+  int priority = 0;                         // vLLM's: lower runs first (--scheduling-policy priority)
 };
 
 // Parses a JSON document with a nesting limit; malformed or too deep -> 400.

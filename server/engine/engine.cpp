@@ -84,7 +84,7 @@ void Engine::add_request(GenerationRequest request, OutputSink sink) {
   }
   const std::vector<SeqId> forks(state.seq_ids.begin() + 1, state.seq_ids.end());
   // Prompt logprobs need logits at every prompt position: no prefix-cache hit for them.
-  scheduler_->add(state.seq_ids.front(), request.prompt_tokens, forks, request.num_prompt_logprobs < 0);
+  scheduler_->add(state.seq_ids.front(), request.prompt_tokens, forks, request.num_prompt_logprobs < 0, request.priority);
   state.request = std::move(request);
   state.sink = std::move(sink);
   requests_.emplace(id, std::move(state));
@@ -357,6 +357,10 @@ EngineStats Engine::stats() const {
   }
   s.kv_ring_waits = scheduler_->num_ring_waits();
   s.num_preemptions = scheduler_->num_preemptions();
+  if (options_.priority_scheduling) {
+    for (const auto& [priority, c] : scheduler_->counts_by_priority())
+      s.by_priority.push_back({priority, c.num_waiting, c.num_running, c.num_preemptions});
+  }
   s.spec_num_drafts = spec_counters_.num_drafts;
   s.spec_num_draft_tokens = spec_counters_.num_draft_tokens;
   s.spec_num_accepted_tokens = spec_counters_.num_accepted_tokens;

@@ -35,6 +35,7 @@ struct GenerationRequest {
   std::vector<int32_t> stop_token_ids;  // besides the model's EOS ids
   bool ignore_eos = false;
   int n = 1;                            // parallel samples; they share the prompt's blocks
+  int priority = 0;                     // lower runs first, with EngineOptions::priority_scheduling
   bool skip_special_tokens = true;      // in the returned text
   // Structured output: every token is sampled from those the grammar allows (the rest of the
   // logits masked to -inf before penalties, temperature, top-k/p and min-p), and the sequence
@@ -76,6 +77,13 @@ struct EngineStats {
   uint64_t kv_tail_tokens = 0;      // bf16 window: tokens its rings hold now
   uint64_t kv_ring_waits = 0;       // bf16 window: steps whose next admission waited for a ring (Scheduler)
   uint64_t num_preemptions = 0;
+  struct PriorityClass {
+    int priority = 0;
+    int num_waiting = 0;
+    int num_running = 0;
+    uint64_t num_preemptions = 0;
+  };
+  std::vector<PriorityClass> by_priority;  // --scheduling-policy priority: per priority seen (else empty)
   bool speculative = false;         // speculative decoding on: the spec_decode counters below
   uint64_t spec_num_drafts = 0;     // steps that verified proposals, summed over sequences
   uint64_t spec_num_draft_tokens = 0;

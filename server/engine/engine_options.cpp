@@ -19,6 +19,7 @@ EngineOptions engine_options_from_config(const Config& config) {
   options.max_model_len = config.max_model_len;
   options.max_num_seqs = config.max_num_seqs;
   options.max_num_batched_tokens = config.max_num_batched_tokens;
+  options.priority_scheduling = config.scheduling_policy == SchedulingPolicy::priority;
   options.enable_prefix_caching = config.enable_prefix_caching;
   options.threads = config.threads;
   options.enforce_eager = config.enforce_eager;

@@ -31,6 +31,7 @@ struct EngineOptions {
   int max_model_len = 0;                  // 0 = the model's max_position_embeddings
   int max_num_seqs = kDefaultMaxNumSeqs;
   int max_num_batched_tokens = kDefaultMaxNumBatchedTokens;
+  bool priority_scheduling = false;       // --scheduling-policy priority (Scheduler's policy)
   bool enable_prefix_caching = true;
   int threads = 0;                        // CPU threads, 0 = all cores
   bool enforce_eager = false;             // no CUDA graphs (decode steps replay them otherwise)

@@ -65,7 +65,7 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerOptions{options_.max_num_seqs, options_.max_num_batched_tokens, options_.num_speculative_tokens,
                        options_.speculative_disable_by_batch_size,
-                       static_cast<int>(backend.batch_invariant_tokens())},
+                       static_cast<int>(backend.batch_invariant_tokens()), options_.priority_scheduling},
       *blocks_);
   inputs_ = std::make_unique<StepInputs>(*blocks_, c.num_layers);
   log_speculation();
@@ -212,6 +212,10 @@ void Engine::log_startup() {
                  mib_text(transformer_->kv_cache_bytes()), static_cast<int64_t>(kv_.num_blocks) * spec.block_size,
                  transformer_->kv_cache_bytes() / (2 * spec.bytes_per_token()), mib_text(transformer_->tail_bytes()));
   }
+  spdlog::info("scheduler: {}, up to {} sequences and {} tokens per step",
+               options_.priority_scheduling ? "priority (lower \"priority\" first; less urgent requests are preempted for it)"
+                                            : "first come, first served",
+               options_.max_num_seqs, options_.max_num_batched_tokens);
 }
 
 }  // namespace fp8serve

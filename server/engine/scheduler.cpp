@@ -1,6 +1,7 @@
 #include "server/engine/scheduler.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -19,7 +20,8 @@ Scheduler::Sequence& Scheduler::seq(SeqId id) {
   return it->second;
 }
 
-void Scheduler::add(SeqId id, std::span<const int32_t> prompt, std::span<const SeqId> fork_ids, bool prefix_cache) {
+void Scheduler::add(SeqId id, std::span<const int32_t> prompt, std::span<const SeqId> fork_ids, bool prefix_cache,
+                    int priority) {
   if (prompt.empty()) throw std::logic_error("Scheduler::add: empty prompt");
   if (seqs_.count(id) != 0) throw std::logic_error("Scheduler::add: sequence id in use");
   for (const SeqId f : fork_ids)
@@ -31,8 +33,36 @@ void Scheduler::add(SeqId id, std::span<const int32_t> prompt, std::span<const S
   s.pending_forks.assign(fork_ids.begin(), fork_ids.end());
   s.prefix_cache = prefix_cache;
   s.num_cached_tokens = -1;  // not admitted yet
+  s.priority = options_.priority ? priority : 0;
+  s.arrival = next_arrival_++;
   seqs_.emplace(id, std::move(s));
-  waiting_.push_back(id);
+  enqueue_waiting(id, /*preempted=*/false);
+}
+
+bool Scheduler::before(SeqId a, SeqId b) const {
+  const Sequence& x = seqs_.at(a);
+  const Sequence& y = seqs_.at(b);
+  return x.priority != y.priority ? x.priority < y.priority : x.arrival < y.arrival;
+}
+
+// FCFS: a new sequence at the back, a preempted one at the front (it was running: it goes
+// first). Priority: both by (priority, arrival), so the queue's front is the most urgent.
+void Scheduler::enqueue_waiting(SeqId id, bool preempted) {
+  if (!options_.priority) {
+    preempted ? waiting_.push_front(id) : waiting_.push_back(id);
+    return;
+  }
+  waiting_.insert(std::upper_bound(waiting_.begin(), waiting_.end(), id, [this](SeqId a, SeqId b) { return before(a, b); }), id);
+}
+
+// FCFS: admission order. Priority: by (priority, arrival), so that the decode pass serves the
+// most urgent first and the back - the preemption victim - is the least urgent, newest.
+void Scheduler::add_running(SeqId id) {
+  if (!options_.priority) {
+    running_.push_back(id);
+    return;
+  }
+  running_.insert(std::upper_bound(running_.begin(), running_.end(), id, [this](SeqId a, SeqId b) { return before(a, b); }), id);
 }
 
 void Scheduler::preempt(SeqId id, StepPlan& plan) {
@@ -45,15 +75,38 @@ void Scheduler::preempt(SeqId id, StepPlan& plan) {
   s.verifying.clear();
   s.num_verified = 0;
   running_.erase(std::find(running_.begin(), running_.end(), id));
-  waiting_.push_front(id);
+  enqueue_waiting(id, /*preempted=*/true);
   plan.preempted.push_back(id);
   ++num_preemptions_;
+  ++preemptions_by_priority_[s.priority];
+}
+
+// Priority policy: while the most urgent waiting sequence cannot be admitted (no seat, or not
+// the blocks or rings for its prompt) and a less urgent one runs, the least urgent, newest
+// running sequence is preempted - before the step schedules anything, so no victim is in the
+// plan. The admission pass then admits it if the step's decodes leave the room.
+void Scheduler::preempt_for_priority(StepPlan& plan) {
+  while (!waiting_.empty() && !running_.empty()) {
+    const SeqId head = waiting_.front();
+    const SeqId victim = running_.back();
+    if (seqs_.at(victim).priority <= seqs_.at(head).priority) return;
+    const Sequence& s = seqs_.at(head);
+    const int group = 1 + static_cast<int>(s.pending_forks.size());
+    const bool seats = static_cast<int>(running_.size()) + group <= options_.max_num_seqs;
+    const int max_cached = !s.prefix_cache ? 0 : s.fp8_steps.empty() ? kNoCap : replay_hit_limit(s);
+    const int need_rings = blocks_.window().enabled() ? group : 0;
+    if (seats && blocks_.can_allocate(s.tokens, max_cached, need_rings)) return;
+    preempt(victim, plan);
+  }
 }
 
 StepPlan Scheduler::schedule() {
   StepPlan plan;
   int budget = options_.max_num_batched_tokens;
   std::vector<SeqId> decoded;  // scheduled in the decode pass
+  if (options_.priority) preempt_for_priority(plan);
+  bool pool_short = false;  // a decode had to preempt
+  int short_class = std::numeric_limits<int>::max();  // the most urgent priority it preempted
 
   // 1. Decodes, oldest first: each needs a slot for the token it sampled last step.
   for (std::size_t i = 0; i < running_.size() && budget > 0; ++i) {
@@ -64,8 +117,10 @@ StepPlan Scheduler::schedule() {
       throw std::logic_error("Scheduler: decoding sequence " + std::to_string(id) + " has no new token to compute");
     bool preempted_self = false;
     while (!blocks_.can_append(id)) {
-      const SeqId victim = running_.back();  // the newest; never one scheduled already
+      const SeqId victim = running_.back();  // the newest (least urgent); never one scheduled already
+      short_class = std::min(short_class, seq(victim).priority);
       preempt(victim, plan);
+      pool_short = true;
       if (victim == id) {
         preempted_self = true;
         break;
@@ -109,19 +164,32 @@ StepPlan Scheduler::schedule() {
   if (speculate && options_.max_speculative_step_tokens == 0) schedule_proposals(plan, budget);
   const std::size_t num_decodes = plan.seqs.size();
 
+  // The priority policy gives the step's prefill tokens to the most urgent class that has a
+  // prompt to compute (running, or first in the queue): a step that prefills an urgent sequence
+  // carries no less urgent chunk, and those wait while it is admitted.
+  int prefill_class = std::numeric_limits<int>::max();
+  if (options_.priority) {
+    for (const SeqId id : running_)
+      if (const Sequence& s = seq(id); s.phase == Phase::prefilling) prefill_class = std::min(prefill_class, s.priority);
+    if (!waiting_.empty()) prefill_class = std::min(prefill_class, seq(waiting_.front()).priority);
+  }
+
   // 2. Running prefills continue (chunked prefill).
   for (const SeqId id : running_) {
     if (budget <= 0) break;
     Sequence& s = seq(id);
     if (std::find(decoded.begin(), decoded.end(), id) != decoded.end()) continue;
-    if (s.phase == Phase::prefilling) schedule_chunk(id, s, false);
+    if (s.phase == Phase::prefilling && s.priority <= prefill_class) schedule_chunk(id, s, false);
   }
 
   // 3. Admit waiting sequences, first come first served. Not in a step that had to preempt:
-  // the pool is short, and the preempted sequence would only be admitted to be preempted again.
-  while (!waiting_.empty() && budget > 0 && plan.preempted.empty()) {
+  // the pool is short, and the preempted sequence would only be admitted to be preempted again
+  // - unless (priority) it is more urgent than all it preempted: they, not it, would go next.
+  while (!waiting_.empty() && budget > 0) {
     const SeqId id = waiting_.front();
     Sequence& s = seq(id);
+    if (s.priority > prefill_class) break;
+    if (pool_short && !(options_.priority && s.priority < short_class)) break;
     const int group = 1 + static_cast<int>(s.pending_forks.size());
     if (static_cast<int>(running_.size()) + group > options_.max_num_seqs && !running_.empty()) break;
     const int max_cached = !s.prefix_cache ? 0 : s.fp8_steps.empty() ? kNoCap : replay_hit_limit(s);
@@ -150,7 +218,7 @@ StepPlan Scheduler::schedule() {
     s.saved_scales.reset();
     s.phase = Phase::prefilling;
     waiting_.pop_front();
-    running_.push_back(id);
+    add_running(id);
     schedule_chunk(id, s, calibrate);
   }
 
@@ -169,7 +237,7 @@ StepPlan Scheduler::schedule() {
 // so that the verified logits are the plain decode's bit for bit.
 void Scheduler::schedule_proposals(StepPlan& plan, int& budget) {
   if (plan.seqs.empty() || static_cast<int>(plan.seqs.size()) > options_.disable_by_batch_size) return;
-  if (!plan.preempted.empty()) return;  // the pool is short: no blocks for guesses
+  if (!plan.preempted.empty()) return;  // the pool is short, or a preemption made room for a more urgent sequence
   // Each sequence's cap in plan order, the budget shared out among them.
   int left = budget;
   if (options_.max_speculative_step_tokens > 0)  // every scheduled sequence is a decode here: one token each
@@ -262,8 +330,10 @@ void Scheduler::on_step_done(const StepPlan& plan) {
       c.num_cached_tokens = s.num_cached_tokens;
       c.fp8_steps = s.fp8_steps;
       c.phase = Phase::decoding;
+      c.priority = s.priority;
+      c.arrival = s.arrival;
       seqs_.emplace(child, std::move(c));
-      running_.push_back(child);
+      add_running(child);
     }
     if (!step.forks.empty()) s.pending_forks.clear();
   }
@@ -318,6 +388,16 @@ void Scheduler::check_integrity() const {
     if (running != (s.phase != Phase::waiting) || running != blocks_.contains(id))
       throw std::logic_error("Scheduler: sequence " + std::to_string(id) + " is running in one place and not in another");
   }
+}
+
+std::map<int, Scheduler::PriorityCounts> Scheduler::counts_by_priority() const {
+  std::map<int, PriorityCounts> counts;
+  for (const auto& [id, s] : seqs_) {
+    PriorityCounts& c = counts[s.priority];
+    (s.phase == Phase::waiting ? c.num_waiting : c.num_running) += 1;
+  }
+  for (const auto& [priority, n] : preemptions_by_priority_) counts[priority].num_preemptions = n;
+  return counts;
 }
 
 std::span<const int32_t> Scheduler::tokens(SeqId id) const {

@@ -12,7 +12,9 @@
 //
 // Policy: running sequences decode first (one token each, oldest first); the leftover token
 // budget (--max-num-batched-tokens) continues running prefills, then admits waiting sequences
-// first-come-first-served (chunked prefill: a long prompt takes several steps). When the pool
+// first-come-first-served (chunked prefill: a long prompt takes several steps). With the
+// priority policy "oldest" and "first come" read "most urgent, then oldest" (priority, then
+// arrival), and a waiting sequence that cannot be admitted first preempts less urgent ones. When the pool
 // cannot hold a running sequence's next token, the newest running sequence is preempted: its
 // blocks are freed and it goes back to the front of the queue, to be recomputed from its
 // tokens (prompt + generated so far) with its frozen FP8 scales restored, so its KV is the same.
@@ -32,6 +34,7 @@
 // a window; the price is a recompute in steps of about a block per decode run.
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -58,6 +61,10 @@ struct SchedulerOptions {
   // into steps without a prefill chunk, and only up to this many tokens in all, so that every
   // verified row is bitwise its own decode. 0: any step (the CPU).
   int max_speculative_step_tokens = 0;
+  // --scheduling-policy priority: the queue and the running batch are ordered by (priority,
+  // arrival), lower first; a waiting sequence that cannot be admitted preempts less urgent
+  // running ones, least urgent and newest first. false: first come, first served.
+  bool priority = false;
 };
 
 // One sequence's share of a step: tokens [start, start + num_tokens) of its token list.
@@ -91,7 +98,9 @@ class Scheduler {
   // Queues a sequence. fork_ids: extra sequences (n > 1 sampling) that share its prompt
   // blocks once its prefill is done. prefix_cache false: map no cached block, compute every
   // position (prompt logprobs need their logits). PRECOND: ids unused, prompt not empty.
-  void add(SeqId id, std::span<const int32_t> prompt, std::span<const SeqId> fork_ids = {}, bool prefix_cache = true);
+  // priority: lower is more urgent (vLLM's); ignored unless options.priority.
+  void add(SeqId id, std::span<const int32_t> prompt, std::span<const SeqId> fork_ids = {}, bool prefix_cache = true,
+           int priority = 0);
 
   StepPlan schedule();
   void on_step_done(const StepPlan& plan);
@@ -122,6 +131,13 @@ class Scheduler {
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return static_cast<int>(running_.size()); }
   uint64_t num_preemptions() const { return num_preemptions_; }
+  // Per priority (0 alone under FCFS): sequences waiting and running now, preempted since start.
+  struct PriorityCounts {
+    int num_waiting = 0;
+    int num_running = 0;
+    uint64_t num_preemptions = 0;
+  };
+  std::map<int, PriorityCounts> counts_by_priority() const;
   // bf16 window: steps in which the next waiting sequence had its KV blocks but not the rings
   // for its group (every running sequence holds one: the rings cap the concurrency).
   uint64_t num_ring_waits() const { return num_ring_waits_; }
@@ -158,10 +174,16 @@ class Scheduler {
     int draft_after = -1;
     std::vector<int32_t> verifying;  // the proposals this step verifies (their slots are held)
     int num_verified = 0;            // of those, accepted so far
+    int priority = 0;                // lower first (the priority policy)
+    uint64_t arrival = 0;            // add() order; forks share their parent's
   };
 
   Sequence& seq(SeqId id);
   void preempt(SeqId id, StepPlan& plan);
+  bool before(SeqId a, SeqId b) const;  // (priority, arrival) order
+  void enqueue_waiting(SeqId id, bool preempted);
+  void add_running(SeqId id);
+  void preempt_for_priority(StepPlan& plan);
   // Adds the stored proposals to the step's decodes, within the budget and the pool (never
   // preempting).
   void schedule_proposals(StepPlan& plan, int& budget);
@@ -179,6 +201,8 @@ class Scheduler {
   std::vector<SeqId> running_;  // admission order: back() is the newest
   uint64_t num_preemptions_ = 0;
   uint64_t num_ring_waits_ = 0;
+  uint64_t next_arrival_ = 0;
+  std::map<int, uint64_t> preemptions_by_priority_;
 };
 
 }  // namespace fp8serve

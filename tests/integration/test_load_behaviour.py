@@ -78,6 +78,57 @@ def test_preemption_with_a_pool_of_a_few_blocks(tmp_path):
         assert s.stop() == 0
 
 
+def test_priority_preempts_for_an_urgent_request_and_fcfs_refuses_the_field(tiny, openai_client, tmp_path):
+    # The default policy: priority 0 is accepted, anything else is a 400 naming the flag.
+    assert openai_client.completions.create(model="tiny", prompt="hi", max_tokens=2,
+                                            extra_body={"priority": 0}).usage.completion_tokens == 2
+    try:
+        openai_client.completions.create(model="tiny", prompt="hi", max_tokens=2, extra_body={"priority": 1})
+        raise AssertionError("priority 1 accepted under fcfs")
+    except openai.BadRequestError as e:
+        assert "--scheduling-policy priority" in str(e) and e.body["param"] == "priority", e
+    # --scheduling-policy priority, two seats: two long low-priority streams hold them; an urgent
+    # request preempts one, finishes first, and the preempted one still ends with all its tokens.
+    s = Server(TINY_QWEN3, "--kv-cache-memory", 8_000_000, "--served-model-name", "tiny", "--max-num-seqs", 2,
+               "--max-model-len", 4096, "--scheduling-policy", "priority", tmp_path=tmp_path)
+    try:
+        assert "scheduler: priority" in s.startup_log()
+        client = openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        finished = []
+        started = threading.Event()
+
+        def low(i):
+            stream = client.completions.create(model="tiny", prompt=PROMPTS[i], max_tokens=3000, temperature=0, stream=True,
+                                               extra_body={"ignore_eos": True, "priority": 5})
+            n = 0
+            for chunk in stream:
+                n += 1
+                if n == 8:
+                    started.set()
+            finished.append(f"low{i}")
+            return n
+
+        with ThreadPoolExecutor(2) as pool:
+            lows = [pool.submit(low, i) for i in range(2)]
+            assert started.wait(60)
+            deadline = time.time() + 30
+            while s.metrics().get('fp8serve:num_requests_running_by_priority{priority="5"}') != 2:
+                assert time.time() < deadline
+                time.sleep(0.01)
+            urgent = client.completions.create(model="tiny", prompt=PROMPTS[5], max_tokens=8, temperature=0,
+                                               extra_body={"ignore_eos": True, "priority": -2})
+            finished.append("urgent")
+            assert urgent.usage.completion_tokens == 8
+            assert [f.result() for f in lows]  # both complete
+        assert finished[0] == "urgent", finished
+        m = s.metrics()
+        assert m['fp8serve:num_preemptions_by_priority_total{priority="5"}'] >= 1, m
+        assert m['fp8serve:num_requests_running_by_priority{priority="5"}'] == 0
+        assert s.wait_kv_idle() == 0
+    finally:
+        assert s.stop() == 0, s.log_text()
+
+
 def drop_mid_stream(port, prompt):
     body = json.dumps({"prompt": prompt, "max_tokens": 960, "stream": True, "ignore_eos": True}).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:

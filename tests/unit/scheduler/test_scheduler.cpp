@@ -389,3 +389,101 @@ TEST_CASE("bf16 window: a sequence runs only with a ring; a group waits for ring
   CHECK(blocks.num_free_tail_rings() == 3);
   CHECK(blocks.num_free_blocks() == blocks.num_blocks());
 }
+
+namespace {
+
+SchedulerOptions priority_options(int max_num_seqs, int max_num_batched_tokens = 64) {
+  SchedulerOptions options{max_num_seqs, max_num_batched_tokens};
+  options.priority = true;
+  return options;
+}
+
+bool in_plan(const StepPlan& plan, SeqId id) {
+  return std::any_of(plan.seqs.begin(), plan.seqs.end(), [id](const ScheduledSeq& s) { return s.id == id; });
+}
+
+}  // namespace
+
+TEST_CASE("priority: the queue runs lower priority first, then by arrival; FCFS ignores it", "[scheduler][priority]") {
+  for (const bool priority : {true, false}) {
+    BlockManager blocks = make_blocks(64);
+    SchedulerOptions options = priority_options(1);
+    options.priority = priority;
+    Scheduler scheduler(options, blocks);
+    FakeEngine engine{blocks, scheduler, {{0, 2}, {1, 2}, {2, 2}, {3, 2}}, {}, {}};
+    scheduler.add(0, make_prompt(5, 10), {}, true, 5);
+    scheduler.add(1, make_prompt(5, 20), {}, true, 5);
+    scheduler.add(2, make_prompt(5, 30), {}, true, -3);
+    scheduler.add(3, make_prompt(5, 40), {}, true, 1);
+    std::vector<SeqId> order;  // first scheduled
+    while (scheduler.has_work()) {
+      const StepPlan plan = engine.step();
+      for (const ScheduledSeq& s : plan.seqs)
+        if (s.calibrate) order.push_back(s.id);
+    }
+    INFO("priority policy " << priority);
+    CHECK(order == (priority ? std::vector<SeqId>{2, 3, 0, 1} : std::vector<SeqId>{0, 1, 2, 3}));
+    CHECK(scheduler.num_preemptions() == 0);  // all were waiting when the first was admitted
+  }
+}
+
+TEST_CASE("priority: a more urgent request preempts the least urgent, newest running one for a seat", "[scheduler][priority]") {
+  BlockManager blocks = make_blocks(64);
+  Scheduler scheduler(priority_options(2), blocks);
+  FakeEngine engine{blocks, scheduler, {{0, 8}, {1, 8}, {2, 3}, {3, 3}}, {}, {}};
+  scheduler.add(0, make_prompt(6, 10), {}, true, 5);
+  scheduler.add(1, make_prompt(6, 20), {}, true, 5);
+  engine.step();
+  engine.step();  // both decode
+  // Equal priority: waits for a seat, preempts nobody.
+  scheduler.add(3, make_prompt(6, 40), {}, true, 5);
+  StepPlan plan = engine.step();
+  CHECK(plan.preempted.empty());
+  CHECK_FALSE(in_plan(plan, 3));
+  // More urgent: sequence 1 (priority 5, the newer) is preempted, 2 runs in this very step.
+  scheduler.add(2, make_prompt(6, 30), {}, true, 0);
+  plan = engine.step();
+  CHECK(plan.preempted == std::vector<SeqId>{1});
+  CHECK(in_plan(plan, 2));
+  CHECK(in_plan(plan, 0));  // the older one of priority 5 keeps decoding
+  CHECK(scheduler.counts_by_priority().at(5).num_preemptions == 1);
+  CHECK(scheduler.counts_by_priority().at(0).num_running == 1);
+  // 1 waits ahead of 3 (same priority, earlier arrival) and is recomputed when a seat frees.
+  while (scheduler.has_work()) engine.step();
+  CHECK(engine.generated[1].size() == 8);
+  CHECK(engine.generated[1] == std::vector<int32_t>{FakeEngine::token_for(1, 6), FakeEngine::token_for(1, 7),
+                                                     FakeEngine::token_for(1, 8), FakeEngine::token_for(1, 9),
+                                                     FakeEngine::token_for(1, 10), FakeEngine::token_for(1, 11),
+                                                     FakeEngine::token_for(1, 12), FakeEngine::token_for(1, 13)});
+  CHECK(scheduler.num_preemptions() == 1);
+  CHECK(blocks.num_free_blocks() == blocks.num_blocks());
+}
+
+TEST_CASE("priority: a more urgent prompt that the pool cannot hold preempts for blocks, and keeps its scales", "[scheduler][priority]") {
+  BlockManager blocks = make_blocks(8);  // 32 tokens
+  Scheduler scheduler(priority_options(8), blocks);
+  FakeEngine engine{blocks, scheduler, {{0, 6}, {1, 6}, {2, 2}}, {}, {}};
+  scheduler.add(0, make_prompt(12, 10), {}, true, 1);  // 3 blocks, then 4
+  scheduler.add(1, make_prompt(12, 30), {}, true, 2);  // 3 blocks, then 4
+  engine.step();
+  engine.step();
+  const std::vector<float> k1 = blocks.scales(1).k;
+  scheduler.add(2, make_prompt(10, 50), {}, true, 0);  // 3 blocks: only 0 or 1 free
+  const StepPlan plan = engine.step();
+  CHECK(plan.preempted == std::vector<SeqId>{1});  // the less urgent of the two
+  CHECK(in_plan(plan, 2));
+  bool recomputed = false;
+  while (scheduler.has_work()) {
+    const StepPlan p = engine.step();
+    for (const ScheduledSeq& s : p.seqs)
+      if (s.id == 1 && s.start == 0) {
+        recomputed = true;
+        CHECK_FALSE(s.calibrate);  // the recompute restores the frozen scales
+        CHECK(blocks.scales(1).k == k1);
+      }
+  }
+  CHECK(recomputed);
+  CHECK(engine.generated[0].size() == 6);
+  CHECK(engine.generated[1].size() == 6);
+  CHECK(blocks.num_free_blocks() == blocks.num_blocks());
+}
