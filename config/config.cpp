@@ -260,6 +260,33 @@ const std::vector<FlagSpec>& flag_specs() {
     s.push_back(choice_flag("tool-call-parser", "how tool calls are written and read (auto: from the chat template)",
                             {"auto", "hermes", "llama3_json"}, &Config::tool_call_parser));
     s.push_back(bool_flag("metrics-public", "serve /metrics without the API key", &Config::metrics_public, true));
+    FlagSpec ignored{"ignore-request-fields", Kind::text,
+                     "comma-separated request fields a router adds (e.g. no_stop_trim) to accept and ignore rather "
+                     "than answer 400; fields this server knows cannot be listed",
+                     0, 0, {}, nullptr, nullptr};
+    ignored.set = [](Config& c, const std::string& v) {
+      c.ignore_request_fields.clear();
+      std::string name;
+      for (const char ch : v + ",") {
+        if (ch != ',') {
+          name += ch;
+          continue;
+        }
+        if (name.empty() || name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") != std::string::npos)
+          fail("ignore-request-fields", "'" + name + "' is not a field name (a comma-separated list, e.g. no_stop_trim,rid)");
+        c.ignore_request_fields.push_back(name);
+        name.clear();
+      }
+    };
+    ignored.show = [](const Config& c) {
+      std::string out;
+      for (const auto& n : c.ignore_request_fields) {
+        if (!out.empty()) out += ',';
+        out += n;
+      }
+      return out.empty() ? std::string("none") : out;
+    };
+    s.push_back(ignored);
     s.push_back(bytes_flag("max-body-bytes", "request body limit (e.g. 8MiB); larger gets 413", 1024, 1 << 30, &Config::max_body_bytes));
     s.push_back(integer_flag("max-header-bytes", "request header limit; larger gets 431", 1024, 1 << 20,
                              &Config::max_header_bytes));
@@ -283,7 +310,7 @@ const std::vector<FlagSpec>& flag_specs() {
     for (FlagSpec& spec : s) {
       static const char* const kServeOnly[] = {"host", "port", "served-model-name", "api-key", "api-key-file", "max-waiting-requests",
                                                "shutdown-timeout", "chat-template", "metrics-public", "max-body-bytes",
-                                               "max-header-bytes", "request-timeout"};
+                                               "max-header-bytes", "request-timeout", "ignore-request-fields"};
       static const char* const kGenerateOnly[] = {"prompt", "max-tokens", "temperature", "top-p", "top-k", "min-p", "seed"};
       auto in = [&](const auto& names) { return std::find(std::begin(names), std::end(names), spec.name) != std::end(names); };
       if (in(kServeOnly)) spec.commands = kServe;
@@ -323,7 +350,13 @@ void apply_config_file(Config& config, const std::string& path) {
     else if (value.is_boolean()) text = value.get<bool>() ? "true" : "false";
     else if (value.is_number_integer()) text = std::to_string(value.get<int64_t>());
     else if (value.is_number()) text = format_number(value.get<double>());
-    else fail(key, "in '" + path + "' must be a string, number or boolean");
+    else if (value.is_array() && key == "ignore-request-fields") {  // a list flag: its items, comma-separated
+      for (const auto& item : value) {
+        if (!item.is_string()) fail(key, "in '" + path + "' must be a list of strings");
+        if (!text.empty()) text += ',';
+        text += item.get<std::string>();
+      }
+    } else fail(key, "in '" + path + "' must be a string, number or boolean");
     spec->set(config, text);
   }
 }

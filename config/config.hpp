@@ -87,6 +87,9 @@ struct Config {
   std::string chat_template_file;
   std::string tool_call_parser = "auto";  // auto | hermes | llama3_json (vLLM's names)
   bool metrics_public = false;
+  // Request fields a router adds (e.g. no_stop_trim): accepted and ignored rather than a 400.
+  // Comma-separated on the command line; checked against the field table at start-up.
+  std::vector<std::string> ignore_request_fields;
   int64_t max_body_bytes = 4 << 20;       // larger request bodies get 413
   int max_header_bytes = 16 << 10;        // larger request headers get 431
   double request_timeout = 30.0;          // seconds to receive one whole request, or idle (slowloris)

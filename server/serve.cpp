@@ -15,6 +15,7 @@
 
 #include "model/loader.hpp"
 #include "server/api/frontend.hpp"
+#include "server/api/request_features.hpp"
 #include "server/async_engine.hpp"
 #include "server/engine/engine.hpp"
 #include "server/grammar/token_vocab.hpp"
@@ -95,6 +96,18 @@ int run_serve(const Config& config) {
   fopts.api_key = config.api_key;
   fopts.metrics_public = config.metrics_public;
   fopts.max_waiting_requests = config.max_waiting_requests;
+  for (const std::string& name : config.ignore_request_fields) {
+    if (const std::string why = why_not_ignorable(name); !why.empty()) throw std::invalid_argument("--ignore-request-fields: " + why);
+  }
+  fopts.limits.ignored_fields = config.ignore_request_fields;
+  if (!config.ignore_request_fields.empty()) {
+    std::string names;
+    for (const auto& n : config.ignore_request_fields) {
+      if (!names.empty()) names += ", ";
+      names += n;
+    }
+    spdlog::info("request fields accepted and ignored (--ignore-request-fields): {}", names);
+  }
   ApiFrontend frontend(fopts, metrics);
 
   HttpServerOptions hopts;

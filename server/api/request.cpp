@@ -192,7 +192,7 @@ void parse_chat_fields(const Fields& f, ApiRequest& r) {
 
 ApiRequest parse_fields(const Json& body, ApiKind kind, const ApiLimits& limits) {
   if (!body.is_object()) reject("", "the request body must be a JSON object.");
-  check_request_fields(body, kind);
+  check_request_fields(body, kind, limits.ignored_fields);
   const Fields f(body);
   ApiRequest r;
   r.kind = kind;

@@ -30,6 +30,9 @@ struct ApiLimits {
   int max_prompts = 64;  // prompts in one completions request
   int max_json_depth = 64;
   int max_logit_bias = 1024;  // logit_bias entries
+  // --ignore-request-fields: names no endpoint knows that are accepted, whatever their value, and
+  // ignored (fields routers add); every other unknown field is a 400.
+  std::vector<std::string> ignored_fields;
 };
 
 // One prompt of a completions request: either text or token ids.

@@ -332,12 +332,22 @@ const char* field_status_name(FieldStatus status) {
   return "supported";
 }
 
-void check_request_fields(const Json& body, ApiKind kind) {
+std::string why_not_ignorable(const std::string& name) {
+  for (const RequestFieldSpec& spec : kFields)
+    if (name == spec.name)
+      return "'" + name + "' is a request field this server knows (" + field_status_name(spec.status) +
+             " in docs/api.md): only fields it does not know can be ignored";
+  return {};
+}
+
+void check_request_fields(const Json& body, ApiKind kind, std::span<const std::string> ignored) {
   for (const auto& [key, value] : body.items()) {
     const RequestFieldSpec* spec = find_spec(key, kind);
+    if (spec == nullptr && std::find(ignored.begin(), ignored.end(), key) != ignored.end()) continue;
     if (spec == nullptr)
       reject(key, "Unknown parameter: '" + key + "'. This server rejects fields it does not know rather than ignore "
-                      "them; docs/api.md lists every field it accepts.",
+                      "them; docs/api.md lists every field it accepts (an operator can accept a router's own fields "
+                      "with --ignore-request-fields).",
              "unknown_parameter");
     if (value.is_null() || spec->status == FieldStatus::supported) continue;  // the parser checks its own fields
     if (!has_type(value, spec->type))

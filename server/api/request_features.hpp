@@ -46,6 +46,8 @@ const char* field_status_name(FieldStatus status);
 // PRECOND: `body` is a JSON object. Throws api_detail::Rejected (a 400 naming the field) for a
 // field that is not in the table for `kind`, a field of the wrong type, or one that asks for a
 // feature this server does not have.
-void check_request_fields(const nlohmann::ordered_json& body, ApiKind kind);
+void check_request_fields(const nlohmann::ordered_json& body, ApiKind kind, std::span<const std::string> ignored = {});
+// Empty when `name` may be listed in --ignore-request-fields (no endpoint knows it), else why not.
+std::string why_not_ignorable(const std::string& name);
 
 }  // namespace fp8serve

@@ -373,6 +373,34 @@ def test_each_command_has_its_own_help_and_the_binary_its_version():
     assert run.returncode == 2 and "see fp8serve serve --help" in run.stderr
 
 
+def test_router_fields_are_a_400_unless_the_operator_names_them(tmp_path):
+    # vllm-router adds SGLang-style fields such as no_stop_trim: OpenAI's rule (400) by default,
+    # accepted and ignored when named in --ignore-request-fields; a field the server knows cannot be.
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 4, "temperature": 0, "no_stop_trim": True}
+    s = Server(TINY_QWEN3, "--kv-cache-memory", 4_000_000, "--served-model-name", "tiny", tmp_path=tmp_path)
+    try:
+        status, _, reply = s.post("/v1/completions", body)
+        assert status == 400 and json.loads(reply)["error"]["code"] == "unknown_parameter"
+    finally:
+        assert s.stop() == 0
+    s = Server(TINY_QWEN3, "--kv-cache-memory", 4_000_000, "--served-model-name", "tiny",
+               "--ignore-request-fields", "no_stop_trim,rid", tmp_path=tmp_path)
+    try:
+        assert "request fields accepted and ignored (--ignore-request-fields): no_stop_trim, rid" in s.startup_log()
+        status, _, reply = s.post("/v1/completions", {**body, "rid": "abc"})
+        assert status == 200, reply
+        without = s.post("/v1/completions", {k: v for k, v in body.items() if k != "no_stop_trim"})
+        assert json.loads(reply)["choices"][0]["text"] == json.loads(without[2])["choices"][0]["text"]
+        status, _, reply = s.post("/v1/chat/completions", {"model": "tiny", "max_tokens": 2, "no_stop_trim": False,
+                                                           "messages": [{"role": "user", "content": "hi"}]})
+        assert status == 200, reply
+    finally:
+        assert s.stop() == 0
+    run = subprocess.run([str(binary()), "serve", str(TINY_QWEN3), "--ignore-request-fields", "temperature"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--ignore-request-fields: 'temperature' is a request field this server knows" in run.stderr
+
+
 def test_help_says_what_chat_template_does():
     out = subprocess.run([str(binary()), "--help"], capture_output=True, text=True, timeout=30).stdout
     line = next(l for l in out.splitlines() if "--chat-template" in l)

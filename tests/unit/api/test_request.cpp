@@ -5,6 +5,7 @@
 #include <string>
 
 #include "server/api/request.hpp"
+#include "server/api/request_features.hpp"
 
 using namespace fp8serve;
 
@@ -280,4 +281,28 @@ TEST_CASE("vLLM's extensions that are implemented land in the request") {
   CHECK_FALSE(c.add_generation_prompt);  // continuing the last message: no new turn
   CHECK(c.documents.size() == 1);
   CHECK_FALSE(c.add_special_tokens.has_value());
+}
+
+TEST_CASE("--ignore-request-fields: the named unknown fields are accepted and ignored, no others; known ones cannot be named") {
+  ApiLimits limits;
+  limits.ignored_fields = {"no_stop_trim", "rid"};
+  const std::string body = R"({"prompt": "x", "max_tokens": 3, "no_stop_trim": true, "rid": {"any": ["value"]}})";
+  for (const ApiKind kind : {ApiKind::completion, ApiKind::chat}) {
+    const std::string b = kind == ApiKind::chat ? R"({"messages": [{"role": "user", "content": "x"}], "no_stop_trim": 1})" : body;
+    auto accepted = parse_api_request(b, kind, limits);
+    REQUIRE(std::holds_alternative<ApiRequest>(accepted));
+    auto refused = parse_api_request(b, kind);  // the default: OpenAI's rule
+    REQUIRE(std::holds_alternative<ApiError>(refused));
+    CHECK(std::get<ApiError>(refused).code == "unknown_parameter");
+    CHECK(std::get<ApiError>(refused).message.find("--ignore-request-fields") != std::string::npos);
+  }
+  CHECK(std::get<ApiRequest>(parse_api_request(body, ApiKind::completion, limits)).max_tokens == 3);
+  // Another unknown field is still a 400.
+  auto other = parse_api_request(R"({"prompt": "x", "no_stop_trim": true, "max_token": 5})", ApiKind::completion, limits);
+  REQUIRE(std::holds_alternative<ApiError>(other));
+  CHECK(std::get<ApiError>(other).param == "max_token");
+  // A field of the table has its own rule: it cannot be ignored instead.
+  CHECK(why_not_ignorable("no_stop_trim").empty());
+  CHECK(why_not_ignorable("temperature").find("supported") != std::string::npos);
+  CHECK(why_not_ignorable("use_beam_search").find("rejected") != std::string::npos);
 }

@@ -281,3 +281,19 @@ TEST_CASE("help: each command's usage lists the flags it takes, and only those",
   CHECK_FALSE(help_requested({"serve", "m", "--port", "8001"}).has_value());
   CHECK_FALSE(help_requested({}).has_value());
 }
+
+TEST_CASE("--ignore-request-fields: a comma-separated list, or a list in --config", "[config]") {
+  CHECK(parse_command_line({"serve", "m", "--ignore-request-fields", "no_stop_trim,rid"}).ignore_request_fields ==
+        std::vector<std::string>{"no_stop_trim", "rid"});
+  CHECK(parse_command_line({"serve", "m"}).ignore_request_fields.empty());
+  CHECK_THROWS_AS(parse_command_line({"serve", "m", "--ignore-request-fields", "a,,b"}), fp8serve::ConfigError);
+  CHECK_THROWS_AS(parse_command_line({"serve", "m", "--ignore-request-fields", "a b"}), fp8serve::ConfigError);
+  CHECK_THROWS_AS(parse_command_line({"generate", "m", "--prompt", "p", "--ignore-request-fields", "a"}), fp8serve::ConfigError);
+  const std::string path = "test_config_ignored_tmp.json";
+  {
+    std::ofstream out(path);
+    out << R"({"ignore-request-fields": ["no_stop_trim", "rid"]})";
+  }
+  CHECK(parse_command_line({"serve", "m", "--config", path}).ignore_request_fields == std::vector<std::string>{"no_stop_trim", "rid"});
+  std::remove(path.c_str());
+}
