@@ -137,7 +137,9 @@ RouteResult ApiFrontend::handle(const HttpRequestIn& request) {
   static constexpr Route kRoutes[] = {{"/health", "GET", false},          {"/v1/models", "GET", false},
                                       {"/v1/models/", "GET", true},       {"/metrics", "GET", false},
                                       {"/v1/completions", "POST", false}, {"/v1/chat/completions", "POST", false},
-                                      {"/tokenize", "POST", false},       {"/detokenize", "POST", false}};
+                                      {"/tokenize", "POST", false},       {"/detokenize", "POST", false},
+                                      {"/v1/completions/render", "POST", false},
+                                      {"/v1/chat/completions/render", "POST", false}};
   const Route* route = nullptr;
   for (const Route& r : kRoutes)
     if (r.prefix ? path.size() > std::strlen(r.path) && path.rfind(r.path, 0) == 0 : path == r.path) route = &r;
@@ -165,6 +167,8 @@ RouteResult ApiFrontend::handle(const HttpRequestIn& request) {
   if (!is_json_content_type(request.content_type)) return error_reply(unsupported_media_type());
   if (path == "/tokenize") return handle_tokenize(request);
   if (path == "/detokenize") return handle_detokenize(request);
+  if (path == "/v1/completions/render") return handle_generation(request, ApiKind::completion, /*render=*/true);
+  if (path == "/v1/chat/completions/render") return handle_generation(request, ApiKind::chat, /*render=*/true);
   if (state == State::draining) return error_reply(service_unavailable("The server is shutting down.", 5));
   return handle_generation(request, path == "/v1/completions" ? ApiKind::completion : ApiKind::chat);
 }
@@ -221,7 +225,7 @@ int ApiFrontend::vocab_size() const {
   return model_->vocab_size > 0 ? std::min(tokenizer_vocab, model_->vocab_size) : tokenizer_vocab;
 }
 
-RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind kind) {
+RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind kind, bool render) {
   auto parsed = parse_api_request(request.body, kind, options_.limits);
   if (auto* error = std::get_if<ApiError>(&parsed)) return error_reply(*error);
   ApiRequest& r = std::get<ApiRequest>(parsed);
@@ -306,6 +310,19 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
                                          std::to_string(model_->max_pool_tokens) + " tokens).",
                                      "max_tokens", "context_length_exceeded"));
     max_tokens[p] = wanted;
+  }
+
+  if (render) {
+    // vLLM's render endpoints: the token ids this very request would run, after every check a
+    // generation makes, and nothing generated (routers score replicas by them). Completions: one
+    // object per prompt; chat: one object.
+    const std::string id = (kind == ApiKind::chat ? "chatcmpl-" : "cmpl-") + request.request_id;
+    Json rendered = Json::array();
+    for (size_t p = 0; p < prompts.size(); ++p)
+      rendered.push_back({{"request_id", prompts.size() == 1 ? id : id + "-" + std::to_string(p)},
+                          {"token_ids", prompts[p]},
+                          {"features", nullptr}});
+    return json_reply(kind == ApiKind::chat ? rendered[0] : rendered);
   }
 
   // best_of > n: every candidate is a sequence; the n best (by cumulative logprob, which the

@@ -99,7 +99,9 @@ class ApiFrontend {
  private:
   enum class State { loading, ready, draining };
 
-  RouteResult handle_generation(const HttpRequestIn& request, ApiKind kind);
+  // render: vLLM's /v1/{completions,chat/completions}/render - the same checks, then the prompt
+  // token ids as JSON instead of a job.
+  RouteResult handle_generation(const HttpRequestIn& request, ApiKind kind, bool render = false);
   HttpReply handle_tokenize(const HttpRequestIn& request);
   HttpReply handle_detokenize(const HttpRequestIn& request);
   std::optional<ApiError> check_utility_body(const nlohmann::ordered_json& body, const std::vector<std::string>& known) const;

@@ -126,6 +126,41 @@ def test_tokenize_matches_hf_tokenizers(tiny):
         assert json.loads(body)["prompt"] == reference.decode(got["tokens"], skip_special_tokens=False)
 
 
+def test_render_endpoints_give_the_prompt_tokens_a_generation_runs(tiny, openai_client):
+    # vLLM's render endpoints, which prefix-aware routers call: equal to /tokenize and to what the
+    # generation counts in usage.prompt_tokens, for completions (one object per prompt) and chat
+    # (one object, tools included).
+    for prompt in [PROMPT, ["héllo wörld", "a second prompt"]]:
+        status, _, body = tiny.post("/v1/completions/render", {"model": "tiny", "prompt": prompt, "max_tokens": 2})
+        assert status == 200, body
+        rendered = json.loads(body)
+        prompts = prompt if isinstance(prompt, list) else [prompt]
+        assert len(rendered) == len(prompts)
+        for text, r in zip(prompts, rendered):
+            assert r["request_id"].startswith("cmpl-") and r["features"] is None
+            assert r["token_ids"] == json.loads(tiny.post("/tokenize", {"prompt": text})[2])["tokens"]
+            usage = openai_client.completions.create(model="tiny", prompt=text, max_tokens=1).usage
+            assert usage.prompt_tokens == len(r["token_ids"])
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                              "required": ["city"]}}}]
+    messages = [{"role": "system", "content": "You help."}, {"role": "user", "content": "Weather in Paris?"}]
+    status, _, body = tiny.post("/v1/chat/completions/render", {"model": "tiny", "messages": messages, "tools": tools})
+    assert status == 200, body
+    r = json.loads(body)
+    assert r["request_id"].startswith("chatcmpl-")
+    assert r["token_ids"] == json.loads(tiny.post("/tokenize", {"messages": messages, "tools": tools})[2])["tokens"]
+    chat = openai_client.chat.completions.create(model="tiny", messages=messages, tools=tools, max_tokens=1)
+    assert chat.usage.prompt_tokens == len(r["token_ids"])
+    # Bad bodies get the generation's error objects.
+    status, _, body = tiny.post("/v1/chat/completions/render", "{not json")
+    assert status == 400 and json.loads(body)["error"]["type"] == "invalid_request_error"
+    status, _, body = tiny.post("/v1/completions/render", {"prompt": "x", "temprature": 0})
+    assert status == 400 and json.loads(body)["error"]["code"] == "unknown_parameter"
+    status, _, body = tiny.post("/v1/completions/render", {"prompt": "x", "model": "other"})
+    assert status == 404
+
+
 def test_curl_stream_is_sse(tiny):
     if shutil.which("curl") is None:
         pytest.skip("curl not installed")

@@ -363,3 +363,40 @@ TEST_CASE("/tokenize and /detokenize: unknown fields and another model are refus
           .body);
   CHECK(t["count"].get<int>() > 0);
 }
+
+TEST_CASE("render endpoints: the prompt tokens a generation would run, after the same checks, nothing admitted") {
+  Fixture f;
+  f.ready();
+  // Completions: one object per prompt, each the job's own prompt tokens (text and ids alike).
+  const std::string body = R"({"prompt": ["Hello world", "Bye"], "max_tokens": 3, "truncate_prompt_tokens": 1})";
+  const HttpReply r = f.reply("POST", "/v1/completions/render", body);
+  REQUIRE(r.status == 200);
+  const Json rendered = Json::parse(r.body);
+  REQUIRE(rendered.is_array());
+  REQUIRE(rendered.size() == 2);
+  GenerationJob job = f.job("/v1/completions", body);
+  for (std::size_t p = 0; p < 2; ++p) {
+    CHECK(rendered[p]["token_ids"].get<std::vector<int32_t>>() == job.requests[p].prompt_tokens);
+    CHECK(rendered[p]["request_id"].get<std::string>().rfind("cmpl-", 0) == 0);
+    CHECK(rendered[p]["features"].is_null());
+  }
+  CHECK(Json::parse(f.reply("POST", "/v1/completions/render", R"({"prompt": [5, 6, 7]})").body)[0]["token_ids"] ==
+        Json::array({5, 6, 7}));
+  // Chat: one object, the template's rendering tokenized as chat does.
+  const std::string chat = R"({"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 2})";
+  const HttpReply c = f.reply("POST", "/v1/chat/completions/render", chat);
+  REQUIRE(c.status == 200);
+  const Json one = Json::parse(c.body);
+  REQUIRE(one.is_object());
+  CHECK(one["token_ids"].get<std::vector<int32_t>>() == f.job("/v1/chat/completions", chat).requests[0].prompt_tokens);
+  CHECK(one["request_id"].get<std::string>().rfind("chatcmpl-", 0) == 0);
+  // The generation's own errors, in its shape; nothing is admitted.
+  CHECK(f.reply("POST", "/v1/completions/render", R"({"prompt": "x", "max_token": 5})").status == 400);
+  CHECK(f.reply("POST", "/v1/completions/render", R"({"prompt": "x", "model": "other"})").status == 404);
+  CHECK(f.reply("POST", "/v1/completions/render", "{not json").status == 400);
+  CHECK(f.reply("POST", "/v1/chat/completions/render", R"({"messages": []})").status == 400);
+  CHECK(f.reply("GET", "/v1/completions/render").status == 405);
+  const auto in_flight = f.frontend.in_flight_seqs();
+  CHECK(f.reply("POST", "/v1/completions/render", R"({"prompt": ["a", "b", "c"]})").status == 200);
+  CHECK(f.frontend.in_flight_seqs() == in_flight);  // a render takes no seat
+}
