@@ -12,6 +12,7 @@
 // Optional members are skipped after the separator, not before it, so the states after a
 // value do not carry the whole chain of later members: the determinized object stays small and
 // compiles fast even with hundreds of optional properties.
+#include <cmath>
 #include <map>
 
 #include "model/text/utf8.hpp"
@@ -22,14 +23,16 @@ namespace fp8serve::grammar {
 int64_t JsonSchemaCompiler::Impl::count(const Json& schema, const char* keyword, int64_t fallback, int64_t limit) {
   const auto it = schema.find(keyword);
   if (it == schema.end() || it->is_null()) return fallback;
-  if (!it->is_number() || it->get<double>() < 0 || it->get<double>() != static_cast<double>(static_cast<int64_t>(it->get<double>())))
+  // Checked as a double first: a count beyond int64 (1e300) must not reach the conversion.
+  const double d = it->is_number() ? it->get<double>() : -1.0;
+  if (!std::isfinite(d) || d < 0 || std::trunc(d) != d)
     throw GrammarError(std::string("'") + keyword + "' must be a non-negative integer", keyword);
-  const auto v = static_cast<int64_t>(it->get<double>());
-  if (v > limit)
-    throw GrammarError(std::string("'") + keyword + "' " + std::to_string(v) + " is above this server's limit of " +
-                           std::to_string(limit),
+  if (d > static_cast<double>(limit)) {
+    const std::string shown = d < 9e18 ? std::to_string(static_cast<int64_t>(d)) : it->dump();
+    throw GrammarError(std::string("'") + keyword + "' " + shown + " is above this server's limit of " + std::to_string(limit),
                        keyword);
-  return v;
+  }
+  return static_cast<int64_t>(d);
 }
 
 Frag JsonSchemaCompiler::Impl::key_excluding(const std::vector<std::string>& names) {

@@ -172,6 +172,13 @@ TEST_CASE("arrays: items, counts, tuples") {
   CHECK_FALSE(accepts(tuple, R"([1.5, "a"])"));
   const auto any = compile(R"({"type": "array"})");
   CHECK(accepts(any, R"([1, "x", [true, null], {"a": {}}])"));
+  // Counts beyond any integer type are refused by name, not converted (the fuzzer's find: a
+  // minItems of 5.6e127 reached a double -> int64 conversion, undefined behaviour).
+  CHECK(error_keyword(R"({"type": "array", "minItems": 5555555555555555555555555555555555555555, "maxItems": 4})") == "minItems");
+  CHECK(error_keyword(R"({"type": "array", "maxItems": 1e300})") == "maxItems");
+  CHECK(error_keyword(R"({"type": "string", "maxLength": 18446744073709551615})") == "maxLength");
+  CHECK(error_keyword(R"({"type": "object", "maxProperties": -1})") == "maxProperties");
+  CHECK(error_keyword(R"({"type": "array", "minItems": 2.5})") == "minItems");
 }
 
 TEST_CASE("enum, const, anyOf, type lists, booleans and null") {
