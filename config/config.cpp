@@ -52,6 +52,7 @@ struct FlagSpec {
   std::function<void(Config&, const std::string&)> set;
   std::function<std::string(const Config&)> show;  // the default, for usage()
   unsigned commands = kEngine;                     // CommandBits
+  bool list = false;  // comma-separated values; --config may give them as a JSON list
 };
 
 [[noreturn]] void fail(const std::string& flag, const std::string& message) {
@@ -264,6 +265,7 @@ const std::vector<FlagSpec>& flag_specs() {
                      "comma-separated request fields a router adds (e.g. no_stop_trim) to accept and ignore rather "
                      "than answer 400; fields this server knows cannot be listed",
                      0, 0, {}, nullptr, nullptr};
+    ignored.list = true;
     ignored.set = [](Config& c, const std::string& v) {
       c.ignore_request_fields.clear();
       std::string name;
@@ -350,7 +352,7 @@ void apply_config_file(Config& config, const std::string& path) {
     else if (value.is_boolean()) text = value.get<bool>() ? "true" : "false";
     else if (value.is_number_integer()) text = std::to_string(value.get<int64_t>());
     else if (value.is_number()) text = format_number(value.get<double>());
-    else if (value.is_array() && key == "ignore-request-fields") {  // a list flag: its items, comma-separated
+    else if (value.is_array() && spec->list) {  // its items, comma-separated
       for (const auto& item : value) {
         if (!item.is_string()) fail(key, "in '" + path + "' must be a list of strings");
         if (!text.empty()) text += ',';

@@ -87,17 +87,24 @@ void Scheduler::preempt(SeqId id, StepPlan& plan) {
 // plan. The admission pass then admits it if the step's decodes leave the room.
 void Scheduler::preempt_for_priority(StepPlan& plan) {
   while (!waiting_.empty() && !running_.empty()) {
-    const SeqId head = waiting_.front();
+    const Sequence& head = seqs_.at(waiting_.front());
     const SeqId victim = running_.back();
-    if (seqs_.at(victim).priority <= seqs_.at(head).priority) return;
-    const Sequence& s = seqs_.at(head);
-    const int group = 1 + static_cast<int>(s.pending_forks.size());
-    const bool seats = static_cast<int>(running_.size()) + group <= options_.max_num_seqs;
-    const int max_cached = !s.prefix_cache ? 0 : s.fp8_steps.empty() ? kNoCap : replay_hit_limit(s);
-    const int need_rings = blocks_.window().enabled() ? group : 0;
-    if (seats && blocks_.can_allocate(s.tokens, max_cached, need_rings)) return;
+    if (seqs_.at(victim).priority <= head.priority) return;
+    const Admission a = admission(head);
+    if (a.seats && blocks_.can_allocate(head.tokens, a.max_cached, a.need_rings)) return;
     preempt(victim, plan);
   }
+}
+
+// With the bf16 window every sequence runs with a ring of its own, its forks too: what a token
+// reads from bf16 never depends on what else runs (the rings cap the concurrency).
+Scheduler::Admission Scheduler::admission(const Sequence& s) const {
+  Admission a;
+  a.group = 1 + static_cast<int>(s.pending_forks.size());
+  a.seats = running_.empty() || static_cast<int>(running_.size()) + a.group <= options_.max_num_seqs;
+  a.max_cached = !s.prefix_cache ? 0 : s.fp8_steps.empty() ? kNoCap : replay_hit_limit(s);
+  a.need_rings = blocks_.window().enabled() ? a.group : 0;
+  return a;
 }
 
 StepPlan Scheduler::schedule() {
@@ -190,17 +197,13 @@ StepPlan Scheduler::schedule() {
     Sequence& s = seq(id);
     if (s.priority > prefill_class) break;
     if (pool_short && !(options_.priority && s.priority < short_class)) break;
-    const int group = 1 + static_cast<int>(s.pending_forks.size());
-    if (static_cast<int>(running_.size()) + group > options_.max_num_seqs && !running_.empty()) break;
-    const int max_cached = !s.prefix_cache ? 0 : s.fp8_steps.empty() ? kNoCap : replay_hit_limit(s);
-    // With the bf16 window every sequence runs with a ring of its own, its forks too: what a
-    // token reads from bf16 never depends on what else runs (the rings cap the concurrency).
-    const int need_rings = blocks_.window().enabled() ? group : 0;
-    if (!blocks_.can_allocate(s.tokens, max_cached, need_rings)) {
-      if (need_rings > 0 && blocks_.can_allocate(s.tokens, max_cached, 0)) ++num_ring_waits_;
+    const Admission a = admission(s);
+    if (!a.seats) break;
+    if (!blocks_.can_allocate(s.tokens, a.max_cached, a.need_rings)) {
+      if (a.need_rings > 0 && blocks_.can_allocate(s.tokens, a.max_cached, 0)) ++num_ring_waits_;
       break;
     }
-    const AllocateResult allocated = blocks_.allocate(id, s.tokens, max_cached, group);
+    const AllocateResult allocated = blocks_.allocate(id, s.tokens, a.max_cached, a.group);
     if (s.num_cached_tokens < 0) s.num_cached_tokens = allocated.num_cached_tokens;
     if (blocks_.window().enabled() && s.fp8_steps.empty() && allocated.num_cached_tokens > 0) {
       // A first admission with a hit: those tokens were FP8 from the start.

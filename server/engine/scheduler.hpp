@@ -184,6 +184,16 @@ class Scheduler {
   void enqueue_waiting(SeqId id, bool preempted);
   void add_running(SeqId id);
   void preempt_for_priority(StepPlan& plan);
+  // What admitting a waiting sequence takes: seats for it and its forks (a group larger than
+  // max_num_seqs runs alone), its prompt's blocks with a prefix hit capped so that a recompute
+  // replays exactly, and with the bf16 window a ring for each of the group.
+  struct Admission {
+    int group = 1;
+    bool seats = true;
+    int max_cached = kNoCap;
+    int need_rings = 0;
+  };
+  Admission admission(const Sequence& s) const;
   // Adds the stored proposals to the step's decodes, within the budget and the pool (never
   // preempting).
   void schedule_proposals(StepPlan& plan, int& budget);

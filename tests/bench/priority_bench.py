@@ -20,7 +20,6 @@ import os
 import random
 import statistics
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path

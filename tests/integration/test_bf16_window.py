@@ -42,12 +42,18 @@ def test_window_tail_in_use_while_streaming_and_released_after(tmp_path):
         assert s.stop() == 0, s.log_text()
 
 
+def small_budget_server(tmp_path, budget, max_num_seqs):
+    """The default model (its window on, K only) on a small KV budget, and a client for it."""
+    s = Server(DEFAULT_MODEL, "--kv-cache-memory", budget, "--served-model-name", "m", "--max-num-seqs", max_num_seqs,
+               "--max-model-len", 512, tmp_path=tmp_path)
+    return s, openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
 def test_small_budgets_start_with_capped_rings_and_sequences_wait_for_one(tmp_path):
     # 8 MiB on the default model: 64 K-only rings would take 56 MiB. The rings get at most an
     # eighth of the budget (1 MiB: one ring of 0.88 MiB), the FP8 pool the rest; a sequence runs
     # only with a ring, so one runs at a time and the others wait (counted).
-    s = Server(DEFAULT_MODEL, "--kv-cache-memory", "8MiB", "--served-model-name", "m", "--max-num-seqs", 4,
-               "--max-model-len", 512, tmp_path=tmp_path)
+    s, client = small_budget_server(tmp_path, "8MiB", 4)
     try:
         log = s.startup_log()
         assert "bf16 window 64 tokens (K only): 1 rings x 5 blocks" in log, log
@@ -56,7 +62,6 @@ def test_small_budgets_start_with_capped_rings_and_sequences_wait_for_one(tmp_pa
         split = re.search(r"KV split: FP8 pool [\d.]+ MiB = (\d+) tokens \(bf16 KV would hold (\d+) in those bytes\)",
                           log)
         assert split and int(split[1]) >= 2 * int(split[2]) > 0, log
-        client = openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0, timeout=300)
         prompts = ["the weather today", "count the colours of the rainbow", "a story about a ship", "hello"]
         before = s.metrics()["fp8serve:kv_bf16_window_ring_waits_total"]
         with ThreadPoolExecutor(4) as pool:
@@ -81,12 +86,10 @@ def test_output_never_depends_on_load_with_the_window_on(tmp_path):
     # with its ring (the others wait), so each answer - text and every logprob - is the one the
     # same request gets alone. Short raw prompts (< one block) never hit the prefix cache, so the
     # solo runs on the same server compute everything again.
-    s = Server(DEFAULT_MODEL, "--kv-cache-memory", "24MiB", "--served-model-name", "m", "--max-num-seqs", 16,
-               "--max-model-len", 512, tmp_path=tmp_path)
+    s, client = small_budget_server(tmp_path, "24MiB", 16)
     try:
         rings = int(re.search(r"rings for (\d+) of --max-num-seqs 16", s.startup_log())[1])
         assert 1 <= rings < 16
-        client = openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0, timeout=300)
         prompts = ["Water boils at", "The capital of France is", "Two plus two equals", "My favourite colour is",
                    "The sun rises in the", "A week has seven", "Cats like to", "The ocean is",
                    "In the morning I", "The best way to learn is", "Rain falls from", "A good book",
