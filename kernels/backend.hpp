@@ -127,6 +127,7 @@ class Backend {
   virtual void rms_norm(const RmsNormParams& params, Stream stream) = 0;
   virtual void linear(const LinearParams& params, Stream stream) = 0;
   virtual void rope(const RopeParams& params, Stream stream) = 0;
+  virtual void head_hadamard(const HeadHadamardParams& params, Stream stream) = 0;
   // With the bf16 recent window, kv_spill runs before kv_write in every layer (paged_kv.hpp).
   virtual void kv_spill(const KvSpillParams& params, Stream stream) = 0;
   virtual void kv_write(const KvWriteParams& params, Stream stream) = 0;

@@ -6,6 +6,7 @@
 // GPU); norm and embedding weights and biases are bf16 bits (std::uint16_t) as HF stores them;
 // projection weights are bf16 or FP8 with scales (LinearParams). All pointers are device
 // memory. A token stride of 0 means "densely packed".
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/paged_kv.hpp"
@@ -129,6 +130,35 @@ struct RopeParams {
   int64_t q_token_stride = 0;  // 0 = num_q_heads * head_dim
   int64_t k_token_stride = 0;  // 0 = num_kv_heads * head_dim
 };
+
+// x[t, h] = H x[t, h] in place, for every head h of every token t: H the normalized
+// Walsh-Hadamard transform of --kv-rotation hadamard (kernels/kv_dtype.hpp). H is symmetric and
+// orthogonal, so H H = I and the same op rotates back.
+//
+// A head_dim that is not a power of two is cut into power-of-two segments, largest first
+// (96 = 64 + 32, 80 = 64 + 16), and each segment is transformed on its own: H is block
+// diagonal, still orthogonal and its own inverse. Arithmetic, the same on every backend so
+// that they agree bit for bit on the same fp32 inputs: for a segment of n elements, the
+// butterfly stages len = 1, 2, 4, .., n / 2 in that order, each (a, b) = (x[i], x[i + len]) for
+// i with (i & len) == 0 becoming (a + b, a - b) in fp32; then every element times
+// hadamard_scale(n) = fp32(1 / sqrt(n)), one rounding. A bf16 backend widens its input to fp32
+// and rounds the result once.
+struct HeadHadamardParams {
+  void* x = nullptr;  // [num_tokens, num_heads, head_dim] (token stride token_stride)
+  int64_t num_tokens = 0;
+  int64_t num_heads = 0;
+  int64_t head_dim = 0;
+  int64_t token_stride = 0;  // elements between tokens; 0 = num_heads * head_dim
+};
+
+// The segment sizes and scales of HeadHadamardParams: the largest power of two <= n, and
+// fp32(1 / sqrt(n)) computed in double and rounded once.
+constexpr int64_t hadamard_segment(int64_t remaining) {
+  int64_t n = 1;
+  while (2 * n <= remaining) n *= 2;
+  return n;
+}
+inline float hadamard_scale(int64_t n) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(n))); }
 
 // out = silu(gate) * up (SwiGLU). gate and up may be the two halves of a fused gate_up
 // projection (token strides); out may alias gate.

@@ -78,6 +78,7 @@ void CpuBackend::paged_attention(const PagedAttentionParams& p, Stream /*stream*
   paged_attention_cpu(p, pool_, attention_workspace_, attention_isa_);
 }
 
+void CpuBackend::head_hadamard(const HeadHadamardParams& p, Stream /*stream*/) { head_hadamard_cpu(p, pool_); }
 void CpuBackend::silu_mul(const SiluMulParams& p, Stream /*stream*/) { silu_mul_cpu(p, pool_); }
 
 void CpuBackend::residual_add(const ResidualAddParams& p, Stream /*stream*/) {

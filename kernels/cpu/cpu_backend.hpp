@@ -41,6 +41,7 @@ class CpuBackend final : public Backend {
   void rms_norm(const RmsNormParams& params, Stream stream) override;
   void linear(const LinearParams& params, Stream stream) override;
   void rope(const RopeParams& params, Stream stream) override;
+  void head_hadamard(const HeadHadamardParams& params, Stream stream) override;
   void kv_spill(const KvSpillParams& params, Stream stream) override;
   void kv_write(const KvWriteParams& params, Stream stream) override;
   void paged_attention(const PagedAttentionParams& params, Stream stream) override;

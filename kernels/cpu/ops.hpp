@@ -99,6 +99,9 @@ RopeTable make_rope_table(const std::vector<float>& inv_freq, int64_t max_positi
 // Throws std::out_of_range if a position is negative or >= table.max_positions.
 void rope_cpu(const RopeParams& params, const RopeTable& table, ThreadPool& pool);
 
+// The normalized Walsh-Hadamard transform of each head in place (HeadHadamardParams).
+void head_hadamard_cpu(const HeadHadamardParams& params, ThreadPool& pool);
+
 // ---------------------------------------------------------------------------------------------
 // SwiGLU: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)) as torch computes it.
 void silu_mul_cpu(const SiluMulParams& params, ThreadPool& pool);

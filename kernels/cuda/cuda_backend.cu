@@ -447,6 +447,9 @@ void CudaBackend::paged_attention(const PagedAttentionParams& p, Stream stream) 
   paged_attention_cuda(p, workspace, attention_workspace_bytes_, s);
 }
 
+void CudaBackend::head_hadamard(const HeadHadamardParams& p, Stream stream) {
+  head_hadamard_cuda(p, stream_of(stream));
+}
 void CudaBackend::silu_mul(const SiluMulParams& p, Stream stream) { silu_mul_cuda(p, stream_of(stream)); }
 
 void CudaBackend::residual_add(const ResidualAddParams& p, Stream stream) {

@@ -48,6 +48,9 @@ class TimingBackend final : public Backend {
     time("linear " + std::to_string(p.out_features) + "x" + std::to_string(p.in_features), [&] { inner_.linear(p, s); });
   }
   void rope(const RopeParams& p, Stream s) override { time("rope", [&] { inner_.rope(p, s); }); }
+  void head_hadamard(const HeadHadamardParams& p, Stream s) override {
+    time("head_hadamard", [&] { inner_.head_hadamard(p, s); });
+  }
   void kv_spill(const KvSpillParams& p, Stream s) override { time("kv_spill", [&] { inner_.kv_spill(p, s); }); }
   void kv_write(const KvWriteParams& p, Stream s) override { time("kv_write", [&] { inner_.kv_write(p, s); }); }
   void paged_attention(const PagedAttentionParams& p, Stream s) override {

@@ -88,6 +88,11 @@ class Bf16RoundingBackend final : public Backend {
     if (p.q) round_rows(p.q, p.num_tokens, qw, p.q_token_stride ? p.q_token_stride : qw);
     if (p.k) round_rows(p.k, p.num_tokens, kw, p.k_token_stride ? p.k_token_stride : kw);
   }
+  void head_hadamard(const HeadHadamardParams& p, Stream st) override {
+    cpu_.head_hadamard(p, st);
+    const int64_t w = p.num_heads * p.head_dim;
+    round_rows(p.x, p.num_tokens, w, p.token_stride ? p.token_stride : w);
+  }
   void paged_attention(const PagedAttentionParams& p, Stream st) override {
     cpu_.paged_attention(p, st);
     const int64_t w = static_cast<int64_t>(p.num_heads) * p.cache.head_dim;

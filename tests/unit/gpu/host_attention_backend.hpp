@@ -33,6 +33,7 @@ class HostAttentionBackend final : public Backend {
   void rms_norm(const RmsNormParams& p, Stream st) override { device_->rms_norm(p, st); }
   void linear(const LinearParams& p, Stream st) override { device_->linear(p, st); }
   void rope(const RopeParams& p, Stream st) override { device_->rope(p, st); }
+  void head_hadamard(const HeadHadamardParams& p, Stream st) override { device_->head_hadamard(p, st); }
   void kv_spill(const KvSpillParams& p, Stream st) override { device_->kv_spill(p, st); }
   void kv_write(const KvWriteParams& p, Stream st) override { device_->kv_write(p, st); }
   void silu_mul(const SiluMulParams& p, Stream st) override { device_->silu_mul(p, st); }
