@@ -217,6 +217,9 @@ const std::vector<FlagSpec>& flag_specs() {
     s.push_back(real_flag("kv-bf16-window-share", "the most of the KV budget the bf16 window's rings take: as many "
                           "rings as fit, one per running sequence: more rings, more sequences at once (docs/fp8-kv-cache.md)", 0.01, 0.9,
                           &Config::kv_bf16_window_share));
+    s.push_back(choice_flag("kv-rotation", "FP8 KV: rotate each head's keys and values by a Walsh-Hadamard transform "
+                            "before quantizing, which spreads outlier channels (none: store them as computed)",
+                            {{"none", KvRotation::none}, {"hadamard", KvRotation::hadamard}}, &Config::kv_rotation));
     s.push_back(integer_flag("block-size", "tokens per KV block (8, 16 or 32)", 8, 32, &Config::block_size));
     s.push_back(bytes_flag("kv-cache-memory", "KV cache budget in bytes, e.g. 4GiB (0 = default)", 0, 1e15,
                            &Config::kv_cache_memory));

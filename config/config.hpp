@@ -29,6 +29,7 @@ struct ConfigError : std::runtime_error {
 // written once, here. The block size and the scale margin are the kernels' (kDefaultBlockSize,
 // kDefaultKvScaleMargin), which the cache and the model use too.
 inline constexpr int kDefaultKvBf16Window = 64;
+inline constexpr KvRotation kDefaultKvRotation = KvRotation::hadamard;
 inline constexpr double kDefaultGpuMemoryUtilization = 0.9;
 inline constexpr int kDefaultMaxNumSeqs = 64;
 inline constexpr int kDefaultMaxNumBatchedTokens = 2048;
@@ -55,6 +56,7 @@ struct Config {
   int kv_bf16_window = kDefaultKvBf16Window;  // newest tokens kept exact in bf16 (multiple of block_size; docs/fp8-kv-cache.md)
   KvWindowTensors kv_bf16_window_tensors = KvWindowTensors::k;  // what the window keeps exact
   double kv_bf16_window_share = kDefaultKvBf16WindowShare;  // the most of the KV budget its rings take
+  KvRotation kv_rotation = kDefaultKvRotation;  // FP8 KV: heads rotated before quantizing (docs/fp8-kv-cache.md)
   int block_size = kDefaultBlockSize;
   int64_t kv_cache_memory = 0;            // bytes; 0 = derive (CPU: 1 GiB; CUDA: utilization)
   double gpu_memory_utilization = kDefaultGpuMemoryUtilization;

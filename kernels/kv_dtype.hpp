@@ -42,4 +42,16 @@ constexpr std::optional<KvDtype> parse_kv_dtype(std::string_view name) {
   return std::nullopt;
 }
 
+// --kv-rotation: an orthogonal transform of each head's q, k and v before the KV write, and of
+// the attention output back after it, so FP8 stores rotated values (docs/fp8-kv-cache.md,
+// "Rotation"). Scores are unchanged in exact arithmetic: (Hq).(Hk) = q.k for an orthogonal H.
+enum class KvRotation : uint8_t {
+  none,
+  hadamard,  // the normalized Walsh-Hadamard transform (HeadHadamardParams, kernels/forward_ops.hpp)
+};
+
+constexpr std::string_view kv_rotation_name(KvRotation rotation) {
+  return rotation == KvRotation::hadamard ? "hadamard" : "none";
+}
+
 }  // namespace fp8serve

@@ -155,6 +155,19 @@ void Transformer::enqueue(const StepLayout& layout, const StepShape& shape) {
     p.k_token_stride = qkv_width;
     backend_.rope(p, stream_);
   };
+  // --kv-rotation: q | k (| v) of each row in one pass - they are contiguous - and the attention
+  // output back through the same (self-inverse) transform.
+  const bool rotate = options_.kv_rotation == KvRotation::hadamard;
+  auto hadamard = [&](void* at, int64_t num_heads, int64_t token_stride) {
+    HeadHadamardParams p;
+    p.x = at;
+    p.num_tokens = num_tokens;
+    p.num_heads = num_heads;
+    p.head_dim = head_dim;
+    p.token_stride = token_stride;
+    backend_.head_hadamard(p, stream_);
+  };
+  const int64_t rotated_heads = c.num_heads + c.num_kv_heads * (options_.rotate_values ? 2 : 1);
   // The window's tail pool of a layer; an empty view without a window.
   auto tail_of = [&](int layer) {
     return options_.window.enabled() ? tail_views_[static_cast<std::size_t>(layer)] : PagedKvView{};
@@ -218,8 +231,8 @@ void Transformer::enqueue(const StepLayout& layout, const StepShape& shape) {
     batch.k_scales = k_scales + static_cast<int64_t>(layer) * num_seqs;
     batch.v_scales = v_scales + static_cast<int64_t>(layer) * num_seqs;
 
-    // Attention block: (x += previous MLP) norm -> q, k, v -> (q/k norm) -> rope -> kv_write ->
-    // attention -> o_proj.
+    // Attention block: (x += previous MLP) norm -> q, k, v -> (q/k norm) -> rope -> (rotation)
+    // -> kv_write -> attention -> (rotation back) -> o_proj.
     rms_norm(layer == 0 ? x : proj, normed, w.input_norm, 1, hidden, hidden, layer == 0 ? nullptr : x);
     linear(normed, hidden, w.qkv_proj, w.qkv_bias, qkv, qkv_width);
     if (c.qk_norm) {
@@ -227,8 +240,10 @@ void Transformer::enqueue(const StepLayout& layout, const StepShape& shape) {
       rms_norm(k, k, w.k_norm, c.num_kv_heads, head_dim, qkv_width);
     }
     rope();
+    if (rotate) hadamard(q, rotated_heads, qkv_width);
     kv_write(layer);
     attention(layer);
+    if (rotate && options_.rotate_values) hadamard(attn, c.num_heads, q_width);
     linear(attn, q_width, w.o_proj, nullptr, proj, hidden);
 
     // MLP block: (x += attention) norm -> gate, up -> silu(gate) * up -> down_proj.

@@ -62,6 +62,12 @@ struct TransformerOptions {
   // ring of window.ring_blocks() blocks per sequence (allocate_kv_cache's num_tail_rings), K and
   // V or K only.
   KvWindow window;
+  // --kv-rotation (FP8 pool only): each head's q and k after RoPE, and v, go through the
+  // Walsh-Hadamard transform before the KV write, and the attention output comes back through
+  // it before o_proj (kernels/forward_ops.hpp, HeadHadamardParams). rotate_values false: q and k
+  // only, the output needs no transform back (bench_kv_quality compares the two).
+  KvRotation kv_rotation = KvRotation::none;
+  bool rotate_values = true;
   // CUDA graphs for decode steps (model/decode_graphs.hpp), on backends that have graphs. on: a
   // step whose sequences all decode one token is padded to a bucket and replays the graph
   // captured for it (captured the first time the bucket is met, right after running that step

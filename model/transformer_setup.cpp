@@ -50,6 +50,9 @@ Transformer::Transformer(const ModelConfig& config, const ModelWeights& weights,
       (options.kv_dtype != KvDtype::fp8_e4m3 || options.window.block_size != options.block_size)) {
     throw std::invalid_argument("Transformer: the bf16 window needs the FP8 pool and its block size");
   }
+  if (options.kv_rotation != KvRotation::none && options.kv_dtype != KvDtype::fp8_e4m3) {
+    throw std::invalid_argument("Transformer: --kv-rotation applies to the FP8 pool only");
+  }
   const ModelConfig& c = config_;
 
   // Weights: uploaded once under the layer's named slots; q/k/v and gate/up fused. Twice over the

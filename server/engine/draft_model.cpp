@@ -43,6 +43,7 @@ DraftModel::DraftModel(LoadedModel draft, const LoadedModel& target, Backend& ba
   topts.max_sample_rows = topts.max_num_seqs;
   topts.max_model_len = options_.max_model_len;
   topts.kv_scale_margin = options_.kv_scale_margin;
+  topts.kv_rotation = options_.kv_rotation;
   topts.graphs = TransformerOptions::Graphs::off;
   transformer_ = std::make_unique<Transformer>(config_, draft.weights, backend, topts);
 }

@@ -39,6 +39,7 @@ namespace fp8serve {
 
 struct DraftOptions {
   KvDtype kv_dtype = KvDtype::fp8_e4m3;
+  KvRotation kv_rotation = KvRotation::none;  // the target's (--kv-rotation)
   float kv_scale_margin = kDefaultKvScaleMargin;
   int block_size = kDefaultBlockSize;
   int max_num_tokens = kDefaultMaxNumBatchedTokens;  // per catch-up chunk (--max-num-batched-tokens)

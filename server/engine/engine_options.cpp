@@ -13,6 +13,7 @@ EngineOptions engine_options_from_config(const Config& config) {
   // A bf16 pool is exact already: the window applies to FP8 KV alone (the start-up log says so).
   options.kv_bf16_window = options.kv_dtype == KvDtype::fp8_e4m3 ? config.kv_bf16_window : 0;
   options.kv_bf16_window_values = config.kv_bf16_window_tensors == KvWindowTensors::kv;
+  options.kv_rotation = config.kv_rotation;  // the engine applies it to an FP8 pool only
   options.max_tail_share = config.kv_bf16_window_share;
   options.block_size = config.block_size;
   if (config.kv_cache_memory > 0) options.kv_cache_memory = static_cast<uint64_t>(config.kv_cache_memory);

@@ -19,6 +19,7 @@ struct EngineOptions {
   bool quantize_lm_head = false;       // with it, the LM head too (--fp8-lm-head)
   int kv_bf16_window = kDefaultKvBf16Window;             // --kv-bf16-window tokens (FP8 pool only; 0 = off)
   bool kv_bf16_window_values = false;  // --kv-bf16-window-tensors kv (true) or k (false)
+  KvRotation kv_rotation = kDefaultKvRotation;  // --kv-rotation (FP8 pool only)
   // --kv-bf16-window-share: the most of the KV budget the window's rings may take; as many rings
   // as fit are made, and a sequence runs only with one (they cap how many run at once).
   double max_tail_share = kDefaultKvBf16WindowShare;

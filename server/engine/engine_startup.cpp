@@ -49,13 +49,16 @@ Engine::Engine(LoadedModel model, const EngineOptions& options)
   topts.quantize_fp8 = options_.quantize_fp8;
   topts.quantize_lm_head = options_.quantize_lm_head;
   topts.window = kv_.spec.window;
+  // Rotation only changes how FP8 rounds: a bf16 pool stores heads as computed.
+  const KvRotation rotation = kv_dtype_is_scaled(options_.kv_dtype) ? options_.kv_rotation : KvRotation::none;
+  topts.kv_rotation = rotation;
   topts.graphs = backend.supports_graphs() && !options_.enforce_eager ? TransformerOptions::Graphs::on
                                                                       : TransformerOptions::Graphs::off;
   transformer_ = std::make_unique<Transformer>(c, model_.weights, backend, topts);
   model_.weights = ModelWeights{};  // the backend holds its own copy now
   if (!options_.speculative_model.empty() && options_.num_speculative_tokens > 0) {
     draft_ = std::make_unique<DraftModel>(load_model(options_.speculative_model), model_, backend,
-                                          DraftOptions{options_.kv_dtype, options_.kv_scale_margin, options_.block_size,
+                                          DraftOptions{options_.kv_dtype, rotation, options_.kv_scale_margin, options_.block_size,
                                                        options_.max_num_batched_tokens,
                                                        std::min(options_.max_num_seqs, options_.speculative_disable_by_batch_size),
                                                        options_.max_model_len});
@@ -188,9 +191,10 @@ void Engine::log_startup() {
   if (device_.kind == "cuda" && transformer_->weight_bytes_by_dtype().fp8 > 0) {
     spdlog::info("FP8 weights on CUDA: weight-only on tensor cores (the FP8 GEMV, in groups of 16 tokens)");
   }
-  spdlog::info("KV cache: {} ({}), {} bytes/token, margin {}{}, max model len {}", spec.describe(kv_.num_blocks),
-               kv_.bytes_source, spec.bytes_per_token(), options_.kv_scale_margin,
-               kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (unused for bf16)", options_.max_model_len);
+  spdlog::info("KV cache: {} ({}), {} bytes/token, margin {}{}, rotation {}, max model len {}",
+               spec.describe(kv_.num_blocks), kv_.bytes_source, spec.bytes_per_token(), options_.kv_scale_margin,
+               kv_dtype_is_scaled(options_.kv_dtype) ? "" : " (unused for bf16)", kv_rotation_name(transformer_->options().kv_rotation),
+               options_.max_model_len);
   std::string rings_note;
   if (kv_.asked_window.enabled() && !spec.window.enabled()) {
     rings_note = " (--kv-bf16-window " + std::to_string(kv_.asked_window.tokens) + ": one ring takes " +

@@ -14,8 +14,9 @@ Writes (relative to the repository root):
       _kv_fp8), and those two again with the input of every projection rounded to bf16 (the CPU
       backend's bf16 dot, on a CPU with AVX512-BF16; _act_bf16); and the logprob alone of the FP8
       cache prefilled in chunks of 32 tokens (_kv_fp8_chunk32, _kv_fp8_chunk32_act_bf16: each
-      chunk reads the earlier ones as the pool stores them); and the lm-eval task's expected
-      results (per-choice loglikelihoods, the accuracy, the greedy continuations).
+      chunk reads the earlier ones as the pool stores them); every FP8 variant again with
+      --kv-rotation hadamard (the server's default; _kv_fp8_rot...: below); and the lm-eval
+      task's expected results (per-choice loglikelihoods, the accuracy, the greedy continuations).
   tests/integration/lm_eval_task/tiny_mc.jsonl, tiny_gen.jsonl
       the task's documents: multiple choice (context, choices, gold) and generation (context,
       target). The generation targets are half transformers' own greedy continuation of the
@@ -34,12 +35,19 @@ first floor((n - 64) / 16) * 16 of an n-token prompt - keep their bf16 K exact; 
 every position. In chunks (transformers' KV cache holds the fp32 K/V, quantized again as they are
 read, which is what reading the stored FP8 bytes gives): the scales are calibrated on the first
 chunk and frozen (a later value beyond 448 * scale saturates), and a chunk ending at position e
-reads K from FP8 below max(the previous chunk's FP8 length, floor((e - 64) / 16) * 16). Tokenization follows lm-eval 0.4.13 (lm_eval/api/model.py _encode_pair with
+reads K from FP8 below max(the previous chunk's FP8 length, floor((e - 64) / 16) * 16).
+With rotation (_kv_fp8_rot): each head's q, K and V (after RoPE) go through the normalized
+Walsh-Hadamard transform in fp32 with the arithmetic kernels/forward_ops.hpp defines for every
+backend (butterfly stages len = 1, 2, .., n / 2, then one product with fp32(1 / sqrt(n));
+tests/unit/ops/test_hadamard.cpp holds fp8serve's to Sylvester's matrix), K and V are calibrated,
+rounded and windowed as above in that space, eager attention runs on them, and its output goes
+back through the transform (its own inverse). Tokenization follows lm-eval 0.4.13 (lm_eval/api/model.py _encode_pair with
 the huggingface tokenizer backend, add_special_tokens False; a multiple_choice continuation is
 target_delimiter " " + choice; generate_until encodes the context alone).
 """
 
 import json
+import math
 import pathlib
 import sys
 
@@ -100,6 +108,8 @@ def patch_attention():
         mode = KV_MODE["mode"]
         if mode == "fp32":
             return key, value
+        if mode == "fp8rot":
+            key, value = fwht(key), fwht(value)
         kb, vb = key.to(torch.bfloat16).float(), value.to(torch.bfloat16).float()
         if mode == "bf16":
             return kb, vb
@@ -122,9 +132,28 @@ def patch_attention():
 
         def patched(module, query, key, value, *args, _original=original, **kwargs):
             key, value = cached(module.layer_idx, key, value)
-            return _original(module, query, key, value, *args, **kwargs)
+            if KV_MODE["mode"] != "fp8rot":
+                return _original(module, query, key, value, *args, **kwargs)
+            out, weights = _original(module, fwht(query), key, value, *args, **kwargs)
+            return fwht(out), weights
 
         mod.eager_attention_forward = patched
+
+
+def fwht(x):
+    """The normalized Walsh-Hadamard transform of the last dimension (a power of two), in fp32:
+    for len = 1, 2, .., n / 2, every pair (i, i + len) with i & len == 0 becomes (a + b, a - b);
+    then one product with fp32(1 / sqrt(n))."""
+    n = x.shape[-1]
+    assert n > 0 and n & (n - 1) == 0, n
+    x = x.float()
+    length = 1
+    while length < n:
+        y = x.reshape(*x.shape[:-1], n // (2 * length), 2, length)
+        a, b = y[..., 0, :], y[..., 1, :]
+        x = torch.stack((a + b, a - b), dim=-2).reshape(*x.shape[:-1], n)
+        length *= 2
+    return x * torch.tensor(1.0 / math.sqrt(n), dtype=torch.float32)
 
 
 def fp8_rule(context_len):
@@ -162,7 +191,8 @@ def prompt_logprobs(model, ids):
     """Per position p >= 1: the five variants' results (module docstring)."""
     out = [{"token": ids[p + 1]} for p in range(len(ids) - 1)]
     variants = [("fp32", False, ""), ("bf16", False, "_kv_bf16"), ("fp8", False, "_kv_fp8"),
-                ("bf16", True, "_kv_bf16_act_bf16"), ("fp8", True, "_kv_fp8_act_bf16")]
+                ("bf16", True, "_kv_bf16_act_bf16"), ("fp8", True, "_kv_fp8_act_bf16"),
+                ("fp8rot", False, "_kv_fp8_rot"), ("fp8rot", True, "_kv_fp8_rot_act_bf16")]
     for mode, act_bf16, suffix in variants:
         KV_MODE["mode"], KV_MODE["act_bf16"], KV_MODE["scales"] = mode, act_bf16, {}
         logits = model(torch.tensor([ids])).logits[0].float()  # [n, vocab]
@@ -177,8 +207,10 @@ def prompt_logprobs(model, ids):
             entry["top_logprobs" + suffix] = [round(float(v), 7) for v in top_vals]
             # top1 - top2 of the logits: a test can tell a near-tie from a real mismatch
             entry["margin" + suffix] = round(float(row[top_ids[0]] - row[top_ids[1]]), 7)
-    for act_bf16, suffix in ((False, "_kv_fp8_chunk32"), (True, "_kv_fp8_chunk32_act_bf16")):
-        KV_MODE["mode"], KV_MODE["act_bf16"], KV_MODE["scales"] = "fp8", act_bf16, {}
+    for mode, act_bf16, suffix in (("fp8", False, "_kv_fp8_chunk32"), ("fp8", True, "_kv_fp8_chunk32_act_bf16"),
+                                   ("fp8rot", False, "_kv_fp8_rot_chunk32"),
+                                   ("fp8rot", True, "_kv_fp8_rot_chunk32_act_bf16")):
+        KV_MODE["mode"], KV_MODE["act_bf16"], KV_MODE["scales"] = mode, act_bf16, {}
         logprobs = chunked_logprobs(model, ids, 32)
         for p, entry in enumerate(out):
             entry["logprob" + suffix] = round(float(logprobs[p, entry["token"]]), 7)
@@ -216,7 +248,8 @@ def encode_pair(tok, context, continuation):
 
 # The variants the lm-eval task is scored with: transformers as it is, and through the FP8 cache
 # the server uses by default (one step each: the requests are short), without and with the bf16 dot.
-LM_EVAL_VARIANTS = [("fp32", False, ""), ("fp8", False, "_kv_fp8"), ("fp8", True, "_kv_fp8_act_bf16")]
+LM_EVAL_VARIANTS = [("fp32", False, ""), ("fp8", False, "_kv_fp8"), ("fp8", True, "_kv_fp8_act_bf16"),
+                    ("fp8rot", False, "_kv_fp8_rot"), ("fp8rot", True, "_kv_fp8_rot_act_bf16")]
 
 
 def set_variant(mode, act_bf16):

@@ -11,6 +11,7 @@
 using fp8serve::Command;
 using fp8serve::ConfigError;
 using fp8serve::KvDtype;
+using fp8serve::KvRotation;
 using fp8serve::KvWindowTensors;
 using fp8serve::parse_command_line;
 using fp8serve::Quantization;
@@ -49,6 +50,8 @@ TEST_CASE("defaults and flags of every kind parse", "[config]") {
   CHECK(q.fp8_lm_head);
   CHECK(c.kv_bf16_window == 64);  // docs/fp8-kv-cache.md's choice: 64 tokens, K only
   CHECK(c.kv_bf16_window_tensors == KvWindowTensors::k);
+  CHECK(c.kv_rotation == KvRotation::hadamard);  // docs/fp8-kv-cache.md, "Rotation"
+  CHECK(parse_command_line({"serve", "m", "--kv-rotation", "none"}).kv_rotation == KvRotation::none);
 }
 
 TEST_CASE("bad values name the flag and the accepted range", "[config]") {
@@ -67,6 +70,7 @@ TEST_CASE("bad values name the flag and the accepted range", "[config]") {
   CHECK(message_of({"serve", "m", "--kv-scale-margin", "nan"}).rfind("--kv-scale-margin: expected a number", 0) == 0);
   CHECK(message_of({"serve", "m", "--kv-bf16-window-share", "0.95"}) == "--kv-bf16-window-share: must be in [0.01, 0.9], got 0.95");
   CHECK(message_of({"serve", "m", "--kv-bf16-window-share", "0.5"}) == "no error");
+  CHECK(message_of({"serve", "m", "--kv-rotation", "random"}) == "--kv-rotation: must be one of none, hadamard, got 'random'");
   CHECK(message_of({"serve", "m", "--bogus"}) == "unknown flag --bogus (see fp8serve serve --help)");
   CHECK(message_of({"serve"}) == "missing MODEL: a Hugging Face model folder or a .gguf file");
   CHECK(message_of({"train", "m"}) == "unknown command 'train': expected inspect, generate or serve");

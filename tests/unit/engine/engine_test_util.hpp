@@ -159,7 +159,8 @@ struct PrefillResult {
 // One sequence, one prefill chunk straight through a Transformer on the CPU backend (the
 // projections on `linear_isa`): last-position logits, saturation counts and calibrated scales.
 inline PrefillResult prefill(const LoadedModel& model, const std::vector<int32_t>& prompt, KvDtype dtype,
-                             cpu::LinearIsa linear_isa = cpu::LinearIsa::best, bool quantize_fp8 = false) {
+                             cpu::LinearIsa linear_isa = cpu::LinearIsa::best, bool quantize_fp8 = false,
+                             KvRotation rotation = KvRotation::none, bool rotate_values = true) {
   cpu::ThreadPool pool(2);
   cpu::CpuBackend backend(pool, cpu::CpuIsa::best, linear_isa);
   TransformerOptions options;
@@ -170,6 +171,8 @@ inline PrefillResult prefill(const LoadedModel& model, const std::vector<int32_t
   options.max_num_tokens = 256;
   options.max_num_seqs = 4;
   options.quantize_fp8 = quantize_fp8;
+  options.kv_rotation = rotation;
+  options.rotate_values = rotate_values;
   Transformer transformer(model.config, model.weights, backend, options);
 
   const auto n = static_cast<int32_t>(prompt.size());

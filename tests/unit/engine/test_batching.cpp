@@ -10,10 +10,12 @@ using namespace fp8serve::test;
 
 namespace {
 
-void check_invariance(const std::string& model, KvDtype dtype, bool quantize_fp8 = false) {
+void check_invariance(const std::string& model, KvDtype dtype, bool quantize_fp8 = false,
+                      KvRotation rotation = kDefaultKvRotation) {
   const int max_tokens = kSanitized ? 8 : 24;
   EngineOptions options = small_options(dtype);
   options.quantize_fp8 = quantize_fp8;
+  options.kv_rotation = rotation;
   const auto prompts = eight_prompts();
   auto engine = make_engine(model, options);
   Outputs batched;
@@ -29,7 +31,7 @@ void check_invariance(const std::string& model, KvDtype dtype, bool quantize_fp8
     const Choice alone = run_alone(model, options, prompts[i], max_tokens);
     const Choice& in_batch = batched.at(std::to_string(i)).at(0);
     INFO(model << ": prompt " << i << " (" << prompts[i].size() << " tokens), " << kv_dtype_name(dtype)
-               << " pool, --quantization fp8 " << quantize_fp8);
+               << " pool, --quantization fp8 " << quantize_fp8 << ", --kv-rotation " << kv_rotation_name(rotation));
     CHECK(in_batch.tokens.size() == static_cast<std::size_t>(max_tokens));
     CHECK(in_batch.tokens == alone.tokens);
     CHECK(in_batch.logprobs == alone.logprobs);  // bitwise: same logits rows
@@ -40,7 +42,8 @@ void check_invariance(const std::string& model, KvDtype dtype, bool quantize_fp8
 
 TEST_CASE("batch invariance: alone == in a batch of 8 with mixed prefill and decode, bitwise", "[engine][batch]") {
   check_invariance(fixture("models/tiny-llama"), KvDtype::bf16);
-  check_invariance(fixture("models/tiny-qwen3"), KvDtype::fp8_e4m3);
+  for (const KvRotation rotation : {KvRotation::none, KvRotation::hadamard})
+    check_invariance(fixture("models/tiny-qwen3"), KvDtype::fp8_e4m3, false, rotation);
 }
 
 TEST_CASE("batch invariance with FP8 weights: quantized at load, and a block-scaled checkpoint", "[engine][batch][fp8]") {
@@ -51,10 +54,15 @@ TEST_CASE("batch invariance with FP8 weights: quantized at load, and a block-sca
 TEST_CASE("preemption in a tiny pool leaves outputs unchanged and returns every block", "[engine][preemption]") {
   const int max_tokens = kSanitized ? 12 : 32;
   const auto prompts = eight_prompts();
-  for (const KvDtype dtype : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+  // (dtype, rotation): the bf16 pool, and the FP8 pool with and without --kv-rotation.
+  const std::pair<KvDtype, KvRotation> pools[] = {{KvDtype::bf16, KvRotation::none},
+                                                  {KvDtype::fp8_e4m3, KvRotation::none},
+                                                  {KvDtype::fp8_e4m3, KvRotation::hadamard}};
+  for (const auto& [dtype, rotation] : pools) {
     for (const bool prefix_caching : {false, true}) {
       EngineOptions roomy = small_options(dtype);
       roomy.enable_prefix_caching = prefix_caching;
+      roomy.kv_rotation = rotation;
       EngineOptions tiny = roomy;
       // 10 blocks of 16 tokens: the longest request (125 + 32 tokens) fits alone, the eight
       // together need ~50 blocks, so running sequences must be preempted and recomputed.
@@ -73,7 +81,7 @@ TEST_CASE("preemption in a tiny pool leaves outputs unchanged and returns every 
         engine->step();
         EngineTestAccess::check_integrity(*engine);
       }
-      INFO(kv_dtype_name(dtype) << " pool, prefix caching " << prefix_caching);
+      INFO(kv_dtype_name(dtype) << " pool, rotation " << kv_rotation_name(rotation) << ", prefix caching " << prefix_caching);
       REQUIRE_FALSE(engine->has_work());
       const EngineStats stats = engine->stats();
       CHECK(stats.num_preemptions > 0);
@@ -106,5 +114,24 @@ TEST_CASE("n > 1 greedy choices fork the prompt's blocks and all equal the singl
       CHECK(out.at("n3").at(i).logprobs == single.logprobs);
     }
     CHECK(engine->block_manager().num_free_blocks() == engine->block_manager().num_blocks());
+  }
+}
+
+TEST_CASE("--kv-rotation: a bf16 pool ignores it, an FP8 pool stores rotated heads", "[engine][rotation]") {
+  const auto prompts = eight_prompts();
+  for (const KvDtype dtype : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+    EngineOptions none = small_options(dtype);
+    none.kv_rotation = KvRotation::none;
+    EngineOptions rotated = none;
+    rotated.kv_rotation = KvRotation::hadamard;
+    const Choice a = run_alone(fixture("models/tiny-qwen3"), none, prompts[5], 16);
+    const Choice b = run_alone(fixture("models/tiny-qwen3"), rotated, prompts[5], 16);
+    INFO(kv_dtype_name(dtype) << " pool");
+    if (dtype == KvDtype::bf16) {
+      CHECK(a.tokens == b.tokens);
+      CHECK(a.logprobs == b.logprobs);  // bitwise: nothing rotated
+    } else {
+      CHECK(a.logprobs != b.logprobs);  // FP8 rounds other values
+    }
   }
 }

@@ -93,7 +93,12 @@ TEST_CASE("seeded sampling is reproducible and the text is the detokenized token
     engine->add_request(r, collect(out));
     run_to_completion(*engine);
     const Choice c = out.at("s").at(0);
-    CHECK(c.text == engine->tokenizer().decode(c.tokens, true));
+    // The streamed text drops a character the tokens end inside (model/tokenizer/detokenizer.hpp),
+    // which the full decode shows as a final U+FFFD: equal, or equal but for that.
+    const std::string full = engine->tokenizer().decode(c.tokens, true);
+    const std::string replacement = "\xEF\xBF\xBD";
+    const bool ends_inside = full.ends_with(replacement) && c.text == full.substr(0, full.size() - replacement.size());
+    CHECK((c.text == full || ends_inside));
     return c.tokens;
   };
   const auto a = run(7), b = run(7), c = run(8);

@@ -25,13 +25,14 @@ EngineOptions cuda_options(KvDtype dtype) {
 }
 
 // Three prompts that give lookup something to find (the emulator is slow: few prompts, short
-// runs): a prompt, the model's own greedy continuation of it (on the CPU), and the prompt again,
-// as input-grounded work repeats its input - after the second copy the model tends to continue
-// as it did, which lookup finds in the prompt, and now and then it does not (a rejection).
-std::vector<std::vector<int32_t>> echo_prompts(const std::string& model) {
+// runs): a prompt, the model's own greedy continuation of it (on the CPU, with the pool under
+// test), and the prompt again, as input-grounded work repeats its input - after the second copy
+// the model tends to continue as it did, which lookup finds in the prompt, and now and then it
+// does not (a rejection).
+std::vector<std::vector<int32_t>> echo_prompts(const std::string& model, KvDtype dtype = KvDtype::bf16) {
   const std::vector<std::vector<int32_t>> all = spec_prompts();
   const std::vector<std::vector<int32_t>> bases = {all[0], all[3], all[8]};
-  EngineOptions options = small_options(KvDtype::bf16);
+  EngineOptions options = small_options(dtype);
   auto engine = make_engine(model, options);
   Outputs out;
   for (std::size_t i = 0; i < bases.size(); ++i)
@@ -60,7 +61,8 @@ TEST_CASE("ngram speculation on CUDA: greedy output == plain decoding, bitwise",
   window.kv_bf16_window = 32;
   window.kv_bf16_window_values = true;
   window.enable_prefix_caching = true;
-  n += rejected(check_spec_equals_plain(fixture("models/tiny-qwen3"), window, 4, 40, true, echo_prompts(fixture("models/tiny-qwen3"))));
+  n += rejected(check_spec_equals_plain(fixture("models/tiny-qwen3"), window, 4, 40, true,
+                                       echo_prompts(fixture("models/tiny-qwen3"), KvDtype::fp8_e4m3)));
   // FP8 weights (the GEMV) and the FP8 pool. All requests start at once: a step that mixes a
   // prefill chunk with decodes runs the projections on cuBLASLt's FP8 GEMM over quantized
   // activations, so a plain decode token computed in such a step is not what it is alone - the
