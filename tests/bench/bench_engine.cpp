@@ -6,7 +6,8 @@
 //                [--window W [--window-tensors kv|k]] [--profile]
 //
 //   weights: bf16 as loaded; fp8 = --quantization fp8 (LM head bf16, the default); fp8head = and
-//   --fp8-lm-head. KV: bf16, or FP8 without a window; --window adds fp8w, FP8 KV with a bf16
+//   --fp8-lm-head. KV: bf16, or FP8 without a window (fp8: --kv-rotation's default, hadamard;
+//   fp8n: --kv-rotation none, what the rotation costs); --window adds fp8w, FP8 KV with a bf16
 //   recent window of W tokens, to every weight dtype's rows.
 //
 //   machine        streaming read bandwidth (1 GiB) and fp32 FMA peak
@@ -167,12 +168,13 @@ struct Profile {
 };
 
 Profile profile_decode(const LoadedModel& model, int threads, bool fp8_weights, bool fp8_head, KvDtype kv,
-                       const std::vector<int32_t>& prompt, int gen) {
+                       KvRotation rotation, const std::vector<int32_t>& prompt, int gen) {
   cpu::ThreadPool pool(threads);
   cpu::CpuBackend cpu_backend(pool);
   bench::TimingBackend backend(cpu_backend);
   TransformerOptions options;
   options.kv_dtype = kv;
+  options.kv_rotation = kv == KvDtype::fp8_e4m3 ? rotation : KvRotation::none;
   options.quantize_fp8 = fp8_weights;
   options.quantize_lm_head = fp8_head;
   options.max_model_len = static_cast<int>(prompt.size()) + gen + 16;
@@ -359,6 +361,7 @@ int main(int argc, char** argv) {
       options.kv_dtype = dtype;
       options.kv_bf16_window = kv == "fp8w" ? window : 0;  // the fp8 rows: the plain FP8 pool
       options.kv_bf16_window_values = window_values;
+      options.kv_rotation = kv == "fp8n" ? KvRotation::none : kDefaultKvRotation;
       options.quantize_fp8 = w != "bf16";
       options.quantize_lm_head = w == "fp8head";
       options.threads = threads;
@@ -430,9 +433,10 @@ int main(int argc, char** argv) {
     for (const std::string& w : weight_dtypes) {
       // The last KV dtype asked for (the timing run has no window: fp8w profiles as fp8).
       const std::string kv = kv_dtypes.back() == "fp8w" ? "fp8" : kv_dtypes.back();
+      const KvRotation rotation = kv == "fp8n" ? KvRotation::none : kDefaultKvRotation;
       const auto it = step_ms.find(w + "/" + kv);
-      const Profile p = profile_decode(probe, threads, w != "bf16", w == "fp8head", kv == "fp8" ? KvDtype::fp8_e4m3 : KvDtype::bf16,
-                                       take(corpus, 5, short_len), gen);
+      const Profile p = profile_decode(probe, threads, w != "bf16", w == "fp8head", kv == "bf16" ? KvDtype::bf16 : KvDtype::fp8_e4m3,
+                                       rotation, take(corpus, 5, short_len), gen);
       const double step_s = it != step_ms.end() ? it->second : p.forward_s / p.tokens;
       std::printf("\nwhere a batch-1 decode step goes, %s weights, %s KV (64 + %d tokens; engine step %.2f ms, "
                   "forward %.2f ms):\n", w.c_str(), kv.c_str(), gen, 1e3 * step_s, 1e3 * p.forward_s / p.tokens);

@@ -7,11 +7,16 @@
 //
 //   bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] [--windows 0,32,64]
 //                    [--window-tensors kv,k] [--text FILE]... [--weights] [--reference NAME]
-//                    [--reference-only (only the third table)]
+//                    [--reference-only (only the third table)] [--rotations none,hadamard,hadamard-k]
+//                    [--long-prompts N] [--only long|short]
 //
 // Workloads (prompts are token windows of natural English text, the repository's README and docs by
-// default): one long prompt (1000 tokens) + 256 generated, batch 1; and 50 short prompts
-// (20-100 tokens) + 128 generated each, decoded together as one batch of 50.
+// default - they change as the docs do, so pin --text files to compare runs): N long prompts
+// (1000 tokens each, spread evenly over the text; N = 6 by default) + 256 generated, decoded
+// together, with each prompt's own mean KL; and 50 short prompts (20-100 tokens) + 128 generated
+// each, decoded together as one batch of 50. --rotations: each FP8 configuration without and with
+// --kv-rotation (hadamard-k: q and K only). The teacher-forced pass also counts the steps whose
+// argmax is bf16's (greedy agreement without the compounding of a free run).
 //
 // Per KV configuration, two passes:
 //   free run      greedy decoding, timed (wall, decode tokens/s), in a forked child so its peak
@@ -69,12 +74,15 @@ struct KvConfig {
   bool fp8_weights = false;  // --quantization fp8
   bool fp8_lm_head = false;  // with it, the LM head too
   cpu::LinearIsa linear_isa = cpu::LinearIsa::best;
+  KvRotation rotation = KvRotation::none;  // --kv-rotation
+  bool rotate_values = true;               // with it, V too (false: K and q only)
   std::string name() const {
     char buf[64];
     if (dtype == KvDtype::bf16) std::snprintf(buf, sizeof buf, "bf16");
     else if (window == 0) std::snprintf(buf, sizeof buf, "fp8 m=%.1f", margin);
     else std::snprintf(buf, sizeof buf, "fp8 m=%.1f w=%d %s", margin, window, values ? "kv" : "k");
     std::string out = buf;
+    if (rotation != KvRotation::none) out += rotate_values ? " rot" : " rot-k";
     if (attention_isa != cpu::CpuIsa::best) out += std::string(" ") + cpu::cpu_isa_name(attention_isa);
     if (fp8_weights) out = std::string("W fp8") + (fp8_lm_head ? " (LM head fp8)" : "") + ", KV " + out;
     if (linear_isa != cpu::LinearIsa::best) out += std::string(", projections ") + cpu::linear_isa_name(linear_isa);
@@ -107,6 +115,8 @@ class Stepper {
     options.quantize_fp8 = kv.fp8_weights;
     options.quantize_lm_head = kv.fp8_lm_head;
     options.window = KvWindow{kv.window, kv.values, kBlock};
+    options.kv_rotation = kv.rotation;
+    options.rotate_values = kv.rotate_values;
     window_ = options.window;
     transformer_ = std::make_unique<Transformer>(model.config, model.weights, backend_, options);
     const auto layers = static_cast<std::size_t>(config_.num_layers);
@@ -281,6 +291,8 @@ FreeRun free_run_isolated(const LoadedModel& model, int threads, const KvConfig&
 
 struct Divergence {
   double mean_kl = 0, max_kl = 0;
+  std::vector<double> per_seq;  // mean KL of each sequence
+  uint64_t top1_same = 0, steps = 0;  // steps whose argmax is bf16's (fed the same tokens)
 };
 
 // Every other config in lockstep with the first (bf16), all fed its greedy tokens.
@@ -293,6 +305,7 @@ std::vector<Divergence> teacher_forced(const LoadedModel& model, cpu::ThreadPool
   std::vector<std::unique_ptr<Stepper>> runs;
   for (const KvConfig& kv : fp8) runs.push_back(std::make_unique<Stepper>(model, pool, kv, prompts, num_generate));
   std::vector<Divergence> result(fp8.size());
+  for (Divergence& d : result) d.per_seq.assign(num_seqs, 0.0);
   std::vector<double> sum(fp8.size(), 0.0);
   uint64_t count = 0;
   std::vector<int32_t> forced(num_seqs);
@@ -303,6 +316,9 @@ std::vector<Divergence> teacher_forced(const LoadedModel& model, cpu::ThreadPool
       for (std::size_t s = 0; s < num_seqs; ++s) {
         const double kl = kl_divergence(p.data() + s * vocab, q.data() + s * vocab, vocab);
         sum[c] += kl;
+        result[c].per_seq[s] += kl / num_generate;
+        result[c].top1_same += argmax(p.data() + s * vocab, vocab) == argmax(q.data() + s * vocab, vocab);
+        ++result[c].steps;
         result[c].max_kl = std::max(result[c].max_kl, kl);
       }
     }
@@ -318,6 +334,7 @@ struct Workload {
   std::vector<std::vector<int32_t>> prompts;
   int num_generate = 0;
   std::vector<FreeRun> runs;  // per config
+  bool per_prompt = false;    // print each prompt's KL too
 };
 
 // Free runs first, for every workload, while the parent process is still small: each forked
@@ -348,8 +365,8 @@ void print_table(const LoadedModel& model, int threads, const std::vector<KvConf
     kl.insert(kl.end(), part.begin(), part.end());
   }
   std::printf("| config | KV MiB (+ tail) | peak RSS MiB | wall s | prefill tok/s | decode tok/s | greedy tokens = bf16 | "
-              "sequences all = bf16 | mean KL | max KL | saturated |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "sequences all = bf16 | argmax = bf16, forced | mean KL | max KL | saturated |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::size_t prompt_tokens = 0;
   for (const auto& p : prompts) prompt_tokens += p.size();
   for (std::size_t c = 0; c < configs.size(); ++c) {
@@ -363,17 +380,32 @@ void print_table(const LoadedModel& model, int threads, const std::vector<KvConf
       if (i == r.tokens[s].size()) ++all_match;
     }
     const double decode_tokens = static_cast<double>(prompts.size()) * (num_generate - 1);
-    char kl_mean[32] = "-", kl_max[32] = "-";
+    char kl_mean[32] = "-", kl_max[32] = "-", top1[32] = "-";
     if (c > 0) {
+      std::snprintf(top1, sizeof top1, "%llu/%llu", static_cast<unsigned long long>(kl[c - 1].top1_same),
+                    static_cast<unsigned long long>(kl[c - 1].steps));
       std::snprintf(kl_mean, sizeof kl_mean, "%.2e", kl[c - 1].mean_kl);
       std::snprintf(kl_max, sizeof kl_max, "%.2e", kl[c - 1].max_kl);
     }
-    std::printf("| %s | %.2f | %.0f | %.1f | %.0f | %.1f | %zu/%zu | %zu/%zu | %s | %s | %.2e |\n",
+    std::printf("| %s | %.2f | %.0f | %.1f | %.0f | %.1f | %zu/%zu | %zu/%zu | %s | %s | %s | %.2e |\n",
                 configs[c].name().c_str(), r.kv_bytes / 1048576.0, r.peak_rss_kib / 1024.0, r.wall_s,
                 prompt_tokens / r.prefill_s, decode_tokens / r.decode_s, matched, total, all_match, prompts.size(),
-                kl_mean, kl_max, r.elements ? static_cast<double>(r.saturated) / r.elements : 0.0);
+                top1, kl_mean, kl_max, r.elements ? static_cast<double>(r.saturated) / r.elements : 0.0);
     std::fflush(stdout);
   }
+  if (!w.per_prompt) return;
+  // Each prompt's own mean KL: whether a change wins on every prompt, or on average only.
+  std::printf("\n| config (mean KL per prompt) |");
+  for (std::size_t s = 0; s < prompts.size(); ++s) std::printf(" %zu |", s + 1);
+  std::printf("\n|---|");
+  for (std::size_t s = 0; s < prompts.size(); ++s) std::printf("---|");
+  std::printf("\n");
+  for (std::size_t c = 1; c < configs.size(); ++c) {
+    std::printf("| %s |", configs[c].name().c_str());
+    for (const double v : kl[c - 1].per_seq) std::printf(" %.2e |", v);
+    std::printf("\n");
+  }
+  std::fflush(stdout);
 }
 
 // Greedy tokens of every config on the prompts of a transformers reference, against it: the
@@ -461,6 +493,10 @@ int main(int argc, char** argv) {
   std::vector<float> margins = {1.0f, 2.0f, 4.0f};
   std::vector<int> windows = {0};
   std::vector<bool> tensors = {true};  // values in the window: kv = true, k = false
+  // --rotations: none, hadamard (q, K, V), hadamard-k (q and K only)
+  std::vector<std::pair<KvRotation, bool>> rotations = {{KvRotation::none, true}, {KvRotation::hadamard, true}};
+  int num_long = -1;
+  std::string only;  // --only long|short: one workload
   bool own_texts = false;
   auto list_of = [](const char* arg) {
     std::vector<std::string> items;
@@ -493,12 +529,26 @@ int main(int argc, char** argv) {
     } else if (arg == "--window-tensors" && i + 1 < argc) {
       tensors.clear();
       for (const std::string& t : list_of(argv[++i])) tensors.push_back(t == "kv");
+    } else if (arg == "--rotations" && i + 1 < argc) {
+      rotations.clear();
+      for (const std::string& r : list_of(argv[++i])) {
+        if (r != "none" && r != "hadamard" && r != "hadamard-k") {
+          std::fprintf(stderr, "--rotations: none, hadamard or hadamard-k, not %s\n", r.c_str());
+          return 2;
+        }
+        rotations.emplace_back(r == "none" ? KvRotation::none : KvRotation::hadamard, r != "hadamard-k");
+      }
+    } else if (arg == "--only" && i + 1 < argc) {
+      only = argv[++i];
+    } else if (arg == "--long-prompts" && i + 1 < argc) {
+      num_long = std::stoi(argv[++i]);
     } else if (arg.rfind("--", 0) != 0) {
       model_path = arg;
     } else {
       std::fprintf(stderr, "usage: bench_kv_quality [MODEL] [--threads N] [--quick] [--margins 1,2,4] "
                            "[--windows 0,32,64] [--window-tensors kv,k] [--text FILE]... [--weights] "
-                           "[--reference NAME] [--reference-only]\n");
+                           "[--reference NAME] [--reference-only] [--rotations none,hadamard,hadamard-k] "
+                           "[--long-prompts N] [--only long|short]\n");
       return 2;
     }
   }
@@ -506,6 +556,8 @@ int main(int argc, char** argv) {
   const std::vector<int32_t> ids = model.tokenizer->encode(bench::read_texts(texts), false);
 
   const int long_len = quick ? 300 : 1000, long_gen = quick ? 64 : 256;
+  if (num_long < 0) num_long = quick ? 2 : 6;
+  if (num_long < 1) num_long = 1;
   const int num_short = quick ? 12 : 50, short_gen = quick ? 32 : 128;
   if (static_cast<int>(ids.size()) < long_len + 200) {
     std::fprintf(stderr, "the text has only %zu tokens; pass a longer --text\n", ids.size());
@@ -526,24 +578,32 @@ int main(int argc, char** argv) {
       fp32_dot.linear_isa = cpu::LinearIsa::avx512;
       configs.push_back(fp32_dot);
     }
-    const KvConfig fp8_kv{KvDtype::fp8_e4m3, m, cpu::CpuIsa::best, windows.front(), tensors.front()};
-    configs.push_back(fp8_kv);
-    KvConfig both = fp8_kv;
-    both.fp8_weights = true;
-    configs.push_back(both);
+    for (const auto& [rotation, values] : rotations) {
+      KvConfig fp8_kv{KvDtype::fp8_e4m3, m, cpu::CpuIsa::best, windows.front(), tensors.front()};
+      fp8_kv.rotation = rotation;
+      fp8_kv.rotate_values = values;
+      configs.push_back(fp8_kv);
+      KvConfig both = fp8_kv;
+      both.fp8_weights = true;
+      configs.push_back(both);
+    }
   } else {
     // Where the default attention is the bf16 dot-product build, the fp32 one on the same bf16
     // KV as well: what the kernel's own rounding of q and p costs, next to what FP8 costs.
     if (cpu::resolve_cpu_isa(cpu::CpuIsa::best, model.config.head_dim) == cpu::CpuIsa::avx512bf16) {
       configs.push_back({KvDtype::bf16, 1.0f, cpu::CpuIsa::avx512});
     }
-    for (const float m : margins) {
-      for (const int w : windows) {
-        if (w == 0) {
-          configs.push_back({KvDtype::fp8_e4m3, m});
-          continue;
+    for (const auto& [rotation, rotate_values] : rotations) {
+      for (const float m : margins) {
+        for (const int w : windows) {
+          for (const bool values : tensors) {
+            KvConfig kv{KvDtype::fp8_e4m3, m, cpu::CpuIsa::best, w, values};
+            kv.rotation = rotation;
+            kv.rotate_values = rotate_values;
+            configs.push_back(kv);
+            if (w == 0) break;  // no window: the tensors do not apply
+          }
         }
-        for (const bool values : tensors) configs.push_back({KvDtype::fp8_e4m3, m, cpu::CpuIsa::best, w, values});
       }
     }
   }
@@ -556,7 +616,15 @@ int main(int argc, char** argv) {
               ids.size(), cpu::linear_isa_name(cpu::LinearIsa::best));
   std::printf("(peak RSS: of a forked child, after the parent loaded the model - its weights still in the mapped "
               "file - and the run uploaded them)\n");
-  Workload long_workload{"long prompt", {std::vector<int32_t>(ids.begin(), ids.begin() + long_len)}, long_gen, {}};
+  // Long prompts: num_long windows of long_len tokens spread evenly over the text (overlapping
+  // where it is short), decoded together.
+  std::vector<std::vector<int32_t>> long_prompts;
+  const std::size_t long_stride = num_long > 1 ? (ids.size() - static_cast<std::size_t>(long_len)) / static_cast<std::size_t>(num_long - 1) : 0;
+  for (int i = 0; i < num_long; ++i) {
+    const auto begin = ids.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(i) * long_stride);
+    long_prompts.emplace_back(begin, begin + long_len);
+  }
+  Workload long_workload{"long prompts (one batch)", long_prompts, long_gen, {}, true};
 
   // Short prompts: windows of 20-100 tokens spread over the text.
   std::vector<std::vector<int32_t>> short_prompts;
@@ -572,10 +640,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   print_memory_table(model.config, configs);
-  run_free(model, threads, configs, long_workload);
-  run_free(model, threads, configs, short_workload);
-  print_table(model, threads, configs, long_workload);
-  print_table(model, threads, configs, short_workload);
-  print_reference(model, threads, configs, reference);
+  std::fflush(stdout);
+  const bool run_long = only != "short", run_short = only != "long";
+  if (run_long) run_free(model, threads, configs, long_workload);
+  if (run_short) run_free(model, threads, configs, short_workload);
+  if (run_long) print_table(model, threads, configs, long_workload);
+  if (run_short) print_table(model, threads, configs, short_workload);
+  if (only.empty()) print_reference(model, threads, configs, reference);
   return 0;
 }
