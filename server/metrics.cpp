@@ -128,6 +128,18 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
       sample(out, name, labels, static_cast<double>(values[i]));
     }
   };
+  {
+    const EngineStats::CacheConfig& c = engine.cache;
+    const char* name = "fp8serve:cache_config_info";
+    family(out, name, "gauge", "The KV cache's configuration, in labels (vLLM's cache_config_info); the value is 1.");
+    std::string labels = "block_size=\"" + std::to_string(c.block_size) + "\"";
+    labels.append(",cache_dtype=\"").append(escape_label_value(c.cache_dtype)).append("\"");
+    labels.append(",enable_prefix_caching=\"").append(c.prefix_caching ? "True" : "False").append("\"");
+    labels.append(",kv_bf16_window=\"").append(std::to_string(c.bf16_window)).append("\"");
+    labels.append(",kv_rotation=\"").append(escape_label_value(c.rotation)).append("\"");
+    labels.append(",num_gpu_blocks=\"").append(std::to_string(c.num_blocks)).append("\"");
+    sample(out, name, labels, 1.0);
+  }
   gauge("fp8serve:num_requests_running", "Sequences in the running batch.", engine.num_running);
   gauge("fp8serve:num_requests_waiting", "Sequences waiting to be scheduled.", engine.num_waiting);
   gauge("fp8serve:kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = full).", engine.kv_usage);

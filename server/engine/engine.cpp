@@ -348,6 +348,12 @@ void Engine::fail_all(const std::string& message) {
 
 EngineStats Engine::stats() const {
   EngineStats s;
+  s.cache.block_size = blocks_->block_size();
+  s.cache.num_blocks = blocks_->num_blocks();
+  s.cache.cache_dtype = std::string(kv_dtype_name(options_.kv_dtype));
+  s.cache.prefix_caching = options_.enable_prefix_caching;
+  s.cache.bf16_window = transformer_->options().window.tokens;
+  s.cache.rotation = std::string(kv_rotation_name(transformer_->options().kv_rotation));
   s.num_running = scheduler_->num_running();
   s.num_waiting = scheduler_->num_waiting();
   const int total = blocks_->num_blocks();

@@ -70,6 +70,17 @@ using OutputSink = std::function<void(RequestOutput&&)>;
 
 // A snapshot of the engine's gauges and counters for /metrics.
 struct EngineStats {
+  // The KV cache's shape, fixed at start-up: fp8serve:cache_config_info, whose block_size and
+  // num_gpu_blocks labels are what routers read from vLLM's vllm:cache_config_info.
+  struct CacheConfig {
+    int block_size = 0;
+    int num_blocks = 0;            // of the KV pool (vLLM's num_gpu_blocks, whatever the device)
+    std::string cache_dtype;       // --kv-cache-dtype
+    bool prefix_caching = false;   // --enable-prefix-caching
+    int bf16_window = 0;           // --kv-bf16-window in effect (0: off)
+    std::string rotation;          // --kv-rotation in effect ("none" with a bf16 pool)
+  };
+  CacheConfig cache;
   int num_running = 0;
   int num_waiting = 0;
   double kv_usage = 0.0;            // fraction of KV blocks in use, [0, 1]

@@ -2,6 +2,7 @@
 streaming and not, every sampling parameter, usage, logprobs, tokenize against HF tokenizers."""
 import json
 import math
+import re
 import shutil
 import subprocess
 import time
@@ -250,6 +251,13 @@ def test_metrics_pass_promtool_and_the_prometheus_parser(tiny, openai_client):
                  "fp8serve:kv_fp8_saturated_elements", "fp8serve:kv_scale", "fp8serve:kv_bf16_tail_usage_perc",
                  "fp8serve:kv_bf16_tail_tokens"]:
         assert name in families, name
+    # The cache's shape as routers read vLLM's cache_config_info, against the start-up log's line
+    # "KV cache: N blocks x B tokens = ...".
+    info = families["fp8serve:cache_config_info"].samples[0]
+    m = re.search(r"KV cache: (\d+) blocks x (\d+) tokens", tiny.startup_log())
+    assert info.value == 1 and m
+    assert (info.labels["num_gpu_blocks"], info.labels["block_size"]) == (m.group(1), m.group(2))
+    assert info.labels["cache_dtype"] == "fp8_e4m3" and info.labels["kv_rotation"] == "hadamard"
     layers = {s.labels["layer"] for s in families["fp8serve:kv_fp8_saturated_elements"].samples}
     assert layers == {"0", "1", "2"}  # tiny-qwen3 has three layers
     assert families["fp8serve:generation_tokens"].samples[0].value >= 4

@@ -75,7 +75,10 @@ TEST_CASE("ServerMetrics renders vLLM-named families with engine gauges") {
   e.saturated_per_layer = {0, 12};
   e.k_scales = {0.01f, 0.02f};
   e.v_scales = {0.5f};
+  e.cache = {16, 5825, "fp8_e4m3", true, 64, "hadamard"};
   const auto s = samples_of(m.render(e));
+  CHECK(s.at("fp8serve:cache_config_info{block_size=\"16\",cache_dtype=\"fp8_e4m3\",enable_prefix_caching=\"True\","
+             "kv_bf16_window=\"64\",kv_rotation=\"hadamard\",num_gpu_blocks=\"5825\"}") == 1);
   CHECK(s.at("fp8serve:num_requests_running") == 3);
   CHECK(s.at("fp8serve:num_requests_waiting") == 1);
   CHECK(s.at("fp8serve:kv_cache_usage_perc") == 0.25);
