@@ -16,9 +16,8 @@ using namespace fp8serve::cpu::test;
 
 namespace {
 
-// Sylvester's Hadamard matrix of order n (a power of two), entries +-1: sign of (-1)^popcount(i & j).
-double sylvester(int64_t n, int64_t i, int64_t j) {
-  (void)n;
+// Entry (i, j) of Sylvester's Hadamard matrix (of any power-of-two order > i, j): (-1)^popcount(i & j).
+double sylvester(int64_t i, int64_t j) {
   return __builtin_popcountll(static_cast<unsigned long long>(i & j)) % 2 ? -1.0 : 1.0;
 }
 
@@ -32,7 +31,7 @@ std::vector<double> reference_head(const float* x, int64_t head_dim, std::vector
     if (segments) segments->push_back(n);
     for (int64_t i = 0; i < n; ++i) {
       double sum = 0;
-      for (int64_t j = 0; j < n; ++j) sum += sylvester(n, i, j) * x[at + j];
+      for (int64_t j = 0; j < n; ++j) sum += sylvester(i, j) * x[at + j];
       out[static_cast<std::size_t>(at + i)] = sum / std::sqrt(static_cast<double>(n));
     }
     at += n;
