@@ -225,7 +225,10 @@ void BlockManager::cache_full_blocks(Sequence& s, std::span<const int32_t> token
     const BlockHash key = block_key(tokens, i, i == 0 ? nullptr : &s.block_keys.back());
     s.block_keys.push_back(key);
     const int32_t block = s.block_table[i];
-    if (!pool_.is_cached(block)) pool_.register_block(block, key, s.scales);
+    if (!pool_.is_cached(block) && pool_.register_block(block, key, s.scales)) {
+      const auto bs = static_cast<std::size_t>(block_size_);
+      pool_.announce(block, i == 0 ? nullptr : &s.block_keys[i - 1], tokens.subspan(i * bs, bs));
+    }
   }
 }
 

@@ -158,6 +158,11 @@ class BlockManager {
   int num_free_blocks() const { return pool_.num_free_blocks(); }
   int num_seqs() const { return static_cast<int>(seqs_.size()); }
   const BlockPool& pool() const { return pool_; }
+  // KV-cache events (cache/kv_events.hpp): BlockPool's, for the sequences' blocks.
+  void enable_events() { pool_.enable_events(); }
+  std::vector<KvCacheEvent> take_events() { return pool_.take_events(); }
+  // Nothing stays hittable (BlockPool::reset_prefix_cache); running sequences keep their blocks.
+  void reset_prefix_cache() { pool_.reset_prefix_cache(); }
   PrefixCacheStats prefix_cache_stats() const { return stats_; }
 
   // Throws std::logic_error naming the first broken invariant: every block free xor idle xor

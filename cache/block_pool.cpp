@@ -55,9 +55,66 @@ void BlockPool::evict(int32_t block) {
   lru_.erase(b.lru_pos);
   b.on_lru = false;
   cached_.erase(*b.key);
+  if (b.announced) {
+    const uint64_t hash = external_block_hash(*b.key);
+    if (!events_.empty() && events_.back().type == KvCacheEvent::Type::block_removed) {
+      events_.back().block_hashes.push_back(hash);
+    } else {
+      events_.push_back({KvCacheEvent::Type::block_removed, {hash}, std::nullopt, {}});
+    }
+  }
   b.key.reset();
   b.scales.reset();
+  b.announced = false;
   ++num_evictions_;
+}
+
+void BlockPool::reset_prefix_cache() {
+  for (int32_t id = 0; id < num_blocks(); ++id) {
+    Block& b = blocks_[static_cast<std::size_t>(id)];
+    if (!b.key) continue;
+    b.key.reset();
+    b.scales.reset();
+    b.announced = false;
+    if (b.on_lru) {
+      b.on_lru = false;
+      b.on_free_list = true;
+      free_list_.push_back(id);
+    }
+  }
+  lru_.clear();
+  cached_.clear();
+  if (events_enabled_) {
+    events_.clear();
+    events_.push_back({KvCacheEvent::Type::all_blocks_cleared, {}, std::nullopt, {}});
+  }
+}
+
+void BlockPool::announce(int32_t block, const BlockHash* parent, std::span<const int32_t> tokens) {
+  if (!events_enabled_) return;
+  Block& b = at(block);
+  if (!b.key) broken("announce() of uncached block " + std::to_string(block));
+  std::optional<uint64_t> parent_hash;
+  if (parent != nullptr) {
+    const std::optional<int32_t> p = lookup(*parent);
+    if (!p || !at(*p).announced || !(*at(*p).scales == *b.scales)) return;
+    parent_hash = external_block_hash(*parent);
+  }
+  b.announced = true;
+  const uint64_t hash = external_block_hash(*b.key);
+  KvCacheEvent* last = events_.empty() ? nullptr : &events_.back();
+  if (last != nullptr && last->type == KvCacheEvent::Type::block_stored && parent_hash == last->block_hashes.back()) {
+    last->block_hashes.push_back(hash);
+    last->token_ids.insert(last->token_ids.end(), tokens.begin(), tokens.end());
+    return;
+  }
+  events_.push_back({KvCacheEvent::Type::block_stored, {hash}, parent_hash, {tokens.begin(), tokens.end()}});
+}
+
+std::vector<KvCacheEvent> BlockPool::take_events() {
+  std::vector<KvCacheEvent> out;
+  out.swap(events_);
+  return out;
 }
 
 std::optional<int32_t> BlockPool::lookup(const BlockHash& key) const {
@@ -117,6 +174,7 @@ void BlockPool::check_integrity(const std::vector<int>& expected_refs) const {
     if (b.on_free_list && b.key) broken(name + " is free but still cached");
     if (b.on_lru && !b.key) broken(name + " is on the LRU but not cached");
     if (b.key.has_value() != static_cast<bool>(b.scales)) broken(name + " key and scales disagree");
+    if (b.announced && !b.key) broken(name + " is announced but not cached");
     if (b.key) {
       ++num_keyed;
       if (!b.scales->frozen) broken(name + " is cached with unfrozen scales");

@@ -12,10 +12,12 @@
 #include <list>
 #include <memory>
 #include <optional>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "cache/block_hash.hpp"
+#include "cache/kv_events.hpp"
 #include "cache/kv_scales.hpp"
 
 namespace fp8serve {
@@ -48,6 +50,24 @@ class BlockPool {
   // false and changes nothing if the key already names another block: the first writer stays.
   bool register_block(int32_t block, const BlockHash& key, std::shared_ptr<KvScales> scales);
 
+  // Drops every key: idle cached blocks become free, blocks in use stay with their holders but
+  // are no longer hittable. With events: one all_blocks_cleared, and what was pending before it
+  // is dropped (the router would clear it anyway).
+  void reset_prefix_cache();
+
+  // KV-cache events (cache/kv_events.hpp), off by default. Once enabled, announce() after a
+  // successful register_block(), and evictions and resets record their own events.
+  void enable_events() { events_enabled_ = true; }
+  bool events_enabled() const { return events_enabled_; }
+  // A block_stored for `block`, cached under `key` by register_block(), if a new request could
+  // map it: it starts a chain (parent null), or its parent key names a cached block that was
+  // announced and written with the same scales (the rule match_prefix() follows). A block_stored
+  // that continues the previous one (same chain) is merged into it. No-op without events.
+  void announce(int32_t block, const BlockHash* parent, std::span<const int32_t> tokens);
+  bool announced(int32_t block) const { return at(block).announced; }
+  // The events recorded since the last call, oldest first.
+  std::vector<KvCacheEvent> take_events();
+
   // Throws std::logic_error unless the state invariants hold and every block's ref_count
   // equals expected_refs[block] (the number of block-table entries naming it).
   void check_integrity(const std::vector<int>& expected_refs) const;
@@ -60,6 +80,7 @@ class BlockPool {
     std::list<int32_t>::iterator lru_pos;
     bool on_lru = false;
     bool on_free_list = false;
+    bool announced = false;  // a block_stored event named it (events on; cached)
   };
 
   const Block& at(int32_t block) const;
@@ -72,6 +93,8 @@ class BlockPool {
   std::list<int32_t> lru_;          // idle cached blocks, least recently released first
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> cached_;
   uint64_t num_evictions_ = 0;
+  bool events_enabled_ = false;
+  std::vector<KvCacheEvent> events_;
 };
 
 }  // namespace fp8serve

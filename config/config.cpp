@@ -53,6 +53,7 @@ struct FlagSpec {
   std::function<std::string(const Config&)> show;  // the default, for usage()
   unsigned commands = kEngine;                     // CommandBits
   bool list = false;  // comma-separated values; --config may give them as a JSON list
+  bool object = false;  // a JSON object; --config may give it as one
 };
 
 [[noreturn]] void fail(const std::string& flag, const std::string& message) {
@@ -292,6 +293,14 @@ const std::vector<FlagSpec>& flag_specs() {
       return out.empty() ? std::string("none") : out;
     };
     s.push_back(ignored);
+    FlagSpec events{"kv-events-config", Kind::text,
+                    "KV-cache events for prefix-aware routers, vLLM's JSON: {\"enable_kv_cache_events\": true, "
+                    "\"endpoint\": \"tcp://*:5557\", \"topic\": \"...\", \"replay_endpoint\": \"...\"} (docs/routing.md)",
+                    0, 0, {}, nullptr, nullptr};
+    events.set = [](Config& c, const std::string& v) { c.kv_events = parse_kv_events_config(v); };
+    events.show = [](const Config& c) { return c.kv_events.enable_kv_cache_events ? std::string("on") : std::string("off"); };
+    events.object = true;
+    s.push_back(events);
     s.push_back(bytes_flag("max-body-bytes", "request body limit (e.g. 8MiB); larger gets 413", 1024, 1 << 30, &Config::max_body_bytes));
     s.push_back(integer_flag("max-header-bytes", "request header limit; larger gets 431", 1024, 1 << 20,
                              &Config::max_header_bytes));
@@ -315,7 +324,8 @@ const std::vector<FlagSpec>& flag_specs() {
     for (FlagSpec& spec : s) {
       static const char* const kServeOnly[] = {"host", "port", "served-model-name", "api-key", "api-key-file", "max-waiting-requests",
                                                "shutdown-timeout", "chat-template", "metrics-public", "max-body-bytes",
-                                               "max-header-bytes", "request-timeout", "ignore-request-fields"};
+                                               "max-header-bytes", "request-timeout", "ignore-request-fields",
+                                               "kv-events-config"};
       static const char* const kGenerateOnly[] = {"prompt", "max-tokens", "temperature", "top-p", "top-k", "min-p", "seed"};
       auto in = [&](const auto& names) { return std::find(std::begin(names), std::end(names), spec.name) != std::end(names); };
       if (in(kServeOnly)) spec.commands = kServe;
@@ -333,7 +343,8 @@ const FlagSpec* find_flag(const std::string& name) {
   return nullptr;
 }
 
-// --config FILE: a JSON object whose keys are long flag names; values are JSON scalars. One file
+// --config FILE: a JSON object whose keys are long flag names; values are JSON scalars (a list
+// for a list flag, an object for --kv-events-config). One file
 // may configure several commands: a key another command reads is skipped, an unknown key is
 // an error.
 void apply_config_file(Config& config, const std::string& path) {
@@ -361,6 +372,8 @@ void apply_config_file(Config& config, const std::string& path) {
         if (!text.empty()) text += ',';
         text += item.get<std::string>();
       }
+    } else if (value.is_object() && spec->object) {
+      text = value.dump();
     } else fail(key, "in '" + path + "' must be a string, number or boolean");
     spec->set(config, text);
   }
@@ -501,6 +514,8 @@ Config parse_command_line(const std::vector<std::string>& args, const Environmen
     fail("speculative-method", "draft needs --speculative-model PATH (a model with the same tokenizer)");
   if (!config.speculative_model.empty() && config.speculative_method != SpeculativeMethod::draft)
     fail("speculative-model", "needs --speculative-method draft");
+  if (config.kv_events.enable_kv_cache_events && !config.enable_prefix_caching)
+    fail("kv-events-config", "KV-cache events describe the prefix cache: they need --enable-prefix-caching");
   if (config.command == Command::generate && config.prompt.empty())
     fail("prompt", "generate needs a non-empty --prompt");
   return config;

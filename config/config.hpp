@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "config/kv_events_config.hpp"
 #include "kernels/kv_dtype.hpp"
 #include "kernels/kv_scale_math.hpp"
 #include "kernels/paged_kv.hpp"
@@ -92,6 +93,7 @@ struct Config {
   // Request fields a router adds (e.g. no_stop_trim): accepted and ignored rather than a 400.
   // Comma-separated on the command line; checked against the field table at start-up.
   std::vector<std::string> ignore_request_fields;
+  KvEventsConfig kv_events;                // --kv-events-config
   int64_t max_body_bytes = 4 << 20;       // larger request bodies get 413
   int max_header_bytes = 16 << 10;        // larger request headers get 431
   double request_timeout = 30.0;          // seconds to receive one whole request, or idle (slowloris)

@@ -43,8 +43,30 @@ void AsyncEngine::abort(const std::string& request_id) {
 }
 
 EngineStats AsyncEngine::stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
+  EngineStats s;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    s = stats_;
+  }
+  if (publisher_ != nullptr) {
+    s.kv_events.enabled = true;
+    s.kv_events.published = publisher_->num_events_published();
+    s.kv_events.dropped = publisher_->num_events_dropped();
+  }
+  return s;
+}
+
+void AsyncEngine::reset_prefix_cache() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const uint64_t ticket = ++resets_asked_;
+  wake_.notify_one();
+  if (!thread_.joinable()) return;  // not started: the loop does it when it starts
+  reset_done_.wait(lock, [&] { return stopping_ || resets_done_ >= ticket; });
+}
+
+void AsyncEngine::set_kv_event_publisher(KvEventPublisher* publisher) {
+  engine_->enable_kv_events();
+  publisher_ = publisher;
 }
 
 void AsyncEngine::drain() {
@@ -69,9 +91,13 @@ void AsyncEngine::loop() {
     std::deque<std::pair<GenerationRequest, OutputSink>> submissions;
     std::vector<std::string> aborts;
     bool stopping = false;
+    uint64_t resets = 0;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !submissions_.empty() || !aborts_.empty() || busy_; });
+      wake_.wait(lock, [&] {
+        return stopping_ || !submissions_.empty() || !aborts_.empty() || busy_ || resets_asked_ > resets_done_;
+      });
+      resets = resets_asked_;
       submissions.swap(submissions_);
       aborts.swap(aborts_);
       stopping = stopping_;
@@ -84,11 +110,20 @@ void AsyncEngine::loop() {
     } else {
       engine_->step();
     }
+    if (resets > resets_done_) engine_->reset_prefix_cache();  // after the step: its blocks are cached first
+    if (publisher_ != nullptr) publisher_->publish(engine_->take_kv_events());
     std::lock_guard<std::mutex> lock(mutex_);
+    if (resets > resets_done_) {
+      resets_done_ = resets;
+      reset_done_.notify_all();
+    }
     busy_ = engine_->has_work();
     stats_ = engine_->stats();
     if (stopping || (!busy_ && submissions_.empty())) idle_.notify_all();
-    if (stopping) return;
+    if (stopping) {
+      reset_done_.notify_all();
+      return;
+    }
   }
 }
 

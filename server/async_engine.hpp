@@ -20,6 +20,7 @@
 
 #include "server/api/engine_client.hpp"
 #include "server/engine/engine.hpp"
+#include "server/kv_events.hpp"
 
 namespace fp8serve {
 
@@ -34,6 +35,10 @@ class AsyncEngine final : public EngineClient {
   void submit(GenerationRequest request, OutputSink sink) override;
   void abort(const std::string& request_id) override;
   EngineStats stats() const override;
+  void reset_prefix_cache() override;
+  // Before start(): the engine's KV-cache events go to `publisher` after each step (it must
+  // outlive this object's thread).
+  void set_kv_event_publisher(KvEventPublisher* publisher);
   void drain();
   void stop();
 
@@ -53,6 +58,10 @@ class AsyncEngine final : public EngineClient {
   bool accepting_ = true;
   bool stopping_ = false;
   bool busy_ = false;  // the engine holds unfinished requests
+  uint64_t resets_asked_ = 0;  // reset_prefix_cache() calls, and how many the loop has done
+  uint64_t resets_done_ = 0;
+  std::condition_variable reset_done_;
+  KvEventPublisher* publisher_ = nullptr;
   EngineStats stats_;
 };
 

@@ -186,6 +186,14 @@ std::string ServerMetrics::render(const EngineStats& engine) const {
   counter("fp8serve:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
           static_cast<double>(engine.prefix_hits));
 
+  if (engine.kv_events.enabled) {
+    counter("fp8serve:kv_events_published_total", "KV-cache events published for routers (--kv-events-config).",
+            static_cast<double>(engine.kv_events.published));
+    counter("fp8serve:kv_events_dropped_total",
+            "KV-cache events dropped because the publisher's queue was full (a router's index then misses them).",
+            static_cast<double>(engine.kv_events.dropped));
+  }
+
   indexed_counter("fp8serve:kv_fp8_saturated_elements_total",
                   "KV elements clipped to +-448 by a frozen FP8 scale, per layer.", "layer", engine.saturated_per_layer);
   {

@@ -20,6 +20,7 @@
 #include "server/engine/engine.hpp"
 #include "server/grammar/token_vocab.hpp"
 #include "server/http/http_server.hpp"
+#include "server/kv_events.hpp"
 #include "server/metrics.hpp"
 
 namespace fp8serve {
@@ -109,6 +110,15 @@ int run_serve(const Config& config) {
     spdlog::info("request fields accepted and ignored (--ignore-request-fields): {}", names);
   }
   ApiFrontend frontend(fopts, metrics);
+  // Bound before the model loads, so that a taken port fails the start at once.
+  std::unique_ptr<KvEventPublisher> kv_events;
+  if (config.kv_events.enable_kv_cache_events) {
+    kv_events = std::make_unique<KvEventPublisher>(config.kv_events, config.block_size);
+    spdlog::info("KV-cache events: {} (topic '{}'{})",
+                 config.kv_events.publisher == "zmq" ? "published on " + config.kv_events.endpoint : std::string("recorded, published nowhere"),
+                 config.kv_events.topic,
+                 config.kv_events.replay_endpoint.empty() ? std::string() : ", replays on " + config.kv_events.replay_endpoint);
+  }
 
   HttpServerOptions hopts;
   hopts.host = config.host;
@@ -147,6 +157,7 @@ int run_serve(const Config& config) {
   // sink until the request ends, and a sink can hold the last reference to a connection's
   // Channel (job_runner.cpp), whose timer must be destroyed while the io_context exists.
   AsyncEngine engine(std::make_unique<Engine>(std::move(model), eopts));
+  if (kv_events) engine.set_kv_event_publisher(kv_events.get());
   engine.start();
   const Engine& core = engine.engine();
 

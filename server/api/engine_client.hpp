@@ -19,6 +19,9 @@ class EngineClient {
   // The client went away: free the request's blocks at the next step. Unknown ids are ignored.
   virtual void abort(const std::string& request_id) = 0;
   virtual EngineStats stats() const = 0;
+  // POST /reset_prefix_cache: the prefix cache drops every block between two steps (running
+  // requests keep theirs); returns once it has.
+  virtual void reset_prefix_cache() = 0;
 };
 
 }  // namespace fp8serve

@@ -139,7 +139,8 @@ RouteResult ApiFrontend::handle(const HttpRequestIn& request) {
                                       {"/v1/completions", "POST", false}, {"/v1/chat/completions", "POST", false},
                                       {"/tokenize", "POST", false},       {"/detokenize", "POST", false},
                                       {"/v1/completions/render", "POST", false},
-                                      {"/v1/chat/completions/render", "POST", false}};
+                                      {"/v1/chat/completions/render", "POST", false},
+                                      {"/reset_prefix_cache", "POST", false}};
   const Route* route = nullptr;
   for (const Route& r : kRoutes)
     if (r.prefix ? path.size() > std::strlen(r.path) && path.rfind(r.path, 0) == 0 : path == r.path) route = &r;
@@ -164,6 +165,10 @@ RouteResult ApiFrontend::handle(const HttpRequestIn& request) {
   }
   if (path == "/v1/models") return handle_models();
   if (route->prefix) return handle_model(percent_decode(path.substr(std::strlen(route->path))));
+  if (path == "/reset_prefix_cache") {  // vLLM's: no body; a router sees AllBlocksCleared
+    model_->engine->reset_prefix_cache();
+    return HttpReply{200, "application/json", "{}", {}};
+  }
   if (!is_json_content_type(request.content_type)) return error_reply(unsupported_media_type());
   if (path == "/tokenize") return handle_tokenize(request);
   if (path == "/detokenize") return handle_detokenize(request);

@@ -65,6 +65,12 @@ class Engine {
   void step();
   bool has_work() const { return scheduler_->has_work(); }
   EngineStats stats() const;
+  // KV-cache events (cache/kv_events.hpp) of the prefix cache, from now on; the draft model's
+  // pool never has any. take_kv_events(): those recorded since the last call.
+  void enable_kv_events() { blocks_->enable_events(); }
+  std::vector<KvCacheEvent> take_kv_events() { return blocks_->take_events(); }
+  // Nothing cached stays hittable; running sequences keep their blocks (POST /reset_prefix_cache).
+  void reset_prefix_cache() { blocks_->reset_prefix_cache(); }
 
   const ModelConfig& model_config() const { return transformer_->config(); }
   const Tokenizer& tokenizer() const { return *model_.tokenizer; }

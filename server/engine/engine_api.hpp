@@ -106,6 +106,12 @@ struct EngineStats {
   std::vector<uint64_t> saturated_per_layer;  // FP8 elements clipped to +-448, per layer
   std::vector<float> k_scales;      // calibrated scales of the running sequences, all layers
   std::vector<float> v_scales;
+  struct KvEvents {  // --kv-events-config (server/kv_events.hpp): filled by the server, not the engine
+    bool enabled = false;
+    uint64_t published = 0;  // events sent (or recorded, with publisher "null")
+    uint64_t dropped = 0;    // events dropped because the publisher's queue was full
+  };
+  KvEvents kv_events;
 };
 
 }  // namespace fp8serve

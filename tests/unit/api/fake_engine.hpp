@@ -45,7 +45,10 @@ class FakeEngine : public EngineClient {
     return s;
   }
 
+  void reset_prefix_cache() override { ++resets; }
+
   bool hold = false;
+  std::atomic<int> resets{0};
   std::atomic<int> running_{0};
 
   std::vector<GenerationRequest> submitted() {

@@ -90,6 +90,19 @@ TEST_CASE("routing: 404, 405 with Allow, 415, models list") {
   CHECK(error_of(f.reply("POST", "/v1/completions", R"({"model": "other", "prompt": "x"})"))["code"] == "model_not_found");
 }
 
+TEST_CASE("reset_prefix_cache: POST, no body needed, behind the key, once per call") {
+  FrontendOptions options;
+  options.api_key = "sekrit";
+  Fixture f(options);
+  CHECK(f.reply("POST", "/reset_prefix_cache", "", "Bearer sekrit", "").status == 503);  // loading
+  f.ready();
+  CHECK(f.reply("POST", "/reset_prefix_cache", "", "", "").status == 401);
+  CHECK(f.reply("GET", "/reset_prefix_cache", "", "Bearer sekrit").status == 405);
+  CHECK(f.engine.resets == 0);
+  CHECK(f.reply("POST", "/reset_prefix_cache", "", "Bearer sekrit", "").status == 200);
+  CHECK(f.engine.resets == 1);
+}
+
 TEST_CASE("api key: every route but /health; /metrics only with --metrics-public") {
   FrontendOptions options;
   options.api_key = "sekrit";

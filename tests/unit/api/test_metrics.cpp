@@ -86,6 +86,11 @@ TEST_CASE("ServerMetrics renders vLLM-named families with engine gauges") {
   CHECK(s.at("fp8serve:kv_bf16_tail_tokens") == 96);
   CHECK(s.at("fp8serve:num_preemptions_total") == 7);
   CHECK(s.at("fp8serve:prefix_cache_hits_total") == 40);
+  CHECK(s.count("fp8serve:kv_events_published_total") == 0);  // only with --kv-events-config
+  e.kv_events = {true, 120, 3};
+  const auto with_events = samples_of(m.render(e));
+  CHECK(with_events.at("fp8serve:kv_events_published_total") == 120);
+  CHECK(with_events.at("fp8serve:kv_events_dropped_total") == 3);
   CHECK(s.at("fp8serve:prompt_tokens_total") == 14);
   CHECK(s.at("fp8serve:generation_tokens_total") == 21);
   CHECK(s.at("fp8serve:request_success_total{finished_reason=\"stop\"}") == 1);

@@ -15,10 +15,15 @@
 // (ring -> FP8 slot), as kv_spill and kv_write do; a fork copies the parent's ring. Every live
 // sequence must read its FP8 positions back through its table and the others through its ring.
 // K and V have shadows of their own: a K-only window writes every V straight into its slot.
+// With prefix caching the KV-cache events feed a router's index, modelled as Dynamo's indexer
+// keeps one (a block stored only under a known parent, removed, all cleared; each hash checked
+// against the SHA-256 chain of the tokens the events carry): for every prompt the index may
+// never promise more blocks than the cache would map. Now and then the cache is reset.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <vector>
@@ -65,6 +70,7 @@ struct Coverage {
   int hits = 0, evictions = 0, copies = 0, alloc_refused = 0, append_refused = 0, forks = 0;
   int spills = 0, private_spills = 0;  // window: positions spilled; blocks made private to spill into
   int ringless = 0;  // window: sequences admitted (or forked) without a ring: pure FP8
+  int router_hits = 0, resets = 0;  // prompts the events' index matched; resets of the cache
 };
 
 class RandomRun {
@@ -82,6 +88,7 @@ class RandomRun {
         shadow_v_(shadow_.size()),
         tail_shadow_(static_cast<std::size_t>(num_rings * window_.ring_blocks() * block_size)),
         coverage_(coverage) {
+    if (prefix_caching) m_.enable_events();
     // A few stems that prompts share, so prefixes repeat across sequences.
     for (int s = 0; s < 3; ++s) {
       std::vector<int32_t> stem(static_cast<std::size_t>(4 * block_size + 3));
@@ -102,9 +109,14 @@ class RandomRun {
         do_append();
       } else if (kind < 83) {
         do_fork();
-      } else {
+      } else if (kind < 99) {
         do_free();
+      } else {
+        m_.reset_prefix_cache();
+        reset_ = true;
+        ++coverage_.resets;
       }
+      apply_events();
       verify();
     }
     coverage_.evictions += static_cast<int>(m_.pool().num_evictions());
@@ -165,7 +177,7 @@ class RandomRun {
     REQUIRE(hits % block_size_ == 0);
     REQUIRE(hits <= (static_cast<int>(prompt.size()) - 1) / block_size_ * block_size_);
     // While nothing was evicted the cache holds exactly the first writer of every prefix.
-    if (m_.pool().num_evictions() == 0) REQUIRE(hits == predicted);
+    if (m_.pool().num_evictions() == 0 && !reset_) REQUIRE(hits == predicted);
     ModelSeq s;
     s.tokens = prompt;
     s.num_computed = hits;
@@ -345,7 +357,92 @@ class RandomRun {
     model_.erase(id);
   }
 
-  void verify() const {
+  // The router's side: the events applied to its index, each checked as it comes.
+  void apply_events() {
+    for (const fp8serve::KvCacheEvent& e : m_.take_events()) {
+      switch (e.type) {
+        case fp8serve::KvCacheEvent::Type::block_stored: {
+          REQUIRE(!e.block_hashes.empty());
+          REQUIRE(e.token_ids.size() == e.block_hashes.size() * static_cast<std::size_t>(block_size_));
+          std::vector<int32_t> prefix;
+          std::optional<uint64_t> parent = e.parent_block_hash;
+          if (parent) {
+            REQUIRE(index_.count(*parent) == 1);  // announced after its parent, never before
+            prefix = index_.at(*parent).prefix;
+          }
+          for (std::size_t b = 0; b < e.block_hashes.size(); ++b) {
+            const auto first = e.token_ids.begin() + static_cast<std::ptrdiff_t>(b) * block_size_;
+            prefix.insert(prefix.end(), first, first + block_size_);
+            REQUIRE(e.block_hashes[b] == router_hash(prefix));
+            REQUIRE(index_.count(e.block_hashes[b]) == 0);  // one block per key while cached
+            index_[e.block_hashes[b]] = {parent, prefix};
+            parent = e.block_hashes[b];
+          }
+          break;
+        }
+        case fp8serve::KvCacheEvent::Type::block_removed:
+          for (const uint64_t h : e.block_hashes) REQUIRE(index_.erase(h) == 1);  // only what was announced
+          break;
+        case fp8serve::KvCacheEvent::Type::all_blocks_cleared:
+          index_.clear();
+          break;
+      }
+    }
+  }
+
+  // The 64-bit id of the last full block of `prefix` (a whole number of blocks).
+  uint64_t router_hash(const std::vector<int32_t>& prefix) const {
+    fp8serve::BlockHash key{};
+    for (std::size_t b = 0; b * static_cast<std::size_t>(block_size_) < prefix.size(); ++b) {
+      const std::span<const int32_t> block(prefix.data() + b * static_cast<std::size_t>(block_size_),
+                                           static_cast<std::size_t>(block_size_));
+      key = fp8serve::hash_block_tokens(b == 0 ? nullptr : &key, block);
+    }
+    return fp8serve::external_block_hash(key);
+  }
+
+  // Full blocks of `prompt` the index matches (a chain from the first) and the cache holds
+  // mappable (cached, with the first block's scales), whatever a request's own caps.
+  std::pair<int, int> router_and_cache_blocks(const std::vector<int32_t>& prompt) const {
+    int router = 0, cache = 0;
+    std::optional<uint64_t> parent;
+    fp8serve::BlockHash key{};
+    const fp8serve::KvScales* chain_scales = nullptr;
+    bool router_on = true, cache_on = true;
+    for (int b = 0; (b + 1) * block_size_ <= static_cast<int>(prompt.size()); ++b) {
+      const std::span<const int32_t> block(prompt.data() + b * block_size_, static_cast<std::size_t>(block_size_));
+      key = fp8serve::hash_block_tokens(b == 0 ? nullptr : &key, block);
+      const uint64_t h = fp8serve::external_block_hash(key);
+      const auto it = index_.find(h);
+      router_on = router_on && it != index_.end() && it->second.parent == parent;
+      router += router_on ? 1 : 0;
+      parent = h;
+      const std::optional<int32_t> cached = m_.pool().lookup(key);
+      if (cache_on && cached) {
+        const fp8serve::KvScales& scales = *m_.pool().cached_scales(*cached);
+        if (chain_scales == nullptr) chain_scales = &scales;
+        cache_on = scales == *chain_scales;
+      } else {
+        cache_on = false;
+      }
+      cache += cache_on ? 1 : 0;
+    }
+    return {router, cache};
+  }
+
+  void verify_router_index() {
+    std::vector<const std::vector<int32_t>*> prompts;
+    for (const auto& [id, s] : model_) prompts.push_back(&s.tokens);
+    for (const auto& stem : stems_) prompts.push_back(&stem);
+    for (const std::vector<int32_t>* prompt : prompts) {
+      const auto [router, cache] = router_and_cache_blocks(*prompt);
+      REQUIRE(router <= cache);
+      coverage_.router_hits += router > 0 ? 1 : 0;
+    }
+  }
+
+  void verify() {
+    if (prefix_caching_) verify_router_index();
     m_.check_integrity([this](SeqId id) { return std::span<const int32_t>(model_.at(id).tokens); });
     REQUIRE(m_.num_seqs() == static_cast<int>(model_.size()));
     std::set<int32_t> referenced;
@@ -389,6 +486,12 @@ class RandomRun {
   std::map<SeqId, ModelSeq> model_;
   std::map<std::vector<int32_t>, int> first_writer_;
   std::map<std::vector<int32_t>, std::set<int>> ever_committed_;
+  struct Indexed {
+    std::optional<uint64_t> parent;
+    std::vector<int32_t> prefix;  // every token up to and with this block
+  };
+  std::map<uint64_t, Indexed> index_;  // the router's view, from the events
+  bool reset_ = false;
   SeqId next_id_ = 1;
   int next_tag_ = 0;
   Coverage& coverage_;
@@ -421,6 +524,9 @@ TEST_CASE("random operation sequences keep every invariant and the shadow KV con
   CHECK(coverage.alloc_refused > 50);
   CHECK(coverage.append_refused > 50);
   CHECK(coverage.forks > 100);
+  WARN("router index hits " << coverage.router_hits << " resets " << coverage.resets);
+  CHECK(coverage.router_hits > 1000);
+  CHECK(coverage.resets > 10);
 }
 
 TEST_CASE("random operation sequences with a bf16 window keep the FP8 blocks and the tail rings consistent", "[cache][random][window]") {
@@ -453,5 +559,6 @@ TEST_CASE("random operation sequences with a bf16 window keep the FP8 blocks and
   CHECK(coverage.forks > 100);
   CHECK(coverage.copies > 50);  // a K-only window copies on write, as without a window
   CHECK(coverage.ringless > 100);
-  WARN("sequences without a ring " << coverage.ringless);
+  WARN("sequences without a ring " << coverage.ringless << "; router index hits " << coverage.router_hits);
+  CHECK(coverage.router_hits > 1000);
 }

@@ -301,3 +301,54 @@ TEST_CASE("--ignore-request-fields: a comma-separated list, or a list in --confi
   CHECK(parse_command_line({"serve", "m", "--config", path}).ignore_request_fields == std::vector<std::string>{"no_stop_trim", "rid"});
   std::remove(path.c_str());
 }
+
+TEST_CASE("--kv-events-config: vLLM's JSON, each key checked; needs the prefix cache", "[config]") {
+  const auto off = parse_command_line({"serve", "m"}).kv_events;
+  CHECK_FALSE(off.enable_kv_cache_events);
+  CHECK(off.endpoint == "tcp://*:5557");  // vLLM's defaults
+  CHECK(off.publisher == "zmq");
+  CHECK(off.buffer_steps == 10000);
+  const auto on = parse_command_line({"serve", "m", "--kv-events-config",
+                                      R"({"enable_kv_cache_events": true, "endpoint": "tcp://*:6000", "topic": "kv@a:1@m",
+                                          "replay_endpoint": "tcp://*:6001", "buffer_steps": 5, "hwm": 7, "max_queue_size": 9,
+                                          "publisher": "null"})"})
+                      .kv_events;
+  CHECK(on.enable_kv_cache_events);
+  CHECK(on.endpoint == "tcp://*:6000");
+  CHECK(on.topic == "kv@a:1@m");
+  CHECK(on.replay_endpoint == "tcp://*:6001");
+  CHECK(on.buffer_steps == 5);
+  CHECK(on.hwm == 7);
+  CHECK(on.max_queue_size == 9);
+  CHECK(on.publisher == "null");
+  auto fails_with = [](std::vector<std::string> args, const std::string& text) {
+    try {
+      parse_command_line(args);
+    } catch (const fp8serve::ConfigError& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find(text) != std::string::npos);
+      return;
+    }
+    FAIL("no error for " << args.back());
+  };
+  fails_with({"serve", "m", "--kv-events-config", R"({"endpont": "x"})"}, "unknown key 'endpont'");
+  fails_with({"serve", "m", "--kv-events-config", "on"}, "expected a JSON object");
+  fails_with({"serve", "m", "--kv-events-config", "[1]"}, "expected a JSON object");
+  fails_with({"serve", "m", "--kv-events-config", R"({"buffer_steps": 0})"}, "'buffer_steps' must be an integer");
+  fails_with({"serve", "m", "--kv-events-config", R"({"publisher": "kafka"})"}, "'publisher' must be");
+  fails_with({"serve", "m", "--kv-events-config", R"({"enable_kv_cache_events": "yes"})"}, "must be true or false");
+  fails_with({"serve", "m", "--kv-events-config", R"({"enable_kv_cache_events": true, "endpoint": ""})"}, "'endpoint' must not be empty");
+  fails_with({"serve", "m", "--no-enable-prefix-caching", "--kv-events-config", R"({"enable_kv_cache_events": true})"},
+             "need --enable-prefix-caching");
+  fails_with({"generate", "m", "--prompt", "p", "--kv-events-config", "{}"}, "generate does not use it");
+  // In a --config file, as an object or as its text.
+  const std::string path = "test_config_events_tmp.json";
+  {
+    std::ofstream out(path);
+    out << R"({"kv-events-config": {"enable_kv_cache_events": true, "topic": "t"}})";
+  }
+  const auto from_file = parse_command_line({"serve", "m", "--config", path}).kv_events;
+  std::remove(path.c_str());
+  CHECK(from_file.enable_kv_cache_events);
+  CHECK(from_file.topic == "t");
+}
