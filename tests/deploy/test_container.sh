@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The deployment test, with podman and no Docker daemon or registry (as CI's machines are):
-#   0. static checks: hadolint on both Dockerfiles, yamllint on every YAML file, the Kubernetes
+#   0. static checks: hadolint on the Dockerfiles, yamllint on every YAML file, the Kubernetes
 #      manifests against the Kubernetes schemas (kubernetes-validate --strict);
 #   1. a local Debian bookworm base image (debootstrap, cached in build/deploy-cache);
 #   2. docker/Dockerfile.cpu built on it; the image's size, user, health check and stop signal;
@@ -9,7 +9,10 @@
 #      reference, a streaming chat; SIGTERM to the server as PID 1 drains and exits 0;
 #   4. two replicas behind haproxy on the loopback: a burst shared by both, then SIGTERM to one
 #      under load: its in-flight streams finish, new requests go to the other;
-#   5. every container it started removed (also on failure: trap).
+#   5. docker/Dockerfile.router built on the same base; two replicas with an API key behind it
+#      (smg, cache-aware): the key checked and forwarded, requests that share a prefix all on
+#      one replica;
+#   6. every container it started removed (also on failure: trap).
 # Needs root, `.ci/install build test deploy` and the default model (.ci/fetch-model).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,6 +21,7 @@ start=$SECONDS
 cache=build/deploy-cache
 base_image=localhost/fp8serve-test/debian:bookworm-slim
 image=localhost/fp8serve-test/fp8serve:cpu
+router_image=localhost/fp8serve-test/fp8serve-router:smg
 model_name=SmolLM2-135M-Instruct.Q4_1
 model_file=.models/$model_name.gguf
 reference=tests/fixtures/engine/smollm2-135m-q4_1.kv-bf16.json  # transformers, bf16 KV
@@ -104,11 +108,12 @@ post() {  # post PORT PATH BODY [curl options...] -> body on stdout
 }
 
 echo "== 0. static checks: hadolint, yamllint, kubernetes-validate"
-check "hadolint docker/Dockerfile docker/Dockerfile.cpu" .venv/bin/hadolint docker/Dockerfile docker/Dockerfile.cpu
+check "hadolint docker/Dockerfile docker/Dockerfile.cpu docker/Dockerfile.router" \
+  .venv/bin/hadolint docker/Dockerfile docker/Dockerfile.cpu docker/Dockerfile.router
 mapfile -t yaml_files < <(git ls-files --cached --others --exclude-standard -- '*.yaml' '*.yml' .yamllint)
 check "yamllint --strict on ${#yaml_files[@]} YAML files" .venv/bin/yamllint --strict "${yaml_files[@]}"
-check "kubernetes-validate --strict docker/kubernetes/*.yaml" \
-  .venv/bin/kubernetes-validate --strict --quiet docker/kubernetes/*.yaml
+check "kubernetes-validate --strict docker/kubernetes/*.yaml docker/kubernetes/routing/*.yaml" \
+  .venv/bin/kubernetes-validate --strict --quiet docker/kubernetes/*.yaml docker/kubernetes/routing/*.yaml
 
 echo "== 1. base image (debootstrap bookworm, cached in $cache)"
 t=$SECONDS
@@ -309,7 +314,63 @@ check "r1 drained and stopped on SIGTERM" contains "$tmp/r1.log" "] stopped"
 check "r1 aborted nothing" equals "$(grep -c 'shutdown timeout' "$tmp/r1.log")" 0
 check "r1 exit code 0" equals "$(podman inspect -f '{{.State.ExitCode}}' "$prefix-r1")" 0
 
-echo "== 5. cleanup"
+echo "== 5. the router image (smg, cache-aware) in front of two replicas with an API key"
+t=$SECONDS
+# pip inside the build fetches smg from PyPI; behind a TLS-intercepting proxy (PIP_CERT names its
+# CA bundle here) the build gets that bundle too.
+pip_ca=()
+if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
+  pip_ca=(-v "$(realpath "$PIP_CERT"):/run/pip-ca.crt:ro" --build-arg PIP_CERT=/run/pip-ca.crt)
+fi
+podman build --format docker --build-arg BASE_IMAGE="$base_image" "${pip_ca[@]}" -f docker/Dockerfile.router -t "$router_image" . \
+  > "$cache/build-router.log" 2>&1 || { tail -40 "$cache/build-router.log"; die "podman build of the router failed"; }
+echo "   built in $((SECONDS - t)) s"
+check "the router runs as uid 10001" equals "$(podman image inspect -f '{{.Config.User}}' "$router_image")" "10001:10001"
+p3=$(free_port)
+p4=$(free_port)
+rport=$(free_port)
+# The key as in production; /metrics open to the scraper as docker/kubernetes/configmap.yaml has it.
+keyed=(-v "$tmp/api_key:/run/secrets/fp8serve_api_key:ro" -e FP8SERVE_API_KEY_FILE=/run/secrets/fp8serve_api_key
+  -e FP8SERVE_METRICS_PUBLIC=true)
+run_replica "$prefix-r3" "$p3" "${keyed[@]}"
+run_replica "$prefix-r4" "$p4" "${keyed[@]}"
+wait_healthy "$prefix-r3"
+wait_healthy "$prefix-r4"
+# As docker/compose.yaml runs it: the key read from the mounted secret, never on the line.
+podman run -d --name "$prefix-router" --network host --read-only \
+  -v "$tmp/api_key:/run/secrets/fp8serve_api_key:ro" --entrypoint /bin/bash "$router_image" -c \
+  "exec /opt/router/bin/smg launch --host 127.0.0.1 --port $rport --prometheus-port $(free_port) --policy cache_aware \
+   --worker-urls http://127.0.0.1:$p3 http://127.0.0.1:$p4 --api-key \"\$(cat /run/secrets/fp8serve_api_key)\"" \
+  > /dev/null 2>> "$tmp/podman.log" || die "podman run of the router failed: $(tail -5 "$tmp/podman.log")"
+containers+=("$prefix-router")
+deadline=$((SECONDS + 60))
+until curl -s "http://127.0.0.1:$rport/readiness" | grep -q '"healthy_workers":2'; do
+  [ "$(podman inspect -f '{{.State.Running}}' "$prefix-router")" = true ] || die "the router exited"
+  ((SECONDS < deadline)) || die "the router did not see both replicas: $(curl -s "http://127.0.0.1:$rport/readiness")"
+  sleep 0.5
+done
+check "router: no key, 401" equals "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$rport/v1/completions" \
+  -H 'Content-Type: application/json' -d "{\"model\": \"$model_name\", \"prompt\": \"x\", \"max_tokens\": 1}")" 401
+# Six requests on one ~300-token document, each with its own question: one replica serves them.
+document=$("$py" -c 'print(" ".join(f"Section {i}: the river runs past the mill and the bridge." for i in range(30)))')
+before3=$(metric "$p3" fp8serve:request_success_total)
+before4=$(metric "$p4" fp8serve:request_success_total)
+routed_ok=0
+for i in 1 2 3 4 5 6; do
+  code=$(curl -s --max-time 120 -o "$tmp/routed.$i.body" -w '%{http_code}' "http://127.0.0.1:$rport/v1/completions" \
+    "${auth[@]}" -H 'Content-Type: application/json' \
+    -d "{\"model\": \"$model_name\", \"prompt\": \"$document Question $i:\", \"max_tokens\": 4}")
+  if [ "$code" = 200 ]; then routed_ok=$((routed_ok + 1)); fi
+done
+on3=$(($(metric "$p3" fp8serve:request_success_total) - before3))
+on4=$(($(metric "$p4" fp8serve:request_success_total) - before4))
+hits=$(($(metric "$p3" fp8serve:prefix_cache_hits_total) + $(metric "$p4" fp8serve:prefix_cache_hits_total)))
+echo "   6 requests sharing a document through the router: $routed_ok answered 200; r3 served $on3, r4 $on4; $hits prompt tokens from the prefix cache"
+check "every routed request answered 200 (the key forwarded)" equals "$routed_ok" 6
+check "one replica served every request that shares the prefix" equals "$((on3 == 6 || on4 == 6 ? 1 : 0))" 1
+check "the repeats hit the prefix cache" at_least "$hits" 1
+
+echo "== 6. cleanup"
 kill "$lb_pid" 2> /dev/null || true
 wait "$lb_pid" 2> /dev/null || true
 lb_pid=""
