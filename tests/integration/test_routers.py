@@ -112,8 +112,14 @@ def workload(router, servers, seed, rounds=5):
             served = [counters(s)[0] for s in servers]
             ttft.append(router.first_token_s({"model": "smol", "prompt": prefix + f"Question {r}: name item {r * 7 + i}.",
                                               "max_tokens": 4, "temperature": 0}))
-            now = [counters(s)[0] for s in servers]
-            moved = [k for k in range(3) if now[k] > served[k]]
+            # A replica counts a request once its response is out: the client may see the end first.
+            deadline = time.time() + 10
+            while True:
+                now = [counters(s)[0] for s in servers]
+                moved = [k for k in range(3) if now[k] > served[k]]
+                if moved or time.time() > deadline:
+                    break
+                time.sleep(0.02)
             assert len(moved) == 1
             landed[i].add(moved[0])
     after = [counters(s) for s in servers]
