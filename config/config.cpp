@@ -260,6 +260,9 @@ const std::vector<FlagSpec>& flag_specs() {
     s.push_back(text_flag("api-key", "bearer key required on every route but /health", &Config::api_key));
     s.push_back(text_flag("api-key-file", "file holding the API key (e.g. a mounted secret)", &Config::api_key_file));
     s.push_back(integer_flag("max-waiting-requests", "sequences that may wait for a slot; beyond it 503 (a request larger than max-num-seqs + this: 400)", 1, 1 << 20, &Config::max_waiting_requests));
+    s.push_back(integer_flag("responses-store-max-entries", "stored /v1/responses (store: true) kept for GET and previous_response_id; the oldest go first (0: none kept)", 0, 1 << 24, &Config::responses_store_max_entries));
+    s.push_back(bytes_flag("responses-store-max-bytes", "the stored responses' JSON, at most (e.g. 64MiB)", 0, 1e12, &Config::responses_store_max_bytes));
+    s.push_back(real_flag("responses-store-ttl", "seconds a stored response is kept", 1, 1e9, &Config::responses_store_ttl));
     s.push_back(real_flag("shutdown-timeout", "seconds to drain on SIGTERM", 0, 3600, &Config::shutdown_timeout));
     s.push_back(text_flag("chat-template", "Jinja chat template file; replaces the model's own template, or gives one to a model without", &Config::chat_template_file));
     s.push_back(choice_flag("tool-call-parser", "how tool calls are written and read (auto: from the chat template)",
@@ -323,6 +326,7 @@ const std::vector<FlagSpec>& flag_specs() {
     s.push_back(seed);
     for (FlagSpec& spec : s) {
       static const char* const kServeOnly[] = {"host", "port", "served-model-name", "api-key", "api-key-file", "max-waiting-requests",
+                                               "responses-store-max-entries", "responses-store-max-bytes", "responses-store-ttl",
                                                "shutdown-timeout", "chat-template", "metrics-public", "max-body-bytes",
                                                "max-header-bytes", "request-timeout", "ignore-request-fields",
                                                "kv-events-config"};

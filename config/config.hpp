@@ -86,6 +86,9 @@ struct Config {
   std::string api_key;
   std::string api_key_file;               // the key's file (a mounted secret); read at parse time
   int max_waiting_requests = 256;
+  int responses_store_max_entries = 1000;  // /v1/responses kept for GET and previous_response_id
+  int64_t responses_store_max_bytes = 64 << 20;
+  double responses_store_ttl = 86400.0;    // seconds
   double shutdown_timeout = 30.0;
   std::string chat_template_file;
   std::string tool_call_parser = "auto";  // auto | hermes | llama3_json (vLLM's names)

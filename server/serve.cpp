@@ -97,6 +97,8 @@ int run_serve(const Config& config) {
   fopts.api_key = config.api_key;
   fopts.metrics_public = config.metrics_public;
   fopts.max_waiting_requests = config.max_waiting_requests;
+  fopts.responses_store = {static_cast<size_t>(config.responses_store_max_entries),
+                           static_cast<size_t>(config.responses_store_max_bytes), config.responses_store_ttl};
   for (const std::string& name : config.ignore_request_fields) {
     if (const std::string why = why_not_ignorable(name); !why.empty()) throw std::invalid_argument("--ignore-request-fields: " + why);
   }

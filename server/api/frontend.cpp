@@ -73,7 +73,10 @@ ApiError context_exceeded(int max_model_len, int prompt, int completion, ApiKind
 }  // namespace
 
 ApiFrontend::ApiFrontend(FrontendOptions options, ServerMetrics& metrics)
-    : options_(std::move(options)), metrics_(metrics), created_(static_cast<int64_t>(std::time(nullptr))) {}
+    : options_(std::move(options)),
+      metrics_(metrics),
+      responses_(options_.responses_store),
+      created_(static_cast<int64_t>(std::time(nullptr))) {}
 
 void ApiFrontend::set_ready(ModelContext model) {
   model_ = std::move(model);
@@ -131,8 +134,8 @@ RouteResult ApiFrontend::handle(const HttpRequestIn& request) {
   // HEAD is GET without the body (the HTTP layer drops it): RFC 9110 §9.3.2.
   struct Route {
     const char* path;
-    const char* method;
-    bool prefix;  // /v1/models/{id}
+    const char* methods;  // "GET" or "GET, DELETE"
+    bool prefix;          // /v1/models/{id}, /v1/responses/{id}[/input_items]
   };
   static constexpr Route kRoutes[] = {{"/health", "GET", false},          {"/v1/models", "GET", false},
                                       {"/v1/models/", "GET", true},       {"/metrics", "GET", false},
@@ -140,15 +143,24 @@ RouteResult ApiFrontend::handle(const HttpRequestIn& request) {
                                       {"/tokenize", "POST", false},       {"/detokenize", "POST", false},
                                       {"/v1/completions/render", "POST", false},
                                       {"/v1/chat/completions/render", "POST", false},
-                                      {"/reset_prefix_cache", "POST", false}};
+                                      {"/reset_prefix_cache", "POST", false},
+                                      {"/v1/responses", "POST", false},
+                                      {"/v1/responses/", "GET, DELETE", true}};
   const Route* route = nullptr;
   for (const Route& r : kRoutes)
     if (r.prefix ? path.size() > std::strlen(r.path) && path.rfind(r.path, 0) == 0 : path == r.path) route = &r;
   if (route == nullptr) return error_reply(not_found("Route " + path + " not found.", "not_found"));
-  const bool get_route = std::strcmp(route->method, "GET") == 0;
-  if (method != route->method && !(get_route && method == "HEAD")) {
+  const std::string_view methods = route->methods;
+  auto allows = [&](std::string_view m) {
+    for (size_t at = methods.find(m); at != std::string_view::npos; at = methods.find(m, at + 1))
+      if ((at == 0 || methods[at - 1] == ' ') && (at + m.size() == methods.size() || methods[at + m.size()] == ','))
+        return true;
+    return false;
+  };
+  const bool get_route = allows("GET");
+  if (method.empty() || (!allows(method) && !(get_route && method == "HEAD"))) {
     HttpReply reply = error_reply(method_not_allowed(method, path));
-    reply.headers.emplace_back("Allow", get_route ? "GET, HEAD" : route->method);
+    reply.headers.emplace_back("Allow", get_route ? std::string(methods) + ", HEAD" : std::string(methods));
     return reply;
   }
   if (path == "/health") {
@@ -164,6 +176,8 @@ RouteResult ApiFrontend::handle(const HttpRequestIn& request) {
     return reply;
   }
   if (path == "/v1/models") return handle_models();
+  if (route->prefix && path.rfind("/v1/responses/", 0) == 0)
+    return handle_stored_response(request, percent_decode(path.substr(std::strlen(route->path))));
   if (route->prefix) return handle_model(percent_decode(path.substr(std::strlen(route->path))));
   if (path == "/reset_prefix_cache") {  // vLLM's: no body; a router sees AllBlocksCleared
     model_->engine->reset_prefix_cache();
@@ -175,6 +189,7 @@ RouteResult ApiFrontend::handle(const HttpRequestIn& request) {
   if (path == "/v1/completions/render") return handle_generation(request, ApiKind::completion, /*render=*/true);
   if (path == "/v1/chat/completions/render") return handle_generation(request, ApiKind::chat, /*render=*/true);
   if (state == State::draining) return error_reply(service_unavailable("The server is shutting down.", 5));
+  if (path == "/v1/responses") return handle_responses(request);
   return handle_generation(request, path == "/v1/completions" ? ApiKind::completion : ApiKind::chat);
 }
 
@@ -225,6 +240,16 @@ std::optional<ApiError> ApiFrontend::check_token_ids(const ApiRequest& r) const 
   return std::nullopt;
 }
 
+TokenBytesFn ApiFrontend::token_bytes_fn() const {
+  const Tokenizer* tok = model_->tokenizer;
+  return [tok](int32_t id) {
+    std::string bytes;
+    bool at_start = false;  // a token's own bytes, dummy-prefix space kept
+    tok->append_token_bytes(id, /*skip_special_tokens=*/false, at_start, bytes);
+    return bytes;
+  };
+}
+
 int ApiFrontend::vocab_size() const {
   const int tokenizer_vocab = model_->tokenizer->vocab_size();
   return model_->vocab_size > 0 ? std::min(tokenizer_vocab, model_->vocab_size) : tokenizer_vocab;
@@ -233,10 +258,16 @@ int ApiFrontend::vocab_size() const {
 RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind kind, bool render) {
   auto parsed = parse_api_request(request.body, kind, options_.limits);
   if (auto* error = std::get_if<ApiError>(&parsed)) return error_reply(*error);
-  ApiRequest& r = std::get<ApiRequest>(parsed);
+  Prepared prepared = prepare_generation(request.request_id, std::get<ApiRequest>(parsed), kind, render);
+  if (auto* error = std::get_if<ApiError>(&prepared)) return error_reply(*error);
+  if (auto* rendered = std::get_if<Json>(&prepared)) return json_reply(*rendered);
+  return std::move(std::get<GenerationJob>(prepared));
+}
+
+ApiFrontend::Prepared ApiFrontend::prepare_generation(const std::string& request_id, ApiRequest& r, ApiKind kind, bool render) {
   if (!r.model.empty() && r.model != model_->served_model_name)
-    return error_reply(not_found("The model '" + r.model + "' does not exist.", "model_not_found"));
-  if (auto error = check_token_ids(r)) return error_reply(*error);
+    return not_found("The model '" + r.model + "' does not exist.", "model_not_found");
+  if (auto error = check_token_ids(r)) return *error;
 
   const Tokenizer& tokenizer = *model_->tokenizer;
   // Tokenized prompts and, for echo, their text.
@@ -245,12 +276,12 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
   ToolSetup tools;
   if (kind == ApiKind::chat) {
     auto prepared = prepare_tools(r, model_->tool_support, model_->structured);
-    if (auto* error = std::get_if<ApiError>(&prepared)) return error_reply(*error);
+    if (auto* error = std::get_if<ApiError>(&prepared)) return *error;
     tools = std::move(std::get<ToolSetup>(prepared));
     r.messages = std::move(tools.messages);  // as the template renders them (tool_calls.hpp)
     r.tools = std::move(tools.tools);
     auto rendered = render_chat(r);
-    if (auto* error = std::get_if<ApiError>(&rendered)) return error_reply(*error);
+    if (auto* error = std::get_if<ApiError>(&rendered)) return *error;
     // The template already wrote the special tokens (BOS) it wants, as vLLM does for chat.
     prompts.push_back(tokenizer.encode(std::get<std::string>(rendered), r.add_special_tokens.value_or(false)));
     texts.push_back(std::get<std::string>(rendered));
@@ -276,44 +307,44 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
   GrammarPtr grammar = tools.grammar;
   if (!r.response_format.is_null()) {
     if (model_->structured == nullptr)
-      return error_reply(bad_request("'response_format' needs structured outputs, which this server has not set up.", "response_format"));
+      return bad_request("'response_format' needs structured outputs, which this server has not set up.", "response_format");
     auto format = model_->structured->for_response_format(r.response_format);
-    if (auto* error = std::get_if<ApiError>(&format)) return error_reply(*error);
+    if (auto* error = std::get_if<ApiError>(&format)) return *error;
     if (GrammarPtr g = std::get<GrammarPtr>(format)) {
       if (grammar)
-        return error_reply(bad_request("'response_format' and 'tool_choice' (required or a named function) cannot both "
+        return bad_request("'response_format' and 'tool_choice' (required or a named function) cannot both "
                                        "constrain one answer; use one of them.",
-                                       "response_format"));
+                                       "response_format");
       grammar = std::move(g);
     }
   }
 
   if (r.priority != 0 && !model_->priority_scheduling)
-    return error_reply(bad_request("'priority' needs priority scheduling: start the server with --scheduling-policy priority "
+    return bad_request("'priority' needs priority scheduling: start the server with --scheduling-policy priority "
                                    "(this one serves first come, first served).",
-                                   "priority"));
+                                   "priority");
   for (const auto& [value, name] : {std::pair{r.n, "n"}, std::pair{r.best_of, "best_of"}})
     if (value > model_->max_num_seqs)
-      return error_reply(bad_request("'" + std::string(name) + "' must be at most " + std::to_string(model_->max_num_seqs) +
+      return bad_request("'" + std::string(name) + "' must be at most " + std::to_string(model_->max_num_seqs) +
                                          " (" + model_->max_num_seqs_source + ").",
-                                     name));
+                                     name);
   const int max_len = model_->max_model_len;
   std::vector<int> max_tokens(prompts.size());
   for (size_t p = 0; p < prompts.size(); ++p) {
     const int prompt_len = static_cast<int>(prompts[p].size());
-    if (prompt_len == 0) return error_reply(bad_request("The prompt is empty after tokenization.", "prompt"));
+    if (prompt_len == 0) return bad_request("The prompt is empty after tokenization.", "prompt");
     // Unset: 16 for completions (OpenAI's default), the rest of the context for chat (vLLM's).
     const int wanted = r.max_tokens.value_or(kind == ApiKind::completion ? 16 : std::max(1, max_len - prompt_len));
-    if (static_cast<int64_t>(prompt_len) + wanted > max_len) return error_reply(context_exceeded(max_len, prompt_len, wanted, kind));
+    if (static_cast<int64_t>(prompt_len) + wanted > max_len) return context_exceeded(max_len, prompt_len, wanted, kind);
     if (r.sampling.min_tokens > wanted)
-      return error_reply(bad_request("'min_tokens' (" + std::to_string(r.sampling.min_tokens) + ") must not exceed max_tokens (" +
+      return bad_request("'min_tokens' (" + std::to_string(r.sampling.min_tokens) + ") must not exceed max_tokens (" +
                                          std::to_string(wanted) + ").",
-                                     "min_tokens"));
+                                     "min_tokens");
     if (model_->max_pool_tokens > 0 && static_cast<int64_t>(prompt_len) + wanted > model_->max_pool_tokens)
-      return error_reply(bad_request("The prompt plus max_tokens (" + std::to_string(prompt_len + wanted) +
+      return bad_request("The prompt plus max_tokens (" + std::to_string(prompt_len + wanted) +
                                          " tokens) exceeds what the whole KV cache holds (" +
                                          std::to_string(model_->max_pool_tokens) + " tokens).",
-                                     "max_tokens", "context_length_exceeded"));
+                                     "max_tokens", "context_length_exceeded");
     max_tokens[p] = wanted;
   }
 
@@ -321,25 +352,25 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
     // vLLM's render endpoints: the token ids this very request would run, after every check a
     // generation makes, and nothing generated (routers score replicas by them). Completions: one
     // object per prompt; chat: one object.
-    const std::string id = (kind == ApiKind::chat ? "chatcmpl-" : "cmpl-") + request.request_id;
+    const std::string id = (kind == ApiKind::chat ? "chatcmpl-" : "cmpl-") + request_id;
     Json rendered = Json::array();
     for (size_t p = 0; p < prompts.size(); ++p)
       rendered.push_back({{"request_id", prompts.size() == 1 ? id : id + "-" + std::to_string(p)},
                           {"token_ids", prompts[p]},
                           {"features", nullptr}});
-    return json_reply(kind == ApiKind::chat ? rendered[0] : rendered);
+    return kind == ApiKind::chat ? rendered[0] : rendered;
   }
 
   // best_of > n: every candidate is a sequence; the n best (by cumulative logprob, which the
   // sampler then computes for the chosen tokens) are returned by the ResponseBuilder.
   const int num_seqs = static_cast<int>(prompts.size()) * r.best_of;
-  if (auto error = admit(num_seqs, static_cast<int>(prompts.size()), r)) return error_reply(*error);
+  if (auto error = admit(num_seqs, static_cast<int>(prompts.size()), r)) return *error;
   SamplingParams sampling = r.sampling;
   if (r.best_of > r.n) sampling.num_logprobs = std::max(sampling.num_logprobs, 0);
 
   ResponseMeta meta;
   meta.kind = kind;
-  meta.id = (kind == ApiKind::chat ? "chatcmpl-" : "cmpl-") + request.request_id;
+  meta.id = (kind == ApiKind::chat ? "chatcmpl-" : "cmpl-") + request_id;
   meta.created = static_cast<int64_t>(std::time(nullptr));
   meta.model = model_->served_model_name;
   meta.n = r.n;
@@ -363,16 +394,10 @@ RouteResult ApiFrontend::handle_generation(const HttpRequestIn& request, ApiKind
   GenerationJob job;
   job.kind = kind;
   job.num_seqs = num_seqs;
-  const Tokenizer* tok = model_->tokenizer;
-  job.builder = std::make_unique<ResponseBuilder>(std::move(meta), [tok](int32_t id) {
-    std::string bytes;
-    bool at_start = false;  // a token's own bytes, dummy-prefix space kept
-    tok->append_token_bytes(id, /*skip_special_tokens=*/false, at_start, bytes);
-    return bytes;
-  });
+  job.builder = std::make_unique<ResponseBuilder>(std::move(meta), token_bytes_fn());
   for (size_t p = 0; p < prompts.size(); ++p) {
     GenerationRequest g;
-    g.request_id = prompts.size() == 1 ? request.request_id : request.request_id + "-" + std::to_string(p);
+    g.request_id = prompts.size() == 1 ? request_id : request_id + "-" + std::to_string(p);
     g.prompt_tokens = std::move(prompts[p]);
     g.sampling = sampling;
     g.max_tokens = max_tokens[p];

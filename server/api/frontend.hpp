@@ -19,6 +19,7 @@
 #include "server/api/engine_client.hpp"
 #include "server/api/errors.hpp"
 #include "server/api/request.hpp"
+#include "server/api/response_store.hpp"
 #include "server/api/responses.hpp"
 #include "server/api/structured_output.hpp"
 #include "server/api/tool_calls.hpp"
@@ -67,12 +68,13 @@ struct FrontendOptions {
   bool metrics_public = false;
   int max_waiting_requests = 256;
   ApiLimits limits;
+  ResponseStoreLimits responses_store;  // /v1/responses with store: true
 };
 
 struct GenerationJob {
   ApiKind kind = ApiKind::completion;
   std::vector<GenerationRequest> requests;  // one per prompt; choices index prompt * n + i
-  std::unique_ptr<ResponseBuilder> builder;
+  std::unique_ptr<JobOutput> builder;
   int num_seqs = 0;                         // admitted sequences, released when the job ends
 };
 
@@ -102,6 +104,13 @@ class ApiFrontend {
   // render: vLLM's /v1/{completions,chat/completions}/render - the same checks, then the prompt
   // token ids as JSON instead of a job.
   RouteResult handle_generation(const HttpRequestIn& request, ApiKind kind, bool render = false);
+  // Every check a generation makes, then its job; render: the prompt ids (JSON) instead.
+  using Prepared = std::variant<GenerationJob, nlohmann::ordered_json, ApiError>;
+  Prepared prepare_generation(const std::string& request_id, ApiRequest& r, ApiKind kind, bool render);
+  // OpenAI's Responses API (frontend_responses.cpp): POST /v1/responses runs as the chat request
+  // it translates to; the stored responses are read and deleted by id.
+  RouteResult handle_responses(const HttpRequestIn& request);
+  HttpReply handle_stored_response(const HttpRequestIn& request, const std::string& rest);
   HttpReply handle_tokenize(const HttpRequestIn& request);
   HttpReply handle_detokenize(const HttpRequestIn& request);
   std::optional<ApiError> check_utility_body(const nlohmann::ordered_json& body, const std::vector<std::string>& known) const;
@@ -115,6 +124,7 @@ class ApiFrontend {
   // must index the model's logits.
   std::optional<ApiError> check_token_ids(const ApiRequest& r) const;
   int vocab_size() const;
+  TokenBytesFn token_bytes_fn() const;  // a token's own bytes, for logprobs
   // 400 for a request that can never fit; 503 + Retry-After while the queue is full.
   std::optional<ApiError> admit(int num_seqs, int num_prompts, const ApiRequest& r);
 
@@ -123,6 +133,7 @@ class ApiFrontend {
   std::atomic<State> state_{State::loading};
   std::optional<ModelContext> model_;  // set once, before state_ becomes ready
   std::atomic<int> in_flight_seqs_{0};
+  ResponseStore responses_;
   int64_t created_ = 0;
 };
 

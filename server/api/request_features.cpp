@@ -214,6 +214,105 @@ const RequestFieldSpec kFields[] = {
      R"("structural_tag": null)", R"("structural_tag": "{}")"},
 };
 
+// /v1/responses, ordered as docs/api.md shows it. What a field means is chat's wherever the two
+// share a meaning: the request is run as the chat request it translates to (responses_api.cpp).
+constexpr unsigned R = kResponsesField;
+const RequestFieldSpec kResponsesFields[] = {
+    {"model", R, OK, Refuse::never, STR, "OpenAI", "the served name; another name is a 404; may be omitted", R"("model": null)",
+     R"("model": 3)"},
+    {"input", R, OK, Refuse::never, ANY, "OpenAI",
+     "a string, or up to 4096 items: messages (`system`, `developer`, `user`, `assistant`; `input_text` / `output_text` "
+     "parts), `function_call` and `function_call_output`; images, files and other item types are rejected",
+     R"("input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}])", R"("input": 5)"},
+    {"instructions", R, OK, Refuse::never, STR, "OpenAI",
+     "a system message before the conversation; not carried over by previous_response_id (as OpenAI)",
+     R"("instructions": "Be brief.")", R"("instructions": 5)"},
+    {"max_output_tokens", R, OK, Refuse::never, NUM, "OpenAI",
+     ">= 1, default the rest of the context; a response it cuts is `incomplete` (reason `max_output_tokens`)",
+     R"("max_output_tokens": 4)", R"("max_output_tokens": 0)"},
+    {"temperature", R, OK, Refuse::never, NUM, "OpenAI", "[0, 2]; 0 is greedy", R"("temperature": 0)", R"("temperature": -1)"},
+    {"top_p", R, OK, Refuse::never, NUM, "OpenAI", "(0, 1]", R"("top_p": 0.5)", R"("top_p": 0)"},
+    {"stream", R, OK, Refuse::never, BOOL, "OpenAI",
+     "server-sent events in OpenAI's order (`response.created` ... `response.completed`), each with its sequence_number",
+     R"("stream": true)", R"("stream": "yes")"},
+    {"stream_options", R, IGN, Refuse::never, OBJ, "OpenAI", "`include_obfuscation`: no obfuscation padding is sent",
+     R"("stream": true, "stream_options": {"include_obfuscation": false})", R"("stream_options": 5)"},
+    {"tools", R, OK, Refuse::custom, ARR, "OpenAI",
+     "function tools (`name`, `description`, `parameters`, `strict`), run as chat's tools; built-in tools (web search, "
+     "file search, computer use, code interpreter, MCP, image generation, shell, custom) are rejected",
+     R"("tools": [{"type": "function", "name": "f"}])", R"("tools": [{"type": "web_search"}])"},
+    {"tool_choice", R, OK, Refuse::custom, ANY, "OpenAI",
+     "`none`, `auto`, `required` and `{\"type\": \"function\", \"name\": ...}`, as chat's; other choices are rejected",
+     R"("tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "f"})",
+     R"("tool_choice": "sometimes")"},
+    {"parallel_tool_calls", R, OK, Refuse::never, BOOL, "OpenAI", "default true; false: at most one call, as chat",
+     R"("parallel_tool_calls": false)", R"("parallel_tool_calls": "x")"},
+    {"text", R, OK, Refuse::custom, OBJ, "OpenAI",
+     "`format`: `text`, `json_object`, `json_schema` (`name`, `schema`, `strict`), as chat's response_format; "
+     "`verbosity` is rejected",
+     R"("text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}})",
+     R"("text": {"format": {"type": "xml"}})"},
+    {"include", R, OK, Refuse::custom, ARR, "OpenAI",
+     "only `message.output_text.logprobs` (each output token's logprob and the top_logprobs); others are rejected",
+     R"("include": ["message.output_text.logprobs"])", R"("include": ["reasoning.encrypted_content"])"},
+    {"top_logprobs", R, OK, Refuse::never, NUM, "OpenAI", "[0, 20]; turns logprobs on, as the include value does",
+     R"("top_logprobs": 2)", R"("top_logprobs": 21)"},
+    {"metadata", R, OK, Refuse::never, OBJ, "OpenAI", "up to 16 string values (keys <= 64, values <= 512 chars), echoed and stored",
+     R"("metadata": {"k": "v"})", R"("metadata": {"k": 1})"},
+    {"store", R, OK, Refuse::never, BOOL, "OpenAI",
+     "default true: kept in this replica's memory for GET, input_items and previous_response_id, bounded by "
+     "--responses-store-max-entries, --responses-store-max-bytes and --responses-store-ttl",
+     R"("store": false)", R"("store": "yes")"},
+    {"previous_response_id", R, OK, Refuse::never, STR, "OpenAI",
+     "continues a stored response: its whole conversation is rendered again through the chat template, then this input "
+     "(the prefix cache makes the repeated prompt cheap); an unknown id is a 400",
+     R"("previous_response_id": null)", R"("previous_response_id": 5)"},
+    {"truncation", R, OK, Refuse::never, STR, "OpenAI",
+     "`disabled` (the default): an input longer than the context is a 400; `auto` (dropping old items) is rejected",
+     R"("truncation": "disabled")", R"("truncation": "auto")"},
+    {"user", R, IGN, Refuse::never, STR, "OpenAI", "no per-user accounting or abuse monitoring here", R"("user": "u")",
+     R"("user": 3)"},
+    {"safety_identifier", R, IGN, Refuse::never, STR, "OpenAI", "no abuse monitoring here", R"("safety_identifier": "s")",
+     R"("safety_identifier": 5)"},
+    {"service_tier", R, IGN, Refuse::never, STR, "OpenAI", "one tier here", R"("service_tier": "auto")", R"("service_tier": 5)"},
+    {"prompt_cache_key", R, IGN, Refuse::never, STR, "OpenAI", "prefix caching is automatic (--enable-prefix-caching)",
+     R"("prompt_cache_key": "k")", R"("prompt_cache_key": 5)"},
+    {"prompt_cache_options", R, IGN, Refuse::never, OBJ, "OpenAI", "prefix caching is automatic", R"("prompt_cache_options": {})",
+     R"("prompt_cache_options": 5)"},
+    {"prompt_cache_retention", R, IGN, Refuse::never, STR, "OpenAI", "cached blocks live until evicted (LRU)",
+     R"("prompt_cache_retention": "24h")", R"("prompt_cache_retention": 5)"},
+    {"access_programs", R, IGN, Refuse::never, OBJ, "OpenAI", "no access programs here", R"("access_programs": {})",
+     R"("access_programs": 5)"},
+    {"image", R, IGN, Refuse::never, OBJ, "OpenAI", "image options; image input is rejected", R"("image": {})", R"("image": 5)"},
+    {"background", R, NO, Refuse::true_value, BOOL, "OpenAI", "responses are not run in the background; false is accepted",
+     R"("background": false)", R"("background": true)"},
+    {"background_options", R, NO, Refuse::any_value, OBJ, "OpenAI", "responses are not run in the background",
+     R"("background_options": null)", R"("background_options": {})"},
+    {"conversation", R, NO, Refuse::any_value, ANY, "OpenAI", "no conversation objects; use previous_response_id",
+     R"("conversation": null)", R"("conversation": "conv_1")"},
+    {"context_management", R, NO, Refuse::any_value, ARR, "OpenAI", "no context compaction", R"("context_management": null)",
+     R"("context_management": [{"type": "compaction"}])"},
+    {"reasoning", R, NO, Refuse::custom, OBJ, "OpenAI",
+     "no reasoning control or summaries; an object that sets neither `effort` nor `summary` is accepted",
+     R"("reasoning": {})", R"("reasoning": {"effort": "low"})"},
+    {"prompt", R, NO, Refuse::any_value, OBJ, "OpenAI", "no stored prompt templates", R"("prompt": null)",
+     R"("prompt": {"id": "pmpt_1"})"},
+    {"max_tool_calls", R, NO, Refuse::any_value, NUM, "OpenAI", "it bounds built-in tool calls, which this server has none of",
+     R"("max_tool_calls": null)", R"("max_tool_calls": 3)"},
+    {"moderation", R, NO, Refuse::any_value, OBJ, "OpenAI", "no moderation policies", R"("moderation": null)",
+     R"("moderation": {"model": "m"})"},
+    // --- vLLM's extensions
+    {"seed", R, OK, Refuse::never, NUM, "vLLM", "any 64-bit integer, as chat", R"("seed": 7)", R"("seed": 1.5)"},
+    {"top_k", R, OK, Refuse::never, NUM, "vLLM", "-1 or 0: off", R"("top_k": 5)", R"("top_k": -2)"},
+    {"min_p", R, OK, Refuse::never, NUM, "vLLM", "[0, 1]", R"("min_p": 0.1)", R"("min_p": 2)"},
+    {"repetition_penalty", R, OK, Refuse::never, NUM, "vLLM", "(0, 2]", R"("repetition_penalty": 1.1)",
+     R"("repetition_penalty": 0)"},
+    {"priority", R, OK, Refuse::never, NUM, "vLLM", "as chat: lower runs first with --scheduling-policy priority",
+     R"("priority": 0)", R"("priority": 1.5)"},
+    {"request_id", R, IGN, Refuse::never, STR, "vLLM", "the server assigns every request its own id (X-Request-Id)",
+     R"("request_id": "abc")", R"("request_id": 5)"},
+};
+
 bool has_type(const Json& v, FieldType type) {
   switch (type) {
     case FieldType::any: return true;
@@ -242,9 +341,8 @@ const char* type_word(FieldType type) {
   reject(param, "'" + param + "' is not supported by this server: " + what + ".", "unsupported_parameter");
 }
 
-const RequestFieldSpec* find_spec(const std::string& name, ApiKind kind) {
-  const unsigned endpoint = kind == ApiKind::chat ? kChatField : kCompletionField;
-  for (const RequestFieldSpec& spec : kFields)
+const RequestFieldSpec* find_spec(const std::string& name, std::span<const RequestFieldSpec> table, unsigned endpoint) {
+  for (const RequestFieldSpec& spec : table)
     if ((spec.endpoints & endpoint) != 0 && name == spec.name) return &spec;
   return nullptr;
 }
@@ -319,30 +417,12 @@ void check_rule(const RequestFieldSpec& spec, const Json& v) {
   }
 }
 
-}  // namespace
-
-std::span<const RequestFieldSpec> request_field_specs() { return kFields; }
-
-const char* field_status_name(FieldStatus status) {
-  switch (status) {
-    case FieldStatus::supported: return "supported";
-    case FieldStatus::rejected: return "rejected";
-    case FieldStatus::ignored: return "ignored";
-  }
-  return "supported";
-}
-
-std::string why_not_ignorable(const std::string& name) {
-  for (const RequestFieldSpec& spec : kFields)
-    if (name == spec.name)
-      return "'" + name + "' is a request field this server knows (" + field_status_name(spec.status) +
-             " in docs/api.md): only fields it does not know can be ignored";
-  return {};
-}
-
-void check_request_fields(const Json& body, ApiKind kind, std::span<const std::string> ignored) {
+// The table's part of the checks: unknown fields, the type and rule of every field that is not
+// supported (the parsers check the supported ones).
+void check_table(const Json& body, std::span<const RequestFieldSpec> table, unsigned endpoint,
+                 std::span<const std::string> ignored) {
   for (const auto& [key, value] : body.items()) {
-    const RequestFieldSpec* spec = find_spec(key, kind);
+    const RequestFieldSpec* spec = find_spec(key, table, endpoint);
     if (spec == nullptr && std::find(ignored.begin(), ignored.end(), key) != ignored.end()) continue;
     if (spec == nullptr)
       reject(key, "Unknown parameter: '" + key + "'. This server rejects fields it does not know rather than ignore "
@@ -354,6 +434,41 @@ void check_request_fields(const Json& body, ApiKind kind, std::span<const std::s
       reject(key, "'" + key + "' must be " + type_word(spec->type) + ", got " + type_name(value) + ".");
     check_rule(*spec, value);
   }
+}
+
+}  // namespace
+
+std::span<const RequestFieldSpec> request_field_specs() { return kFields; }
+std::span<const RequestFieldSpec> responses_field_specs() { return kResponsesFields; }
+
+void check_responses_fields(const Json& body, std::span<const std::string> ignored) {
+  check_table(body, kResponsesFields, kResponsesField, ignored);
+  if (const auto it = body.find("reasoning"); it != body.end() && it->is_object())
+    for (const char* key : {"effort", "summary", "generate_summary"})
+      if (it->contains(key) && !(*it)[key].is_null())
+        unsupported("reasoning", "no reasoning control or summaries for this model ('reasoning." + std::string(key) + "')");
+}
+
+const char* field_status_name(FieldStatus status) {
+  switch (status) {
+    case FieldStatus::supported: return "supported";
+    case FieldStatus::rejected: return "rejected";
+    case FieldStatus::ignored: return "ignored";
+  }
+  return "supported";
+}
+
+std::string why_not_ignorable(const std::string& name) {
+  for (const auto table : {std::span<const RequestFieldSpec>(kFields), std::span<const RequestFieldSpec>(kResponsesFields)})
+    for (const RequestFieldSpec& spec : table)
+      if (name == spec.name)
+        return "'" + name + "' is a request field this server knows (" + field_status_name(spec.status) +
+               " in docs/api.md): only fields it does not know can be ignored";
+  return {};
+}
+
+void check_request_fields(const Json& body, ApiKind kind, std::span<const std::string> ignored) {
+  check_table(body, kFields, kind == ApiKind::chat ? kChatField : kCompletionField, ignored);
   if (kind != ApiKind::chat) {
     if (const auto it = body.find("response_format"); it != body.end() && !it->is_null()) check_response_format(*it);
     return;

@@ -1,6 +1,6 @@
 #pragma once
-// Every request field of /v1/completions and /v1/chat/completions that OpenAI's API or vLLM's
-// defines, with what this server does with it: supported, rejected (a 400 when the request asks
+// Every request field of /v1/completions, /v1/chat/completions and /v1/responses that OpenAI's
+// API or vLLM's defines, with what this server does with it: supported, rejected (a 400 when the request asks
 // for what the field means), or accepted and ignored (with the reason). One table, used three
 // ways: the parser refuses any field that is not in it (a typo such as "temprature" must not
 // silently fall back to the default), check_request_fields() turns each rejection rule into a
@@ -18,7 +18,7 @@ namespace fp8serve {
 
 enum class FieldStatus { supported, rejected, ignored };
 
-enum FieldEndpoints : unsigned { kCompletionField = 1, kChatField = 2, kBothEndpoints = 3 };
+enum FieldEndpoints : unsigned { kCompletionField = 1, kChatField = 2, kBothEndpoints = 3, kResponsesField = 4 };
 
 // When a rejected field refuses the request; null (= absent) never does.
 enum class Refuse { never, any_value, true_value, false_value, non_empty, non_zero, custom };
@@ -41,12 +41,17 @@ struct RequestFieldSpec {
 };
 
 std::span<const RequestFieldSpec> request_field_specs();
+// /v1/responses: a table of its own (every row kResponsesField), checked the same way.
+std::span<const RequestFieldSpec> responses_field_specs();
 const char* field_status_name(FieldStatus status);
 
 // PRECOND: `body` is a JSON object. Throws api_detail::Rejected (a 400 naming the field) for a
 // field that is not in the table for `kind`, a field of the wrong type, or one that asks for a
 // feature this server does not have.
 void check_request_fields(const nlohmann::ordered_json& body, ApiKind kind, std::span<const std::string> ignored = {});
+// The same for a /v1/responses body: the table's rules; the parser (responses_api.cpp) checks
+// the shape of the supported fields.
+void check_responses_fields(const nlohmann::ordered_json& body, std::span<const std::string> ignored = {});
 // Empty when `name` may be listed in --ignore-request-fields (no endpoint knows it), else why not.
 std::string why_not_ignorable(const std::string& name);
 

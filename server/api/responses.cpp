@@ -76,6 +76,28 @@ Json finish_json(const std::optional<FinishReason>& finish) {
 
 }  // namespace
 
+std::vector<std::string> JobOutput::stream_error(const std::string& request_id) {
+  return {sse_event(Json(error_body(internal_error(request_id))))};
+}
+
+Json token_logprob_items(const std::vector<SampleResult>& samples, const TokenBytesFn& token_bytes, bool tokens_as_ids) {
+  auto text = [&](int32_t token, const std::string& bytes) {
+    return tokens_as_ids ? "token_id:" + std::to_string(token) : printable(bytes);
+  };
+  Json items = Json::array();
+  for (const SampleResult& s : samples) {
+    const std::string bytes = token_bytes(s.token);
+    Json top = Json::array();
+    for (const TokenLogprob& t : s.top_logprobs) {
+      const std::string tb = token_bytes(t.token);
+      top.push_back({{"token", text(t.token, tb)}, {"logprob", t.logprob}, {"bytes", bytes_array(tb)}});
+    }
+    items.push_back({{"token", text(s.token, bytes)}, {"logprob", s.logprob}, {"bytes", bytes_array(bytes)},
+                     {"top_logprobs", std::move(top)}});
+  }
+  return items;
+}
+
 ResponseBuilder::ResponseBuilder(ResponseMeta meta, TokenBytesFn token_bytes)
     : meta_(std::move(meta)), token_bytes_(std::move(token_bytes)) {
   meta_.best_of = std::max(meta_.best_of, meta_.n);
@@ -112,17 +134,7 @@ Json ResponseBuilder::logprobs_delta(Choice& choice, const RequestOutput& output
   if (meta_.num_logprobs < 0) return nullptr;
   Json delta;
   if (meta_.kind == ApiKind::chat) {
-    delta["content"] = Json::array();
-    for (const SampleResult& s : output.logprobs) {
-      const std::string bytes = token_bytes_(s.token);
-      Json top = Json::array();
-      for (const TokenLogprob& t : s.top_logprobs) {
-        const std::string tb = token_bytes_(t.token);
-        top.push_back({{"token", token_text(t.token, tb)}, {"logprob", t.logprob}, {"bytes", bytes_array(tb)}});
-      }
-      delta["content"].push_back({{"token", token_text(s.token, bytes)}, {"logprob", s.logprob}, {"bytes", bytes_array(bytes)},
-                                  {"top_logprobs", std::move(top)}});
-    }
+    delta["content"] = token_logprob_items(output.logprobs, token_bytes_, meta_.tokens_as_ids);
   } else {
     delta = {{"tokens", Json::array()}, {"token_logprobs", Json::array()}, {"top_logprobs", Json::array()},
              {"text_offset", Json::array()}};
@@ -269,7 +281,7 @@ std::vector<std::string> ResponseBuilder::on_output(int prompt_index, const Requ
   return events;
 }
 
-std::vector<std::string> ResponseBuilder::stream_head() const {
+std::vector<std::string> ResponseBuilder::stream_head() {
   std::vector<std::string> events;
   for (int i = 0; i < static_cast<int>(choices_.size()); ++i) {
     Json c;
@@ -320,7 +332,7 @@ Json ResponseBuilder::usage_json() const {
           {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
-std::vector<std::string> ResponseBuilder::stream_tail() const {
+std::vector<std::string> ResponseBuilder::stream_tail() {
   std::vector<std::string> events;
   if (meta_.include_usage) {
     Json chunk = chunk_base();
@@ -331,7 +343,7 @@ std::vector<std::string> ResponseBuilder::stream_tail() const {
   return events;
 }
 
-Json ResponseBuilder::final_body() const {
+Json ResponseBuilder::final_body() {
   Json body;
   body["id"] = meta_.id;
   body["object"] = meta_.kind == ApiKind::chat ? "chat.completion" : "text_completion";

@@ -56,29 +56,59 @@ struct Usage {
   int cached_tokens = 0;
 };
 
-class ResponseBuilder {
+// What the HTTP session runs a GenerationJob through: the engine's outputs in, the response's
+// bytes out. ResponseBuilder shapes completions and chat; ResponsesBuilder (responses_api.hpp)
+// shapes /v1/responses.
+class JobOutput {
+ public:
+  virtual ~JobOutput() = default;
+  // The chat or completions request the job was prepared as (stream, tools, logprobs).
+  virtual const ResponseMeta& meta() const = 0;
+  // Stream mode: the events to send before the first output.
+  virtual std::vector<std::string> stream_head() = 0;
+  // Consumes one output of prompt `prompt_index`; in stream mode returns the events to send now.
+  virtual std::vector<std::string> on_output(int prompt_index, const RequestOutput& output) = 0;
+  virtual bool done() const = 0;
+  // The first error an output reported (finish == error), if any.
+  virtual const std::optional<std::string>& engine_error() const = 0;
+  // Stream mode, after done() without an engine error: the closing events.
+  virtual std::vector<std::string> stream_tail() = 0;
+  // Stream mode, after an engine error: the events that report it.
+  virtual std::vector<std::string> stream_error(const std::string& request_id);
+  // Non-stream mode, after done(): the whole response object.
+  virtual nlohmann::ordered_json final_body() = 0;
+  virtual Usage usage() const = 0;
+  // One word for the access log and the success counter: error > abort > length > stop.
+  virtual std::string summary_finish() const = 0;
+  // The job ended; `client_gone`: the client left before its end.
+  virtual void finished(bool /*client_gone*/) {}
+};
+
+// The OpenAI chat logprobs items (`logprobs.content`, also the Responses API's) of these tokens.
+nlohmann::ordered_json token_logprob_items(const std::vector<SampleResult>& samples, const TokenBytesFn& token_bytes,
+                                           bool tokens_as_ids);
+
+class ResponseBuilder final : public JobOutput {
  public:
   ResponseBuilder(ResponseMeta meta, TokenBytesFn token_bytes);
 
   // Consumes one output of prompt `prompt_index` (output.index < best_of). In stream mode returns
   // the SSE events to send now (possibly none); otherwise accumulates and returns nothing.
-  std::vector<std::string> on_output(int prompt_index, const RequestOutput& output);
+  std::vector<std::string> on_output(int prompt_index, const RequestOutput& output) override;
 
-  bool done() const { return num_finished_ == static_cast<int>(choices_.size()); }
-  // The first error an output reported (finish == error), if any.
-  const std::optional<std::string>& engine_error() const { return engine_error_; }
-  Usage usage() const;
-  // One word for the access log and the success counter: error > abort > length > stop.
-  std::string summary_finish() const;
-  const ResponseMeta& meta() const { return meta_; }
+  bool done() const override { return num_finished_ == static_cast<int>(choices_.size()); }
+  const std::optional<std::string>& engine_error() const override { return engine_error_; }
+  Usage usage() const override;
+  std::string summary_finish() const override;
+  const ResponseMeta& meta() const override { return meta_; }
 
   // Stream mode, after done(): the usage chunk (when asked for) and `data: [DONE]`.
-  std::vector<std::string> stream_tail() const;
+  std::vector<std::string> stream_tail() override;
   // Non-stream mode, after done(): the whole response object; with best_of > n, each prompt's n
   // choices of highest cumulative logprob, best first (ties: generation order).
-  nlohmann::ordered_json final_body() const;
+  nlohmann::ordered_json final_body() override;
   // The first stream events: the role chunk of every chat choice, the echoed prompt.
-  std::vector<std::string> stream_head() const;
+  std::vector<std::string> stream_head() override;
 
  private:
   struct Choice {

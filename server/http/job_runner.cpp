@@ -85,7 +85,7 @@ net::awaitable<bool> run_job(beast::tcp_stream& stream, ApiFrontend& frontend, G
   const auto started = Clock::now();
   auto executor = co_await net::this_coro::executor;
   auto channel = std::make_shared<Channel>(executor);
-  ResponseBuilder& builder = *job.builder;
+  JobOutput& builder = *job.builder;
   const bool streaming = builder.meta().stream;
   EngineClient* engine = frontend.engine();
 
@@ -164,8 +164,7 @@ net::awaitable<bool> run_job(beast::tcp_stream& stream, ApiFrontend& frontend, G
   } else if (streaming) {
     if (builder.engine_error()) {
       spdlog::error("{} engine error: {}", request_id, *builder.engine_error());
-      std::vector<std::string> events;
-      events.push_back(sse_event(nlohmann::ordered_json(error_body(internal_error(request_id)))));
+      std::vector<std::string> events = builder.stream_error(request_id);
       co_await write_events(stream, std::move(events), limits, ec);
     } else {
       std::vector<std::string> tail_events = builder.stream_tail();
@@ -198,6 +197,7 @@ net::awaitable<bool> run_job(beast::tcp_stream& stream, ApiFrontend& frontend, G
     usable = !ec;
   }
   frontend.release(job.num_seqs);
+  builder.finished(client_gone);
 
   const Usage usage = builder.usage();
   access.prompt_tokens = usage.prompt_tokens;

@@ -32,6 +32,22 @@ def free_port():
         return s.getsockname()[1]
 
 
+def read_then_drop(port, path, body, marker, count, timeout=60):
+    """Posts `body` (a streaming request) on a raw socket, reads until `marker` has come `count`
+    times, then closes the connection mid-stream; returns the bytes read. The server must notice
+    and abort the request."""
+    data = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        seen = b""
+        while seen.count(marker) < count:
+            chunk = sock.recv(4096)
+            assert chunk, "server closed the stream early: " + seen.decode(errors="replace")[-500:]
+            seen += chunk
+    return seen
+
+
 class Server:
     """One `fp8serve serve` process; stop() sends SIGTERM and returns the exit code. `command`
     runs another server instead (llama.cpp's, in tests/bench/compare_llama_spec.py): its argv, to

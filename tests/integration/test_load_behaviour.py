@@ -1,14 +1,13 @@
 """Concurrency, preemption, client disconnects and the SIGTERM drain, on the real server."""
 import json
 import signal
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 
-from conftest import TINY_QWEN3, Server
+from conftest import TINY_QWEN3, Server, read_then_drop
 
 PROMPTS = [f"Request number {i}: tell me about the number {i * 7 % 13} and the colour {c}"
            for i, c in enumerate(["red", "green", "blue", "black"] * 8)]
@@ -130,16 +129,9 @@ def test_priority_preempts_for_an_urgent_request_and_fcfs_refuses_the_field(tiny
 
 
 def drop_mid_stream(port, prompt):
-    body = json.dumps({"prompt": prompt, "max_tokens": 960, "stream": True, "ignore_eos": True}).encode()
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        seen = b""
-        while seen.count(b"data: {") < 3:
-            chunk = sock.recv(4096)
-            assert chunk, "server closed the stream early"
-            seen += chunk
-    # Closing here, long before 960 tokens: the server must notice and abort.
+    # Closed long before 960 tokens.
+    read_then_drop(port, "/v1/completions", {"prompt": prompt, "max_tokens": 960, "stream": True, "ignore_eos": True},
+                   b"data: {", 3, timeout=30)
 
 
 def test_20_clients_drop_mid_stream(tiny, openai_client):

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "server/api/request_features.hpp"
+#include "server/api/responses_request.hpp"
 
 using namespace fp8serve;
 using Json = nlohmann::ordered_json;
@@ -95,4 +96,76 @@ TEST_CASE("the API table of docs/api.md lists every field with the status the se
     ++expected;
   }
   CHECK(documented.size() == expected);
+}
+
+// /v1/responses: the request is checked by its own parser, then by chat's once translated, as the
+// front end runs it (frontend_responses.cpp), with the parameter named as the Responses API names it.
+namespace {
+
+std::optional<ApiError> responses_check(const char* members) {
+  Json body = {{"input", "hi"}};
+  const Json extra = Json::parse(std::string("{") + members + "}");
+  for (const auto& [key, value] : extra.items()) body[key] = value;
+  auto parsed = parse_responses_request(body.dump(), ApiLimits{}, "rid");
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  ResponsesRequest& r = std::get<ResponsesRequest>(parsed);
+  r.chat["messages"] = items_to_messages(r.input_items, r.instructions);
+  auto chat = parse_api_request(r.chat.dump(), ApiKind::chat);
+  if (auto* e = std::get_if<ApiError>(&chat)) return responses_error(*e);
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE("every field of the Responses table: its accepted example runs, its refused example is a 400 naming it") {
+  for (const RequestFieldSpec& spec : responses_field_specs()) {
+    INFO(spec.name << " (responses)");
+    CHECK(spec.endpoints == kResponsesField);
+    if (const auto e = responses_check(spec.accepted)) FAIL("accepted example refused: " << e->message);
+    const auto e = responses_check(spec.refused);
+    REQUIRE(e.has_value());
+    CHECK(e->status == 400);
+    CHECK(e->param.rfind(spec.name, 0) == 0);
+    if (spec.status == FieldStatus::rejected) CHECK(e->code == "unsupported_parameter");
+  }
+  CHECK(responses_field_specs().size() > 35);
+}
+
+TEST_CASE("the Responses table covers openai 3.57's response_create_params, once each") {
+  std::set<std::string> seen;
+  for (const RequestFieldSpec& spec : responses_field_specs()) CHECK(seen.insert(spec.name).second);
+  for (const char* name :
+       {"access_programs", "background", "background_options", "context_management", "conversation", "image", "include", "input",
+        "instructions", "max_output_tokens", "max_tool_calls", "metadata", "model", "moderation", "parallel_tool_calls",
+        "previous_response_id", "prompt", "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention", "reasoning",
+        "safety_identifier", "service_tier", "store", "stream", "stream_options", "temperature", "text", "tool_choice", "tools",
+        "top_logprobs", "top_p", "truncation", "user"})
+    CHECK(seen.count(name) == 1);
+  // A field the server knows on any endpoint cannot be ignored by --ignore-request-fields.
+  CHECK_FALSE(why_not_ignorable("instructions").empty());
+  CHECK(why_not_ignorable("no_stop_trim").empty());
+}
+
+TEST_CASE("the Responses table of docs/api.md lists every field with the status the server gives it") {
+  std::ifstream in(std::string(FP8SERVE_SOURCE_DIR) + "/docs/api.md");
+  REQUIRE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string page = ss.str();
+  const size_t begin = page.find("<!-- responses-fields:begin -->");
+  const size_t end = page.find("<!-- responses-fields:end -->");
+  REQUIRE(begin != std::string::npos);
+  REQUIRE(end != std::string::npos);
+  const std::regex row(R"(\| `([a-z_]+)` \| (supported|rejected|ignored) \|)");
+  std::map<std::string, std::string> documented;
+  const std::string table = page.substr(begin, end - begin);
+  for (auto it = std::sregex_iterator(table.begin(), table.end(), row); it != std::sregex_iterator(); ++it)
+    CHECK(documented.emplace((*it)[1].str(), (*it)[2].str()).second);
+  for (const RequestFieldSpec& spec : responses_field_specs()) {
+    INFO(spec.name);
+    const auto found = documented.find(spec.name);
+    REQUIRE(found != documented.end());
+    CHECK(found->second == field_status_name(spec.status));
+  }
+  CHECK(documented.size() == responses_field_specs().size());
 }
