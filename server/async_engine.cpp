@@ -91,13 +91,15 @@ void AsyncEngine::loop() {
     std::deque<std::pair<GenerationRequest, OutputSink>> submissions;
     std::vector<std::string> aborts;
     bool stopping = false;
-    uint64_t resets = 0;
+    uint64_t resets = 0;  // resets asked so far
+    bool reset = false;   // some are not done yet
     {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] {
         return stopping_ || !submissions_.empty() || !aborts_.empty() || busy_ || resets_asked_ > resets_done_;
       });
       resets = resets_asked_;
+      reset = resets > resets_done_;
       submissions.swap(submissions_);
       aborts.swap(aborts_);
       stopping = stopping_;
@@ -110,10 +112,10 @@ void AsyncEngine::loop() {
     } else {
       engine_->step();
     }
-    if (resets > resets_done_) engine_->reset_prefix_cache();  // after the step: its blocks are cached first
+    if (reset) engine_->reset_prefix_cache();  // after the step: its blocks are cached first
     if (publisher_ != nullptr) publisher_->publish(engine_->take_kv_events());
     std::lock_guard<std::mutex> lock(mutex_);
-    if (resets > resets_done_) {
+    if (reset) {
       resets_done_ = resets;
       reset_done_.notify_all();
     }

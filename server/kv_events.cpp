@@ -197,6 +197,8 @@ void KvEventPublisher::run() {
       stopping = stopping_;
     }
     for (const auto& events : batches) {
+      num_published_.fetch_add(events.size(), std::memory_order_relaxed);
+      if (pub_ == nullptr && replay_ == nullptr) continue;  // publisher "null": nothing is encoded
       const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
       std::string payload = encode_kv_event_batch(now, events, block_size_);
       const uint64_t seq = next_seq_++;
@@ -204,7 +206,6 @@ void KvEventPublisher::run() {
         const std::string number = seq_bytes(static_cast<int64_t>(seq));
         if (!send_frames(pub_, {config_.topic, number, payload})) spdlog::warn("KV events: send failed: {}", zmq_error());
       }
-      num_published_.fetch_add(events.size(), std::memory_order_relaxed);
       if (replay_ != nullptr) {
         replay_buffer_.emplace_back(seq, std::move(payload));
         while (static_cast<int>(replay_buffer_.size()) > config_.buffer_steps) replay_buffer_.pop_front();
