@@ -163,11 +163,18 @@ void CudaBackend::free(void* ptr) {
 
 void CudaBackend::drain(cudaStream_t stream) {
   refuse_in_capture("a synchronization");
+  if (staging_.used() > 0 && stream != staged_on_)
+    throw std::logic_error("cuda backend: the staging arena holds copies queued on another stream; synchronize that "
+                           "stream (the backend serves one stream at a time)");
   CUDA_CHECK(cudaStreamSynchronize(stream));
   staging_.finish();
 }
 
 void* CudaBackend::stage(std::size_t bytes, cudaStream_t stream) {
+  if (staging_.used() > 0 && stream != staged_on_)
+    throw std::logic_error("cuda backend: a staged copy on a second stream while the arena holds another's; "
+                           "synchronize the first (the backend serves one stream at a time)");
+  staged_on_ = stream;
   if (void* p = staging_.take(bytes)) return p;
   const std::size_t step = staging_.used() + bytes + 16;  // what this step stages, so far
   drain(stream);
@@ -353,12 +360,12 @@ void CudaBackend::rms_norm(const RmsNormParams& p, Stream stream) { rms_norm_cud
 void CudaBackend::linear(const LinearParams& p, Stream stream) {
   // FP8 weights: up to 16 tokens (decode) weight-only on tensor cores, split-K
   // (linear_fp8_gemv.cu); more on cuBLASLt's FP8 GEMM with the activations quantized per token
-  // (or per token and 128-input block) where sm_90's FP8 GEMM takes the shape and the scales, else
-  // the GEMV in groups of 16 tokens. The workspaces grow to the largest projection seen (before
+  // (or per token and 128-input block) where the device has sm_90's FP8 GEMM and it takes the shape
+  // and the scales, else (sm_80, sm_89, Blackwell; other shapes) the GEMV in groups of 16 tokens. The workspaces grow to the largest projection seen (before
   // any graph capture: the transformer runs a step op by op before capturing it).
   if (p.weight_dtype == WeightDtype::fp8_e4m3) {
     const cudaStream_t s = stream_of(stream);
-    if (p.num_tokens > kFp8GemvMaxTokens && CublasLtLinear::fp8_gemm_supported(p)) {
+    if (p.num_tokens > kFp8GemvMaxTokens && cublaslt_->fp8_gemm_available() && CublasLtLinear::fp8_gemm_supported(p)) {
       linear_fp8_gemm(p, s);
       return;
     }

@@ -10,7 +10,10 @@
 // Host <-> device copies from pageable memory go through a pinned staging arena
 // (host_staging.hpp) and are asynchronous on the stream; downloads land at synchronize().
 // Device data that a kernel finds wrong (DeviceError in ops_cuda.hpp) is reported there too.
-// One stream at a time: the staging arena and the error word are shared by the backend's ops.
+// One stream at a time: the staging arena and the error word are shared by the backend's ops. A
+// copy staged on one stream while the arena holds another stream's, or a synchronize() of a stream
+// other than the one whose copies it holds, is a std::logic_error (the arena would be emptied under
+// copies still in flight).
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -113,6 +116,7 @@ class CudaBackend final : public Backend {
   bool graphs_made_ = false;          // then scratch buffers that grow keep their old memory:
   std::vector<void*> retired_;        // a graph may still launch with it
   HostStaging staging_;
+  cudaStream_t staged_on_ = nullptr;  // the stream whose copies the arena holds (while used() > 0)
   std::map<std::uintptr_t, std::size_t> pinned_;  // allocate_host() buffers: start -> bytes
   unsigned* errors_ = nullptr;       // device: DeviceError bits raised by kernels
   unsigned* errors_host_ = nullptr;  // pinned: where synchronize() reads them

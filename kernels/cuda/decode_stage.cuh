@@ -26,15 +26,16 @@ constexpr int kMaxChunkTokens = 64;             // FP8 at head_dim 32: 2048 / 32
 
 // Shared memory: [warps][stages][K chunk | V chunk] | q [rows][kD] f32 | p [warps][64][rows] f32
 // (the CUDA-core kernel only) | scan scratch [warps] | plan [num_seqs + 1]. At the end of an item
-// each warp publishes [rows][kD] outputs and 2 x rows statistics at merge_stride bytes from the
-// previous one, over the stages (grown when that needs more: 16 rows at head_dim 256).
+// each warp publishes [rows][kD] outputs and 2 x rows statistics over its own (drained) stages, at
+// merge_stride = kWarpStageBytes from the previous one; decode_items static_asserts that the slot
+// fits (at most 16 rows x (128 + 2) x 4 = 8,320 bytes of the 12 KiB), since a neighbour may still
+// be computing in its stages.
 struct DecodeSmem {
   int64_t merge_stride, stages, q, p, scratch, plan, total;
 };
 ATTN_HD DecodeSmem decode_smem(int rows, int dim_pad, int num_seqs, bool p_rows = true) {
   DecodeSmem s{};
-  const int64_t merge_bytes = int64_t{rows} * (dim_pad + 2) * 4;
-  s.merge_stride = merge_bytes > kWarpStageBytes ? (merge_bytes + 15) / 16 * 16 : kWarpStageBytes;
+  s.merge_stride = kWarpStageBytes;
   s.stages = 0;
   s.q = s.stages + int64_t{kWarps} * s.merge_stride;
   s.p = s.q + int64_t{rows} * dim_pad * 4;

@@ -130,6 +130,7 @@ struct CublasLtLinear::Impl {
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   std::size_t max_plans = 0;
+  bool fp8_gemm = false;  // the device and the library have the scale modes run_fp8 uses
   std::list<std::pair<PlanKey, std::unique_ptr<Plan>>> plans;  // most recently used first
   std::unordered_map<PlanKey, decltype(plans)::iterator, PlanKeyHash> index;
 
@@ -237,6 +238,9 @@ CublasLtLinear::CublasLtLinear(std::size_t workspace_bytes, std::size_t max_plan
   CUBLASLT_CHECK(cublasLtCreate(&impl_->handle));
   impl_->workspace_bytes = workspace_bytes;
   impl_->max_plans = max_plans;
+  // OUTER_VEC_32F and VEC128_32F (run_fp8's scale modes) are sm_90's, from cuBLAS 12.9 on; sm_80
+  // has no FP8 GEMM and Blackwell's block scales are other modes (VEC16_UE4M3, VEC32_UE8M0).
+  impl_->fp8_gemm = device_has_fp8_gemm();
   if (workspace_bytes > 0) {
     const cudaError_t err = cudaMalloc(&impl_->workspace, workspace_bytes);
     if (err != cudaSuccess) {
@@ -261,10 +265,22 @@ void CublasLtLinear::run(const LinearParams& p, void* stream) {
 }
 
 void CublasLtLinear::run_fp8(const LinearParams& p, const Fp8GemmOperands& q, void* stream) {
+  if (!fp8_gemm_available())
+    throw std::invalid_argument("linear (cuBLASLt FP8): this device has no FP8 GEMM with per-row or 128-block scales (sm_90 only)");
   check_linear_params(p, "linear (cuBLASLt FP8)");
   if (p.weight_dtype != WeightDtype::fp8_e4m3 || !fp8_gemm_supported(p))
     throw std::invalid_argument("linear (cuBLASLt FP8): FP8 weights in a shape sm_90's FP8 GEMM takes only");
   matmul(p, q.x_codes, q.x_ld, &q, stream);
+}
+
+bool CublasLtLinear::fp8_gemm_available() const { return impl_->fp8_gemm; }
+
+bool CublasLtLinear::device_has_fp8_gemm() {
+  int device = 0, major = 0, minor = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major == 9 && minor == 0 && cublasLtGetVersion() >= 120900;
 }
 
 bool CublasLtLinear::fp8_gemm_supported(const LinearParams& p) {

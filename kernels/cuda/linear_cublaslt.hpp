@@ -45,13 +45,17 @@ class CublasLtLinear {
 
   // y = x @ W^T (+ bias) for FP8 W (params.weight, E4M3 codes) on cuBLASLt's FP8 GEMM: E4M3 x E4M3,
   // CUBLAS_COMPUTE_32F, bf16 or fp32 y, scales through the scale modes (q). params.x is not read.
-  // PRECOND: fp8_gemm_supported(params).
+  // PRECOND: fp8_gemm_available() and fp8_gemm_supported(params).
   void run_fp8(const LinearParams& params, const Fp8GemmOperands& q, void* stream);
   // Whether sm_90's FP8 GEMM takes these FP8 weights: one scale per row or 128-input blocks (no
   // other block size has a scale mode), in_features a multiple of 16 (and <= 16384 with one scale
   // per row: the activation quantizer's row), out_features and the y row stride multiples of 16
   // bytes, W and y 16-byte aligned (cuBLASLt's FP8 rules, tests/cuda_emu/cublaslt_checks.cpp).
   static bool fp8_gemm_supported(const LinearParams& params);
+  // Whether this device has that GEMM at all: sm_90 and cuBLASLt 12.9 or later (decided at
+  // construction). Elsewhere FP8 weights run on the GEMV (CudaBackend::linear), never a throw.
+  bool fp8_gemm_available() const;
+  static bool device_has_fp8_gemm();  // the current device's answer, asked now
 
   std::size_t num_cached_plans() const;  // at most max_plans
 

@@ -48,6 +48,9 @@ ATTN_DEVICE int readable_len(const PagedBatch& b, int s, int block_size) {
 // math of one warp over a segment's chunks.
 template <int kD, int kRows, class Cta>
 ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsigned char* smem) {
+  // A warp stages its chunks at warp * kWarpStageBytes and publishes its merge slot at
+  // warp * merge_stride while its neighbours may still compute: the slot must fit in its own stages.
+  static_assert(kRows * (kD + 2) * 4 <= kWarpStageBytes, "a warp's merge slot would overwrite its neighbour's live stages");
   const PagedBatch& batch = args.batch;
   const int n = batch.num_seqs;
   const int block_size = args.cache.block_size;

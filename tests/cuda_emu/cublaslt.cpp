@@ -251,6 +251,8 @@ constexpr StatusText kStatuses[] = {
 };
 }  // namespace
 
+size_t cublasLtGetVersion() { return CUBLAS_VERSION; }  // the headers it was built with
+
 const char* cublasLtGetStatusName(cublasStatus_t status) {
   for (const StatusText& s : kStatuses)
     if (s.status == status) return s.name;

@@ -13,7 +13,7 @@
 //    matrix D rows"; CUBLASLT_MATRIX_LAYOUT_LD "greater or equal to ROWS"; TRANSC "only
 //    CUBLAS_OP_N"; the scale pointers: "If set for an unsupported matrix data, scale, and compute
 //    type combination, calling cublasLtMatmul() will return CUBLAS_INVALID_VALUE";
-//  - the scale modes on Hopper (sm_90): SCALAR_32F on every FP8 GPU; OUTER_VEC_32F (a vector of m
+//  - FP8 needs sm_89 or later; the scale modes on Hopper (sm_90): SCALAR_32F on every FP8 GPU; OUTER_VEC_32F (a vector of m
 //    for A, n for B), VEC128_32F (one scale per 128 consecutive k of a row) and BLK128x128_32F were
 //    added for Hopper by cuBLAS 12.9 (NVIDIA's cuBLAS 12.9 announcement; the documentation's
 //    grouped-GEMM rules list SCALAR_32F, VEC128_32F and BLK128x128_32F for FP8 on 9.0);
@@ -34,6 +34,7 @@
 #include <string>
 
 #include "tests/cuda_emu/cublaslt_internal.hpp"
+#include "tests/cuda_emu/runtime.hpp"
 
 namespace fp8serve::emu::cublaslt {
 namespace {
@@ -189,6 +190,9 @@ cublasStatus_t check_configuration(const char* who, const MatmulDesc& desc, cons
                     (p.fp8 ? ": FP8 needs CUBLAS_COMPUTE_32F and CUDA_R_32F"
                            : ": the stand-in models CUBLAS_COMPUTE_32F(_PEDANTIC) with CUDA_R_32F"));
 
+  const int sm = detail::emulated_sm();
+  if (p.fp8 && sm < 89)
+    return fail(CUBLAS_STATUS_NOT_SUPPORTED, w + "FP8 matmuls need sm_89 or later; the device is sm_" + std::to_string(sm));
   if (p.fp8) {
     // FP8 on sm_90: TN only, and 16-byte aligned dimensions (the pointers: see choose_algo).
     if (!p.transa || p.transb) return fail(CUBLAS_STATUS_NOT_SUPPORTED, w + "FP8 on sm_90 needs TRANSA T and TRANSB N");
@@ -213,6 +217,9 @@ cublasStatus_t check_configuration(const char* who, const MatmulDesc& desc, cons
   p.scale_mode[kA] = desc.scale_mode[kA];
   p.scale_mode[kB] = desc.scale_mode[kB];
   if (p.fp8) {
+    if (sm != 90 && (vector_mode(p.scale_mode[kA]) || vector_mode(p.scale_mode[kB])))
+      return fail(CUBLAS_STATUS_NOT_SUPPORTED, w + "the OUTER_VEC, VEC128 and BLK128x128 scale modes are sm_90's; the "
+                                                   "device is sm_" + std::to_string(sm));
     if (!hopper_scale_pair(p.scale_mode[kA], p.scale_mode[kB]))
       return fail(CUBLAS_STATUS_NOT_SUPPORTED, w + "sm_90 has no FP8 kernel for A_SCALE_MODE " +
                                                    std::to_string(p.scale_mode[kA]) + " with B_SCALE_MODE " +

@@ -33,6 +33,7 @@
 #include <map>
 #include <mutex>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace fp8serve::emu::detail {
@@ -333,16 +334,31 @@ cudaError_t cudaDriverGetVersion(int* version) {
 }
 cudaError_t cudaRuntimeGetVersion(int* version) { return cudaDriverGetVersion(version); }
 
+namespace fp8serve::emu::detail {
+
+int emulated_sm() {
+  const char* text = std::getenv("FP8SERVE_EMU_SM");
+  if (text == nullptr || *text == '\0') return 90;
+  const std::string value = text;
+  for (const char* sm : {"80", "86", "89", "90", "100", "120"})
+    if (value == sm) return std::stoi(value);
+  die("FP8SERVE_EMU_SM=%s: use 80, 86, 89, 90, 100 or 120", text);
+}
+
+}  // namespace fp8serve::emu::detail
+
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   namespace d = fp8serve::emu::detail;
   if (prop == nullptr) return record_error(cudaErrorInvalidValue);
   if (device != 0) return record_error(cudaErrorInvalidDevice);
   *prop = cudaDeviceProp{};
-  std::snprintf(prop->name, sizeof prop->name, "fp8serve CUDA emulator (H200)");
+  const int sm = d::emulated_sm();
+  if (sm == 90) std::snprintf(prop->name, sizeof prop->name, "fp8serve CUDA emulator (H200)");
+  else std::snprintf(prop->name, sizeof prop->name, "fp8serve CUDA emulator (H200 presented as sm_%d)", sm);
   size_t free = 0;
   cudaMemGetInfo(&free, &prop->totalGlobalMem);
-  prop->major = 9;
-  prop->minor = 0;
+  prop->major = sm / 10;
+  prop->minor = sm % 10;
   prop->multiProcessorCount = d::kMultiProcessors;
   prop->warpSize = 32;
   prop->maxThreadsPerBlock = d::kMaxThreadsPerBlock;
@@ -383,8 +399,8 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrWarpSize: *value = 32; break;
     case cudaDevAttrMaxSharedMemoryPerBlock: *value = static_cast<int>(d::kSharedPerBlock); break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = static_cast<int>(d::kSharedPerBlockOptin); break;
-    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
-    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = d::emulated_sm() / 10; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = d::emulated_sm() % 10; break;
     case cudaDevAttrL2CacheSize: *value = 50 << 20; break;
     case cudaDevAttrMaxRegistersPerMultiprocessor: *value = d::kRegistersPerMultiprocessor; break;
     case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = static_cast<int>(d::kSharedPerMultiprocessor); break;

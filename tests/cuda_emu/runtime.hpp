@@ -19,6 +19,12 @@ constexpr size_t kSharedPerBlockOptin = 227 * 1024;   // dynamic + static, with 
 constexpr size_t kSharedPerMultiprocessor = 228 * 1024;
 constexpr int kRegistersPerMultiprocessor = 64 * 1024;
 
+// The compute capability presented (major * 10 + minor): 90 (sm_90, an H200) unless
+// FP8SERVE_EMU_SM names another (80, 86, 89, 90, 100, 120), so tests can check what the code does
+// on a device without sm_90's FP8 GEMM. Only the reported capability and cuBLASLt's FP8 rules
+// change; the limits and the execution stay an H200's.
+int emulated_sm();
+
 // The CTAs of `function` one SM holds at this block size and dynamic shared memory (occupancy.cpp).
 int max_active_ctas(const void* function, int block_size, size_t dynamic_shared);
 

@@ -3,6 +3,7 @@
 // cublasLtMatmulAlgoGetHeuristic, cublasLtMatmul and the attribute calls, each checked for its
 // status and for the rule that fired (cublaslt_last_failure), from a configuration that passes
 // until the one change; a matrix past its allocation and a destroyed descriptor abort.
+#include <cstdlib>
 #include <string>
 
 #include "tests/unit/cuda_emu/child_process.hpp"
@@ -314,4 +315,22 @@ TEST_CASE("a matrix past its allocation, or a destroyed descriptor, aborts with 
   });
   CHECK(destroyed.aborted);
   CHECK(destroyed.stderr_text.find("is not a live cuBLASLt matmul descriptor") != std::string::npos);
+}
+
+TEST_CASE("another device presented (FP8SERVE_EMU_SM): no FP8 before sm_89, the vector scale modes only on sm_90") {
+  constexpr auto unsupported = CUBLAS_STATUS_NOT_SUPPORTED;
+  Gemm outer = fp8_gemm();
+  outer.a_mode = outer.b_mode = kOuter;
+  ::setenv("FP8SERVE_EMU_SM", "80", 1);
+  int major = 0;
+  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
+  CHECK(major == 8);
+  heuristic_refuses(fp8_gemm(), unsupported, "FP8 matmuls need sm_89 or later");
+  ::setenv("FP8SERVE_EMU_SM", "100", 1);
+  heuristic_refuses(outer, unsupported, "scale modes are sm_90's");
+  LtCase scalar(fp8_gemm());  // scalar scales: any FP8 device
+  CHECK(scalar.heuristic() == CUBLAS_STATUS_SUCCESS);
+  ::unsetenv("FP8SERVE_EMU_SM");
+  LtCase hopper(outer);
+  CHECK(hopper.heuristic() == CUBLAS_STATUS_SUCCESS);
 }

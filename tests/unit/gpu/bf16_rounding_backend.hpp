@@ -59,7 +59,7 @@ class Bf16RoundingBackend final : public Backend {
   }
   void linear(const LinearParams& p, Stream st) override {
     if (p.weight_dtype == WeightDtype::fp8_e4m3 && p.num_tokens > cuda::kFp8GemvMaxTokens &&
-        cuda::CublasLtLinear::fp8_gemm_supported(p)) {
+        cuda::CublasLtLinear::device_has_fp8_gemm() && cuda::CublasLtLinear::fp8_gemm_supported(p)) {
       const int64_t k = p.in_features, x_stride = p.x_stride ? p.x_stride : k;
       const int64_t block = p.weight_block_k > 0 && p.weight_block_k < k ? 128 : k;
       std::vector<float> xq(static_cast<std::size_t>(p.num_tokens * k));

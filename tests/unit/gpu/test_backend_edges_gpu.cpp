@@ -10,6 +10,8 @@
 #include <optional>
 #include <stdexcept>
 
+#include <cuda_runtime_api.h>
+
 #include "cuda_test_util.hpp"
 #include "kernels/cuda/device_runtime.hpp"
 #include "tests/unit/asan.hpp"
@@ -133,6 +135,26 @@ TEST_CASE("copies above the staging arena's 64 MiB go to the driver directly, in
   gpu->copy_to_host(back.data(), d.data(), n * sizeof(std::uint32_t), Stream{});
   gpu->synchronize(Stream{});
   CHECK(count_mismatches(back, big) == 0);
+}
+
+TEST_CASE("the staging arena serves one stream at a time: a second stream's copy or synchronize is refused", "[gpu]") {
+  auto gpu = cuda_backend_or_skip();
+  if (!gpu) return;
+  cudaStream_t other = nullptr;
+  REQUIRE(cudaStreamCreate(&other) == cudaSuccess);
+  DeviceBuffer d(*gpu, 16);
+  const std::vector<std::uint32_t> up{1, 2, 3, 4};
+  std::vector<std::uint32_t> down(4, 0);
+  gpu->copy_to_device(d.data(), up.data(), 16, Stream{});
+  gpu->copy_to_host(down.data(), d.data(), 16, Stream{});  // staged: lands at synchronize()
+  CHECK_THROWS_WITH(gpu->copy_to_device(d.data(), up.data(), 16, Stream{other}), Catch::Contains("one stream at a time"));
+  CHECK_THROWS_WITH(gpu->synchronize(Stream{other}), Catch::Contains("another stream"));
+  gpu->synchronize(Stream{});
+  CHECK(down == up);
+  gpu->copy_to_host(down.data(), d.data(), 16, Stream{other});  // the arena is empty again: any stream
+  gpu->synchronize(Stream{other});
+  CHECK(down == up);
+  REQUIRE(cudaStreamDestroy(other) == cudaSuccess);
 }
 
 TEST_CASE("a graph capture refuses what would synchronise, abandons itself, and a new one works", "[gpu]") {

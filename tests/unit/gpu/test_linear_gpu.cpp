@@ -33,6 +33,7 @@
 // The bound is rarely approached (real errors are ~sqrt(K) u): a wrong transpose, stride or
 // tile edge shows up as errors of the order of |y| itself.
 #include <cmath>
+#include <cstdlib>
 
 #include "cuda_test_util.hpp"
 #if defined(FP8SERVE_CUDA_EMU) && FP8SERVE_CUDA_EMU
@@ -149,7 +150,8 @@ void check_linear(Backend& gpu, const LinearCase& c, Path path, std::uint32_t se
 
   const double u = 0x1p-24;
   const double sum_factor = 2.1 * (real_cublas || (fp8 && !kEmulated) ? 4.0 : 1.0) * static_cast<double>(c.in + 1) * u;
-  const bool fp8_gemm = fp8 && c.tokens > cuda::kFp8GemvMaxTokens && cuda::CublasLtLinear::fp8_gemm_supported(p);
+  const bool fp8_gemm = fp8 && c.tokens > cuda::kFp8GemvMaxTokens && cuda::CublasLtLinear::device_has_fp8_gemm() &&
+                        cuda::CublasLtLinear::fp8_gemm_supported(p);
   INFO((fp8 ? (fp8_gemm ? "on the FP8 GEMM" : "on the FP8 GEMV") : "on cuBLASLt (bf16)"));
   std::size_t misses = 0;
   double worst = 0.0;
@@ -451,4 +453,28 @@ TEST_CASE("the FP8 GEMM's activation quantizer matches the host codec bitwise", 
   cuda::CublasLtLinear linear(cuda::CublasLtLinear::kDefaultWorkspaceBytes, 2);
   p.out_features = 9;  // 18 bytes a column of D
   CHECK_THROWS_WITH(linear.run_fp8(p, cuda::Fp8GemmOperands{}, nullptr), Catch::Contains("FP8 weights in a shape"));
+}
+
+TEST_CASE("FP8 weights on a device without sm_90's FP8 GEMM run on the GEMV, never a throw", "[gpu][linear]") {
+  if (!kEmulated) return;  // only the emulator can present another device
+  for (const char* sm : {"80", "89", "100"}) {
+    INFO("the emulator presents sm_" << sm);
+    ::setenv("FP8SERVE_EMU_SM", sm, 1);
+    auto gpu = cuda_backend_or_skip();
+    REQUIRE(gpu);
+    CHECK_FALSE(cuda::CublasLtLinear::device_has_fp8_gemm());
+    // More than 16 tokens, shapes sm_90's GEMM would take (its stand-in refuses FP8 here, so a
+    // missed check throws).
+    check_linear(*gpu, {64, 512, 256, true, false, 0, 0, 128}, Path::backend, 71);
+    check_linear(*gpu, {33, 256, 1000, false, true, 0, 0, 0}, Path::backend, 72);
+    cuda::CublasLtLinear linear(cuda::CublasLtLinear::kDefaultWorkspaceBytes, 2);
+    CHECK_FALSE(linear.fp8_gemm_available());
+    LinearParams p;
+    p.weight_dtype = WeightDtype::fp8_e4m3;
+    p.num_tokens = 32, p.in_features = 64, p.out_features = 8;
+    CHECK_THROWS_WITH(linear.run_fp8(p, cuda::Fp8GemmOperands{}, nullptr), Catch::Contains("sm_90 only"));
+  }
+  ::unsetenv("FP8SERVE_EMU_SM");
+  CHECK(cuda::CublasLtLinear::device_has_fp8_gemm());
+  CHECK(cuda::CublasLtLinear(cuda::CublasLtLinear::kDefaultWorkspaceBytes, 2).fp8_gemm_available());
 }
