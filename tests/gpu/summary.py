@@ -11,6 +11,9 @@ returns one. Standard library only (the device image's python3 is not the projec
                    name wins (running -> passed | failed | timed_out | skipped)
       tests.json   from `junit`
       NAME.log     each phase's output: the benches' are parsed
+  and docs/cuda.md's whole-kernel model table (tests/scripts/kernel_model.py): each estimate beside
+  the measured figure of the same kernel and shape ("model_check"), so a GPU run says how wrong the
+  static model was.
 """
 import json
 import os
@@ -20,6 +23,7 @@ import time
 import xml.etree.ElementTree as ET
 
 MAX_OUT_FILES = 8
+DOCS_CUDA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "cuda.md")
 
 
 def read_tsv(path):
@@ -213,6 +217,70 @@ def out_files(out):
     return sorted(names)
 
 
+def model_rows(docs_path):
+    """The static model's H200 estimates: docs/cuda.md's first kernel-model table (kernel, shape,
+    batch, GPU, CTAs, waves, binds, est. time (us), est. % of HBM, ...)."""
+    try:
+        text = open(docs_path).read()
+    except OSError:
+        return []
+    begin, end = text.find("<!-- kernel-model:begin -->"), text.find("<!-- kernel-model:end -->")
+    rows = []
+    for line in text[begin:end].splitlines() if begin >= 0 and end > begin else []:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 9 or cells[3] != "H200" or not cells[2].isdigit():
+            continue
+        percent = re.match(r"([\d.]+)%", cells[8])
+        rows.append({"kernel": cells[0], "shape": cells[1], "batch": int(cells[2]), "binds": cells[6],
+                     "model_us": number(cells[7]), "model_percent_of_hbm":
+                     float(percent[1]) if percent and "of a step" not in cells[8] else None})
+    return rows
+
+
+def peak_bytes_s(device):
+    """The data sheet's HBM bandwidth of the device the benches ran on, if known."""
+    device = device or ""
+    if "H200" in device:
+        return 4.8e12
+    if "H100" in device:
+        return 2.0e12 if "PCIe" in device else 3.9e12 if "NVL" in device else 3.35e12
+    return None
+
+
+def model_check(bench, docs_path):
+    """Each model row beside the measured row of the same kernel and shape (None where no bench
+    measured it): measured time and fraction of HBM, and measured / model time."""
+    forward, attention = bench.get("forward", {}), bench.get("attention", {})
+    sampling = {r["request"]: r for r in bench.get("sampling", {}).get("rows", [])}
+    device = attention.get("device") or forward.get("backend")
+    peak = peak_bytes_s(device)
+    rows = []
+    for m in model_rows(docs_path):
+        measured = None  # (us, bytes per second or None)
+        if m["kernel"] == "FP8 GEMV" and "x" in m["shape"]:
+            n, k = (int(v) for v in m["shape"].split("x"))
+            measured = next(((r["us"], r["gb_s"] * 1e9) for r in forward.get("fp8_linear", [])
+                             if r["scales"] == "row" and r["tokens"] == m["batch"] and r["in"] == k and r["out"] == n), None)
+        elif m["kernel"].startswith("decode attention") and m["shape"].endswith("k"):
+            kv = "bf16" if "bf16" in m["kernel"] else "fp8"
+            context = int(m["shape"][:-1]) * 1024
+            measured = next(((r["us"], r["gb_s"] * 1e9) for r in attention.get("decode", [])
+                             if r["kv"] == kv and r["batch"] == m["batch"] and r["context"] == context), None)
+        elif m["kernel"] in ("sample_candidates", "sample_greedy") and m["batch"] == 64:
+            row = sampling.get("top-p" if m["kernel"] == "sample_candidates" else "greedy")
+            measured = (row["device_us"], None) if row else None
+        row = dict(m, measured_us=None, measured_percent_of_hbm=None, measured_over_model_time=None)
+        if measured:
+            row["measured_us"] = measured[0]
+            if measured[1] and peak:
+                row["measured_percent_of_hbm"] = round(100 * measured[1] / peak, 1)
+            if isinstance(m["model_us"], (int, float)) and m["model_us"] > 0:
+                row["measured_over_model_time"] = round(measured[0] / m["model_us"], 3)
+        rows.append(row)
+    return {"device": device, "model_device": "H200", "same_device": bool(device and "H200" in device),
+            "matched": sum(r["measured_us"] is not None for r in rows), "rows": rows}
+
+
 def cmd_write(work, out):
     f = facts(work)
     run = f.pop("run", {})
@@ -247,6 +315,7 @@ def cmd_write(work, out):
         bench["decode_ab"] = ab(fast, portable, "decode", ("kv", "batch", "context"), "us")
         bench["prefill_ab"] = ab(fast, portable, "prefill", ("kv", "prompt", "chunk"), "ms")
     summary["bench"] = bench
+    summary["model_check"] = model_check(bench, DOCS_CUDA)
 
     # The file count as the device tool will see it: what is there, summary.json, and the
     # temporary file that replaces it atomically (a reader never sees half a summary).

@@ -103,6 +103,14 @@ def whole_run(tmp, build):
     check(len(pab) == 4 and [r["ratio"] for r in pab] == [1.0, 1.25, 1.0, 1.25] and "ms_fast_paths_0" in pab[0],
           f"the prefill A/B: {pab[:2]}")
     check(s["bench_args"]["bench_forward"] == "--device cuda --shape llama3-8b", f"bench args: {s['bench_args']}")
+    # The static model's estimates beside the measured rows (the stand-ins': the GEMV's three
+    # shapes at 1 and 16 tokens, decode at batch 1 and 1k / 8k, bf16 at batch 16 and 8k, sampling).
+    model = s["model_check"]
+    o_proj = next(r for r in model["rows"] if r["kernel"] == "FP8 GEMV" and r["shape"] == "4096x4096" and r["batch"] == 1)
+    measured_o = next(r for r in forward["fp8_linear"] if r["proj"] == "o" and r["scales"] == "row" and r["tokens"] == 1)
+    check(model["same_device"] and model["matched"] == 11 and o_proj["measured_us"] == measured_o["us"]
+          and o_proj["measured_over_model_time"] == round(o_proj["measured_us"] / o_proj["model_us"], 3),
+          f"the model check: {model['matched']} rows matched, {o_proj}")
 
     check(s["out_files"] == ["bench.log", "build.log", "run.log", "summary.json", "tests.log"] and s["out_files_max"] <= 8,
           f"at most 8 files in the output folder: {s['out_files']} (max {s['out_files_max']})")
