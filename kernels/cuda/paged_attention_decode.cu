@@ -31,6 +31,7 @@
 
 #include "kernels/cuda/decode_mma.cuh"
 #include "kernels/cuda/decode_simt.cuh"
+#include "kernels/cuda/device_util.cuh"
 
 namespace fp8serve::cuda::attn {
 
@@ -174,7 +175,11 @@ __global__ void __launch_bounds__(kThreads, kMmaMinCtas<kRows>) paged_decode_mma
 }
 
 // Combines the partitions of one (sequence, KV head, subgroup) of a split decode sequence:
-// out = sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p, in partition order.
+// out = sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p, in partition order. A group of kPrefetch
+// partitions' (m, l, o) is loaded before any of it is combined, so their loads are in flight
+// together (one round trip a group, not one a partition); the combining order is unchanged.
+constexpr int kMergePrefetch = 8;
+
 __global__ void __launch_bounds__(kThreads) paged_merge_kernel(AttentionArgs args, DecodeWork work, int rows_per_item,
                                                                int dim_pad) {
   const int s = static_cast<int>(blockIdx.y);
@@ -191,15 +196,26 @@ __global__ void __launch_bounds__(kThreads) paged_merge_kernel(AttentionArgs arg
   for (int i = static_cast<int>(threadIdx.x); i < rows * args.head_dim; i += kThreads) {
     const int r = i / args.head_dim, d = i % args.head_dim;
     float m_run = -INFINITY, sum = 0.0f, o = 0.0f;
-    for (int p = 0; p < num_parts; ++p) {
-      const float* slot = work.partials + (first + int64_t{p} * head_items + head_item) * slot_floats;
-      const float m_p = slot[rows_per_item * dim_pad + 2 * r];
-      if (m_p == -INFINITY) continue;
-      const float m_new = fmaxf(m_run, m_p);
-      const float old_weight = exp2f(m_run - m_new), weight = exp2f(m_p - m_new);
-      sum = sum * old_weight + slot[rows_per_item * dim_pad + 2 * r + 1] * weight;
-      o = o * old_weight + slot[r * dim_pad + d] * weight;
-      m_run = m_new;
+    for (int p0 = 0; p0 < num_parts; p0 += kMergePrefetch) {
+      float m_p[kMergePrefetch], l_p[kMergePrefetch], o_p[kMergePrefetch];
+FP8SERVE_UNROLL
+      for (int j = 0; j < kMergePrefetch; ++j) {
+        m_p[j] = -INFINITY, l_p[j] = 0.0f, o_p[j] = 0.0f;  // past the last partition: skipped below
+        if (p0 + j >= num_parts) continue;
+        const float* slot = work.partials + (first + int64_t{p0 + j} * head_items + head_item) * slot_floats;
+        m_p[j] = slot[rows_per_item * dim_pad + 2 * r];
+        l_p[j] = slot[rows_per_item * dim_pad + 2 * r + 1];  // read even where m_p is -inf: not used then
+        o_p[j] = slot[r * dim_pad + d];
+      }
+FP8SERVE_UNROLL
+      for (int j = 0; j < kMergePrefetch; ++j) {
+        if (m_p[j] == -INFINITY) continue;
+        const float m_new = fmaxf(m_run, m_p[j]);
+        const float old_weight = exp2f(m_run - m_new), weight = exp2f(m_p[j] - m_new);
+        sum = sum * old_weight + l_p[j] * weight;
+        o = o * old_weight + o_p[j] * weight;
+        m_run = m_new;
+      }
     }
     args.out[token * args.out_token_stride + int64_t{head0 + r} * args.head_dim + d] =
         bf16_encode(sum > 0.0f ? o / sum : 0.0f);
