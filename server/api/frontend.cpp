@@ -19,14 +19,14 @@ HttpReply error_reply(const ApiError& error) {
   return reply;
 }
 
-namespace {
-
-HttpReply json_reply(const Json& body, int status = 200) {
+HttpReply json_reply(const Json& body, int status) {
   HttpReply reply;
   reply.status = status;
   reply.body = dump_json(body);
   return reply;
 }
+
+namespace {
 
 std::string path_of(const std::string& target) { return target.substr(0, target.find('?')); }
 

@@ -44,6 +44,7 @@ struct HttpReply {
 };
 
 HttpReply error_reply(const ApiError& error);
+HttpReply json_reply(const nlohmann::ordered_json& body, int status = 200);
 
 // What the loaded model contributes to the API. Pointers stay valid while the server runs.
 struct ModelContext {

@@ -32,8 +32,6 @@ std::optional<std::string> query_value(const std::string& target, const std::str
   return std::nullopt;
 }
 
-HttpReply json_ok(const Json& body) { return HttpReply{200, "application/json", dump_json(body), {}}; }
-
 }  // namespace
 
 RouteResult ApiFrontend::handle_responses(const HttpRequestIn& request) {
@@ -83,9 +81,9 @@ HttpReply ApiFrontend::handle_stored_response(const HttpRequestIn& request, cons
   if (!stored) return error_reply(not_found("No response found with id '" + id + "'.", "not_found"));
   if (request.method == "DELETE") {
     responses_.erase(id);
-    return json_ok({{"id", id}, {"object", "response"}, {"deleted", true}});
+    return json_reply({{"id", id}, {"object", "response"}, {"deleted", true}});
   }
-  if (sub.empty()) return json_ok(stored->response);
+  if (sub.empty()) return json_reply(stored->response);
 
   // input_items: OpenAI's cursor list (limit 1..100, order desc by default, after = an item id).
   int limit = 20;
@@ -110,7 +108,7 @@ HttpReply ApiFrontend::handle_stored_response(const HttpRequestIn& request, cons
   const bool more = first + data.size() < items.size();
   Json first_id = data.empty() ? Json(nullptr) : data.front()["id"];
   Json last_id = data.empty() ? Json(nullptr) : data.back()["id"];
-  return json_ok({{"object", "list"}, {"data", std::move(data)}, {"first_id", first_id}, {"last_id", last_id}, {"has_more", more}});
+  return json_reply({{"object", "list"}, {"data", std::move(data)}, {"first_id", first_id}, {"last_id", last_id}, {"has_more", more}});
 }
 
 }  // namespace fp8serve
