@@ -8,6 +8,7 @@
 // memory. A token stride of 0 means "densely packed".
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 
 #include "kernels/paged_kv.hpp"
 
@@ -129,6 +130,11 @@ struct RopeParams {
   int64_t head_dim = 0;
   int64_t q_token_stride = 0;  // 0 = num_q_heads * head_dim
   int64_t k_token_stride = 0;  // 0 = num_kv_heads * head_dim
+  // --kv-rotation fused in: after RoPE, head_hadamard (below) over the first rotate_heads heads
+  // of each token's q row (q | k | v of a fused qkv tensor), with the results of a rope call
+  // followed by a head_hadamard call on the same row. 0: RoPE only. k, if given, must be the
+  // heads right after q's in that row (rope_rotation checks it).
+  int64_t rotate_heads = 0;
 };
 
 // x[t, h] = H x[t, h] in place, for every head h of every token t: H the normalized
@@ -159,6 +165,28 @@ constexpr int64_t hadamard_segment(int64_t remaining) {
   return n;
 }
 inline float hadamard_scale(int64_t n) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(n))); }
+
+// The head_hadamard call that RopeParams::rotate_heads fuses into a rope call, for a backend
+// whose activations are `elem_bytes` wide. Throws std::invalid_argument where the span does not
+// start at q, leaves out a RoPE'd head or runs past q's row.
+inline HeadHadamardParams rope_rotation(const RopeParams& p, int64_t elem_bytes) {
+  const int64_t q_width = p.num_q_heads * p.head_dim;
+  const int64_t stride = p.q_token_stride ? p.q_token_stride : q_width;
+  const int64_t k_stride = p.k_token_stride ? p.k_token_stride : p.num_kv_heads * p.head_dim;
+  const bool k_follows = p.k == nullptr || (static_cast<const char*>(p.k) == static_cast<const char*>(p.q) + q_width * elem_bytes &&
+                                            k_stride == stride);
+  const int64_t roped = p.num_q_heads + (p.k ? p.num_kv_heads : 0);
+  if (p.q == nullptr || !k_follows || p.rotate_heads < roped || p.rotate_heads * p.head_dim > stride) {
+    throw std::invalid_argument("rope: rotate_heads must cover q and k, which must be one row with k after q");
+  }
+  HeadHadamardParams h;
+  h.x = p.q;
+  h.num_tokens = p.num_tokens;
+  h.num_heads = p.rotate_heads;
+  h.head_dim = p.head_dim;
+  h.token_stride = stride;
+  return h;
+}
 
 // out = silu(gate) * up (SwiGLU). gate and up may be the two halves of a fused gate_up
 // projection (token strides); out may alias gate.

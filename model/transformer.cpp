@@ -142,7 +142,7 @@ void Transformer::enqueue(const StepLayout& layout, const StepShape& shape) {
     p.out_features = w.out_features;
     backend_.linear(p, stream_);
   };
-  auto rope = [&] {  // q and k in place
+  auto rope = [&](int64_t rotate_heads) {  // q and k in place (then, rotating, q | k (| v))
     RopeParams p;
     p.q = q;
     p.k = k;
@@ -153,10 +153,11 @@ void Transformer::enqueue(const StepLayout& layout, const StepShape& shape) {
     p.head_dim = head_dim;
     p.q_token_stride = qkv_width;
     p.k_token_stride = qkv_width;
+    p.rotate_heads = rotate_heads;
     backend_.rope(p, stream_);
   };
-  // --kv-rotation: q | k (| v) of each row in one pass - they are contiguous - and the attention
-  // output back through the same (self-inverse) transform.
+  // --kv-rotation: q | k (| v) of each row in one pass with RoPE - they are contiguous - and the
+  // attention output back through the same (self-inverse) transform.
   const bool rotate = options_.kv_rotation == KvRotation::hadamard;
   auto hadamard = [&](void* at, int64_t num_heads, int64_t token_stride) {
     HeadHadamardParams p;
@@ -239,8 +240,7 @@ void Transformer::enqueue(const StepLayout& layout, const StepShape& shape) {
       rms_norm(q, q, w.q_norm, c.num_heads, head_dim, qkv_width);
       rms_norm(k, k, w.k_norm, c.num_kv_heads, head_dim, qkv_width);
     }
-    rope();
-    if (rotate) hadamard(q, rotated_heads, qkv_width);
+    rope(rotate ? rotated_heads : 0);
     kv_write(layer);
     attention(layer);
     if (rotate && options_.rotate_values) hadamard(attn, c.num_heads, q_width);

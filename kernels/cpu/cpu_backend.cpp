@@ -67,7 +67,10 @@ void CpuBackend::linear(const LinearParams& p, Stream /*stream*/) {
 
 void CpuBackend::rope(const RopeParams& p, Stream /*stream*/) {
   if (rope_table_.max_positions == 0) throw std::logic_error("rope: set_rope_table() was not called");
+  if (p.rotate_heads == 0) return rope_cpu(p, rope_table_, pool_);
+  const HeadHadamardParams rotation = rope_rotation(p, sizeof(float));
   rope_cpu(p, rope_table_, pool_);
+  head_hadamard_cpu(rotation, pool_);
 }
 
 void CpuBackend::kv_spill(const KvSpillParams& p, Stream /*stream*/) { kv_spill_cpu(p, pool_); }

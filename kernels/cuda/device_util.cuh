@@ -70,6 +70,12 @@ FP8SERVE_DEVICE float sub_rn(float a, float b) {
   return a - b;
 #endif
 }
+// One RoPE pair (x[i], x[i + half]) turned by (cos, sin) with the host reference's arithmetic
+// (kernels/cpu/ops_rope.cpp): four separately rounded products, one subtraction, one addition.
+FP8SERVE_DEVICE void rope_pair(float x0, float x1, float c, float s, float& r0, float& r1) {
+  r0 = sub_rn(mul_rn(x0, c), mul_rn(x1, s));
+  r1 = add_rn(mul_rn(x1, c), mul_rn(x0, s));
+}
 FP8SERVE_DEVICE float div_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)  // coverage: nvcc's IEEE intrinsic, device code only
   return __fdiv_rn(a, b);

@@ -6,7 +6,9 @@
 //
 // Launch: 128 threads a block; x over tokens, y over groups of heads that fill kMaxElements
 // fp32 of shared memory (8 KiB: 16 heads of 128, 32 of 64). The group is loaded, transformed
-// stage by stage with a barrier between stages, scaled and stored. Memory-bound and tiny: a
+// stage by stage with a barrier between stages, scaled and stored. Fused with RoPE (rope.cu,
+// RopeParams::rotate_heads), a group's q and k heads are turned in shared memory first, so q, k
+// and v of a layer take one launch instead of two. Memory-bound and tiny: a
 // decode step of Llama-3-8B moves 2 x 12 KiB a token through it for q, k and v, and 2 x 8 KiB
 // for the output (docs/cuda.md, "Rotation").
 #include <stdexcept>
@@ -28,6 +30,7 @@ struct HadamardArgs {
   int64_t token_stride;
   int64_t heads_per_block;
   float scale_2;  // hadamard_scale(2)
+  HadamardRope rope;  // rope.heads == 0: the transform alone
 };
 
 // hadamard_scale(2^l) exactly: 2^-(l/2), times hadamard_scale(2) for an odd l (a product with a
@@ -63,6 +66,26 @@ __global__ void __launch_bounds__(kThreads) head_hadamard_kernel(const HadamardA
   while ((int64_t{2} << top) <= a.head_dim) ++top;
   for (int64_t e = threadIdx.x; e < n; e += blockDim.x) buf[e] = bf16_decode(x[e]);
   __syncthreads();
+  if (first_head < a.rope.heads) {  // RoPE first, rounded to bf16 as rope_cuda would store it
+    const int32_t pos = a.rope.positions[blockIdx.x];
+    if (pos < 0 || pos >= a.rope.table.max_positions) {  // the block as a whole: never read outside the table
+      if (threadIdx.x == 0) raise_error(a.rope.errors, kErrorPosition);
+      return;
+    }
+    const int64_t half = a.rope.table.half_dim;
+    const float* cos_row = a.rope.table.cos + pos * half;
+    const float* sin_row = a.rope.table.sin + pos * half;
+    const int64_t roped = a.rope.heads - first_head < heads ? a.rope.heads - first_head : heads;
+    for (int64_t e = threadIdx.x; e < roped * half; e += blockDim.x) {
+      const int64_t i = e % half;
+      float* head = buf + (e / half) * a.head_dim;
+      float r0, r1;
+      rope_pair(head[i], head[i + half], cos_row[i], sin_row[i], r0, r1);
+      head[i] = bf16_decode(bf16_encode(r0));
+      head[i + half] = bf16_decode(bf16_encode(r1));
+    }
+    __syncthreads();
+  }
   for (int stage = 0; stage < top; ++stage) {
     const int64_t len = int64_t{1} << stage;
     for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
@@ -89,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) head_hadamard_kernel(const HadamardA
 
 }  // namespace
 
-void head_hadamard_cuda(const HeadHadamardParams& p, cudaStream_t stream) {
+void head_hadamard_cuda(const HeadHadamardParams& p, cudaStream_t stream, const HadamardRope* rope) {
   if (p.num_tokens < 0 || p.num_heads < 0 || p.head_dim < 1 || p.head_dim > kMaxElements) {
     throw std::invalid_argument("head_hadamard (cuda): bad shape (head_dim 1.." + std::to_string(kMaxElements) + ")");
   }
@@ -101,6 +124,7 @@ void head_hadamard_cuda(const HeadHadamardParams& p, cudaStream_t stream) {
   a.token_stride = p.token_stride ? p.token_stride : p.num_heads * p.head_dim;
   a.heads_per_block = kMaxElements / p.head_dim;
   a.scale_2 = hadamard_scale(2);
+  if (rope) a.rope = *rope;
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(div_up(p.num_heads, a.heads_per_block)));
   FP8SERVE_LAUNCH(head_hadamard_kernel, grid, dim3(kThreads), 0, stream, a);
   CUDA_CHECK(cudaGetLastError());

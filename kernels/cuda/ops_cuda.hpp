@@ -57,7 +57,15 @@ void gather_rows_cuda(const GatherRowsParams& params, unsigned* errors, cudaStre
 void rms_norm_cuda(const RmsNormParams& params, cudaStream_t stream);
 void rope_cuda(const RopeParams& params, const RopeTableView& table, unsigned* errors, cudaStream_t stream);
 void silu_mul_cuda(const SiluMulParams& params, cudaStream_t stream);
-void head_hadamard_cuda(const HeadHadamardParams& params, cudaStream_t stream);
+// RoPE fused into head_hadamard_cuda (RopeParams::rotate_heads): the first `heads` heads of the
+// rotation's span are q and k, turned first and rounded to bf16 as rope_cuda stores them.
+struct HadamardRope {
+  const int32_t* positions;
+  RopeTableView table;
+  int64_t heads;
+  unsigned* errors;
+};
+void head_hadamard_cuda(const HeadHadamardParams& params, cudaStream_t stream, const HadamardRope* rope = nullptr);
 void residual_add_cuda(const ResidualAddParams& params, cudaStream_t stream);
 // y[t, o] += bias[o] on fp32 rows (the one bias cuBLASLt's epilogue does not take: fp32 output).
 void add_bias_f32_cuda(float* y, int64_t y_stride, const std::uint16_t* bias, int64_t num_rows,

@@ -6,7 +6,8 @@
 //
 // Launch: one block of 128 threads per token; a thread rotates kVec pairs (i, i + half) of one
 // head: two 16-byte loads of x, four of the table, two 16-byte stores. q and k heads of a token
-// share the block, so the token's table row is read from L1 after the first head.
+// share the block, so the token's table row is read from L1 after the first head. With
+// RopeParams::rotate_heads the rotation's kernel does RoPE too, in one launch (head_hadamard.cu).
 #include <stdexcept>
 
 #include "kernels/cuda/device_util.cuh"
@@ -69,10 +70,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs a) {
     load_f32<kVec>(sin_row + i, s);
     float r0[kVec], r1[kVec];
 FP8SERVE_UNROLL
-    for (int e = 0; e < kVec; ++e) {
-      r0[e] = sub_rn(mul_rn(x0[e], c[e]), mul_rn(x1[e], s[e]));
-      r1[e] = add_rn(mul_rn(x1[e], c[e]), mul_rn(x0[e], s[e]));
-    }
+    for (int e = 0; e < kVec; ++e) rope_pair(x0[e], x1[e], c[e], s[e], r0[e], r1[e]);
     store_bf16<kVec>(x + i, r0);
     store_bf16<kVec>(x + i + half, r1);
   }
@@ -87,6 +85,10 @@ void rope_cuda(const RopeParams& p, const RopeTableView& table, unsigned* errors
     throw std::invalid_argument("rope (cuda): bad shape or rotary dim larger than head_dim");
   }
   if (p.num_tokens == 0 || (p.q == nullptr && p.k == nullptr)) return;
+  if (p.rotate_heads > 0) {  // --kv-rotation: one launch does both (head_hadamard.cu)
+    const HadamardRope rope{p.positions, table, p.num_q_heads + (p.k ? p.num_kv_heads : 0), errors};
+    return head_hadamard_cuda(rope_rotation(p, sizeof(std::uint16_t)), stream, &rope);
+  }
   RopeArgs a{};
   a.q = static_cast<std::uint16_t*>(p.q);
   a.k = static_cast<std::uint16_t*>(p.k);

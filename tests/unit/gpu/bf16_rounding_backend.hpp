@@ -83,10 +83,13 @@ class Bf16RoundingBackend final : public Backend {
     if (!p.y_fp32) round_rows(p.y, p.num_tokens, p.out_features, p.y_stride ? p.y_stride : p.out_features);
   }
   void rope(const RopeParams& p, Stream st) override {
-    cpu_.rope(p, st);
+    RopeParams plain = p;  // a fused rotation as the device computes it: RoPE rounded, then the transform
+    plain.rotate_heads = 0;
+    cpu_.rope(plain, st);
     const int64_t qw = p.num_q_heads * p.head_dim, kw = p.num_kv_heads * p.head_dim;
     if (p.q) round_rows(p.q, p.num_tokens, qw, p.q_token_stride ? p.q_token_stride : qw);
     if (p.k) round_rows(p.k, p.num_tokens, kw, p.k_token_stride ? p.k_token_stride : kw);
+    if (p.rotate_heads) head_hadamard(rope_rotation(p, sizeof(float)), st);
   }
   void head_hadamard(const HeadHadamardParams& p, Stream st) override {
     cpu_.head_hadamard(p, st);

@@ -6,7 +6,7 @@
 // Tolerance: none. Both sides evaluate x0 * cos - x1 * sin and x1 * cos + x0 * sin with four
 // separately rounded fp32 products (the device with __fmul_rn / __fsub_rn / __fadd_rn, which nvcc
 // may not contract into FMAs), so the device's bf16 output is exactly the host's fp32 result
-// rounded to bf16.
+// rounded to bf16. The same holds with --kv-rotation's transform fused in (rotate_heads).
 #include "cuda_test_util.hpp"
 #include "kernels/cpu/ops.hpp"
 
@@ -22,8 +22,11 @@ struct RopeCase {
   int64_t max_positions;
 };
 
-void check_rope(Backend& gpu, const RopeCase& c, std::uint32_t seed) {
-  INFO("head_dim " << c.head_dim << " heads " << c.q_heads << "/" << c.kv_heads << " tokens " << c.num_tokens);
+// rotate_heads: RopeParams::rotate_heads (0, q | k, or q | k | v), against the CPU's rope, its
+// result rounded to bf16 (what the device stores between the two ops unfused), then head_hadamard.
+void check_rope(Backend& gpu, const RopeCase& c, std::uint32_t seed, int64_t rotate_heads = 0) {
+  INFO("head_dim " << c.head_dim << " heads " << c.q_heads << "/" << c.kv_heads << " tokens " << c.num_tokens
+                   << " rotated heads " << rotate_heads);
   const std::vector<float> inv_freq = cpu::rope_inv_freq(c.config);
   gpu.set_rope_table(inv_freq, c.max_positions);
   const int64_t row = (c.q_heads + 2 * c.kv_heads) * c.head_dim;  // q | k | v
@@ -45,6 +48,7 @@ void check_rope(Backend& gpu, const RopeCase& c, std::uint32_t seed) {
   p.head_dim = c.head_dim;
   p.q_token_stride = row;
   p.k_token_stride = row;
+  p.rotate_heads = rotate_heads;
   gpu.rope(p, Stream{});
   const std::vector<std::uint16_t> got = to_host<std::uint16_t>(gpu, d_qkv, qkv.size());
 
@@ -55,6 +59,11 @@ void check_rope(Backend& gpu, const RopeCase& c, std::uint32_t seed) {
   ref.k = expected.data() + c.q_heads * c.head_dim;
   ref.positions = positions.data();
   cpu::rope_cpu(ref, cpu::make_rope_table(inv_freq, c.max_positions), pool);
+  if (rotate_heads > 0) {
+    const std::vector<float> rounded = widen(narrow(expected));
+    std::copy(rounded.begin(), rounded.end(), expected.begin());  // in place: ref points into it
+    cpu::head_hadamard_cpu(rope_rotation(ref, sizeof(float)), pool);
+  }
   const UlpReport r = compare_bf16(got, expected, 0);
   CHECK(r.differ == 0);  // v and everything else untouched, q and k bit-exact
 }
@@ -78,6 +87,45 @@ TEST_CASE("rope on CUDA is bit-exact against the CPU op at real head dims", "[gp
   check_rope(*gpu, {128, 16, 8, rope_config(128, 1000000.0, false), tokens, 40960}, 2);       // Qwen3-0.6B
   check_rope(*gpu, {64, 9, 3, rope_config(64, 100000.0, false), tokens, 8192}, 3);       // SmolLM2-135M
   check_rope(*gpu, {16, 4, 2, rope_config(16, 10000.0, false), 5, 256}, 4);              // tiny-llama
+}
+
+TEST_CASE("rope on CUDA with the rotation fused in: RoPE, then head_hadamard, bit for bit", "[gpu][rope][hadamard]") {
+  auto gpu = cuda_backend_or_skip();
+  if (!gpu) return;
+  const int64_t tokens = kEmulated ? 5 : 333;
+  // Llama-3.1-8B q | k | v: 48 heads, 3 groups of 16, the last all v (no RoPE in that block).
+  check_rope(*gpu, {128, 32, 8, rope_config(128, 500000.0, true), tokens, 8192}, 11, 48);
+  check_rope(*gpu, {64, 9, 3, rope_config(64, 100000.0, false), tokens, 8192}, 12, 15);  // SmolLM2, K and V
+  check_rope(*gpu, {64, 9, 3, rope_config(64, 100000.0, false), tokens, 8192}, 13, 12);  // q and K only
+  check_rope(*gpu, {16, 4, 2, rope_config(16, 10000.0, false), 3, 256}, 14, 8);          // tiny-llama
+  check_rope(*gpu, {40, 3, 1, rope_config(20, 10000.0, false), 4, 64}, 15, 5);           // partial rotary, 32 + 8
+}
+
+TEST_CASE("rope with the rotation fused in refuses a span that is not q | k", "[gpu][rope][hadamard]") {
+  auto gpu = cuda_backend_or_skip();
+  if (!gpu) return;
+  gpu->set_rope_table(cpu::rope_inv_freq(rope_config(64, 10000.0, false)), 16);
+  DeviceBuffer d_qkv = to_device(*gpu, random_bf16(4 * 64, 7));
+  DeviceBuffer d_pos = to_device(*gpu, std::vector<int32_t>{3});
+  RopeParams p;
+  p.q = d_qkv.data();
+  p.k = d_qkv.as<std::uint16_t>() + 2 * 64;
+  p.positions = d_pos.as<int32_t>();
+  p.num_tokens = 1;
+  p.num_q_heads = 2;
+  p.num_kv_heads = 1;
+  p.head_dim = 64;
+  p.q_token_stride = p.k_token_stride = 4 * 64;
+  p.rotate_heads = 2;  // leaves k out
+  CHECK_THROWS_AS(gpu->rope(p, Stream{}), std::invalid_argument);
+  p.rotate_heads = 5;  // past the row
+  CHECK_THROWS_AS(gpu->rope(p, Stream{}), std::invalid_argument);
+  p.rotate_heads = 4;
+  p.k = d_qkv.as<std::uint16_t>() + 3 * 64;  // k not right after q
+  CHECK_THROWS_AS(gpu->rope(p, Stream{}), std::invalid_argument);
+  p.k = d_qkv.as<std::uint16_t>() + 2 * 64;
+  CHECK_NOTHROW(gpu->rope(p, Stream{}));
+  CHECK_NOTHROW(gpu->synchronize(Stream{}));
 }
 
 TEST_CASE("rope on CUDA: a partial rotary dim takes the scalar path", "[gpu][rope]") {
@@ -107,4 +155,9 @@ TEST_CASE("rope on CUDA: a position outside the table is reported, not read", "[
   const std::vector<std::uint16_t> after = to_host<std::uint16_t>(*gpu, d_q, q.size());
   CHECK(std::equal(after.begin() + 64, after.end(), q.begin() + 64));
   CHECK_NOTHROW(gpu->synchronize(Stream{}));
+  p.rotate_heads = 1;  // the fused launch reports it the same way and leaves the row as it was
+  gpu->rope(p, Stream{});
+  CHECK_THROWS_AS(gpu->synchronize(Stream{}), std::out_of_range);
+  const std::vector<std::uint16_t> fused = to_host<std::uint16_t>(*gpu, d_q, q.size());
+  CHECK(std::equal(fused.begin() + 64, fused.end(), q.begin() + 64));
 }
