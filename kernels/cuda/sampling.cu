@@ -10,7 +10,8 @@
 // Guide's table), which reaches the fp32 logprob only when the double lands on a rounding boundary.
 //
 // Launch: one 512-thread CTA per row, two passes over the row (the max, then the sum of
-// exp(l - max)); the second pass mostly hits L2 (a batch of 64 rows at 128k is 32 MiB).
+// exp(l - max)); the second pass mostly hits L2 (a batch of 64 rows at 128k is 32 MiB). The
+// prefilter adds four radix passes and two compaction passes (docs/cuda.md, "Sampling on the GPU").
 #include <stdexcept>
 
 #include "kernels/cuda/device_util.cuh"
@@ -73,6 +74,28 @@ FP8SERVE_DEVICE ExpSum block_merge(ExpSum s, unsigned long long* scratch_hi, uns
   return total;
 }
 
+// f(logit, id) for this thread's ids (threadIdx.x, + kThreads, ..) in order, with kAhead loads in
+// flight before the first is used: a pass waits a round trip per kAhead elements, not per element.
+// (sample_greedy's one-term loop keeps its plain form: unrolled, it issues ~6% more, which is what
+// binds it.)
+constexpr int kAhead = 4;
+template <class F>
+FP8SERVE_DEVICE void for_each_logit(const float* row, int64_t vocab, F&& f) {
+  for (int64_t base = threadIdx.x; base < vocab; base += int64_t{kAhead} * kThreads) {
+    float logit[kAhead];
+FP8SERVE_UNROLL
+    for (int u = 0; u < kAhead; ++u) {
+      const int64_t i = base + int64_t{u} * kThreads;
+      logit[u] = i < vocab ? row[i] : 0.0f;
+    }
+FP8SERVE_UNROLL
+    for (int u = 0; u < kAhead; ++u) {
+      const int64_t i = base + int64_t{u} * kThreads;
+      if (i < vocab) f(logit[u], i);
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) sample_greedy_kernel(const float* logits, int64_t vocab, GreedyRow* out) {
   using Partials = unsigned long long[kWarps];
   FP8SERVE_SHARED(Partials, keys);
@@ -88,28 +111,6 @@ __global__ void __launch_bounds__(kThreads) sample_greedy_kernel(const float* lo
   if (threadIdx.x == 0) out[blockIdx.x] = GreedyRow{token, max_logit, sum};
 }
 
-// Exclusive prefix sum of one int per thread over the block, in thread order; `total` gets the
-// block's sum. PRECOND: every thread calls it; scratch is a __shared__ int[kWarps].
-FP8SERVE_DEVICE int block_exclusive_scan(int v, int* scratch, int& total) {
-  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  int inclusive = v;
-  for (int offset = 1; offset < kWarpSize; offset *= 2) {
-    const int other = __shfl_up_sync(kFullMask, inclusive, offset);
-    if (lane >= offset) inclusive += other;
-  }
-  if (lane == kWarpSize - 1) scratch[warp] = inclusive;
-  __syncthreads();
-  int before = 0;
-  total = 0;
-  for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) before += scratch[w];
-    total += scratch[w];
-  }
-  __syncthreads();  // scratch may be reused after return
-  return before + inclusive - v;
-}
-
 FP8SERVE_DEVICE uint32_t key_order(float logit, int64_t id) {
   return static_cast<uint32_t>(sample_key(logit, static_cast<int32_t>(id)) >> 32);
 }
@@ -120,7 +121,7 @@ FP8SERVE_DEVICE uint32_t key_order(float logit, int64_t id) {
 __global__ void __launch_bounds__(kThreads) sample_candidates_kernel(const CandidateSampleParams p) {
   using Partials = unsigned long long[kWarps];
   using Histogram = int[256];
-  using Counts = int[kWarps];
+  using Counts = int[2 * kWarps];
   FP8SERVE_SHARED(Partials, keys);
   FP8SERVE_SHARED(Partials, sums_hi);
   FP8SERVE_SHARED(Partials, sums_lo);
@@ -134,10 +135,10 @@ __global__ void __launch_bounds__(kThreads) sample_candidates_kernel(const Candi
   const float max_logit = row[sample_key_id(block_best_key(row, vocab, keys))];
   const float inv_t = p.inv_temperature[blockIdx.x];
   ExpSum raw, scaled;
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
-    raw.add(softmax_term(row[i], max_logit));
-    scaled.add(scaled_term(row[i], max_logit, inv_t));
-  }
+  for_each_logit(row, vocab, [&](float logit, int64_t) {
+    raw.add(softmax_term(logit, max_logit));
+    scaled.add(scaled_term(logit, max_logit, inv_t));
+  });
   raw = block_merge(raw, sums_hi, sums_lo);
   scaled = block_merge(scaled, sums_hi, sums_lo);
   if (threadIdx.x == 0) p.rows[blockIdx.x] = CandidateRow{max_logit, k, raw, scaled};
@@ -167,27 +168,61 @@ __global__ void __launch_bounds__(kThreads) sample_candidates_kernel(const Candi
     __syncthreads();  // select is rewritten by the next digit
   }
 
-  // Ordered compaction: above the threshold, or at it among the first `remaining` by id.
+  // Ordered compaction: above the threshold, or at it among the first `remaining` by id. Each
+  // warp owns a contiguous run of ids (whole groups of 32), so the order is ids' order: a first
+  // pass counts each warp's elements above and at the threshold, a second writes, each group of 32
+  // placed by a ballot and the warps before it.
   int32_t* ids = p.ids + static_cast<int64_t>(blockIdx.x) * p.num_candidates;
   float* out_logits = p.candidate_logits + static_cast<int64_t>(blockIdx.x) * p.num_candidates;
-  int ties_before = 0, written = 0;
-  for (int64_t base = 0; base < vocab && written < k; base += kThreads) {
-    const int64_t i = base + threadIdx.x;
-    const float logit = i < vocab ? row[i] : 0.0f;
-    const uint32_t order = i < vocab ? key_order(logit, i) : 0u;
-    const bool above = i < vocab && order > prefix;
-    const bool tie = i < vocab && order == prefix;
-    int ties = 0, taken = 0;
-    const int tie_rank = ties_before + block_exclusive_scan(tie ? 1 : 0, scan_scratch, ties);
-    const bool take = above || (tie && tie_rank < remaining);
-    const int slot = written + block_exclusive_scan(take ? 1 : 0, scan_scratch, taken);
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int64_t span = (vocab + kThreads - 1) / kThreads * kWarpSize;  // ids a warp owns
+  const int64_t begin = warp * span, end = begin + span < vocab ? begin + span : vocab;
+  // (a warp whose run starts past the vocabulary has none: end < begin)
+  const unsigned lanes_below = (1u << lane) - 1u;
+  // kAhead groups of 32 loaded, then each group's ballots (above, at) the threshold, in id order.
+  auto for_each_group = [&](auto&& f) {
+    for (int64_t base = begin; base < end; base += int64_t{kAhead} * kWarpSize) {
+      float logit[kAhead];
+FP8SERVE_UNROLL
+      for (int u = 0; u < kAhead; ++u) {
+        const int64_t i = base + int64_t{u} * kWarpSize + lane;
+        logit[u] = i < end ? row[i] : 0.0f;
+      }
+FP8SERVE_UNROLL
+      for (int u = 0; u < kAhead; ++u) {
+        const int64_t i = base + int64_t{u} * kWarpSize + lane;
+        const uint32_t order = i < end ? key_order(logit[u], i) : 0u;
+        f(i, logit[u], __ballot_sync(kFullMask, i < end && order > prefix), __ballot_sync(kFullMask, i < end && order == prefix));
+      }
+    }
+  };
+  int above_count = 0, tie_count = 0;
+  for_each_group([&](int64_t, float, unsigned above, unsigned tie) {
+    above_count += __popc(above);
+    tie_count += __popc(tie);
+  });
+  if (lane == 0) {
+    scan_scratch[warp] = above_count;
+    scan_scratch[kWarps + warp] = tie_count;
+  }
+  __syncthreads();
+  int ties_before = 0, written = 0;  // by the warps before this one
+  for (int w = 0; w < warp; ++w) {
+    const int taken_ties = remaining - ties_before;
+    written += scan_scratch[w] + (taken_ties <= 0 ? 0 : taken_ties < scan_scratch[kWarps + w] ? taken_ties : scan_scratch[kWarps + w]);
+    ties_before += scan_scratch[kWarps + w];
+  }
+  for_each_group([&](int64_t i, float logit, unsigned above, unsigned tie) {
+    const bool take = (above >> lane & 1u) || ((tie >> lane & 1u) && ties_before + __popc(tie & lanes_below) < remaining);
+    const unsigned takes = __ballot_sync(kFullMask, take);
     if (take) {
+      const int slot = written + __popc(takes & lanes_below);
       ids[slot] = static_cast<int32_t>(i);
       out_logits[slot] = logit;
     }
-    ties_before += ties;
-    written += taken;
-  }
+    ties_before += __popc(tie);
+    written += __popc(takes);
+  });
 }
 
 // The host sampler's processing of each row (kernels/sampling_ops.hpp, LogitEdit), in place: the

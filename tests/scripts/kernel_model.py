@@ -326,7 +326,7 @@ def sampling(b, m, rows, kind, context):
     pattern = rf"sample_{kind}_kernel"
     res, sass = b.resources(pattern), b.sass("sampling.cu.o", pattern)
     warps, per = res["threads"] // 32, VOCAB / res["threads"]
-    plain = ["DFMA", "DADD", "ATOMS", "BAR"]
+    plain, greedy = ["DFMA", "DADD", "ATOMS", "BAR"], kind == "greedy"
     rules = [("max", ["LDG"], plain, lambda ops: per // n_ops(ops, "LDG"), False),
              ("max tail", ["LDG"], plain, lambda ops: per % 4, True),
              ("exp sums", ["LDG", "DFMA"], [], lambda ops: per / n_ops(ops, "LDG"), False),
@@ -334,7 +334,15 @@ def sampling(b, m, rows, kind, context):
              ("histogram zero", ["STS"], ["LDG"], lambda ops: 0.5, True),
              ("histogram", ["LDG", "ATOMS"], [], lambda ops: per / n_ops(ops, "LDG"), True),
              ("digit scan", ["LDS"], ["LDG"], lambda ops: RADIX_STEPS / n_ops(ops, "LDS"), True),
-             ("compaction", ["LDG", "BAR"], [], lambda ops: math.ceil(per), True)]
+             # candidates only, the compaction: a warp's run of ids (per groups of 32) counted, the
+             # counts of the warps before it summed (at most 15: once through each loop), then the
+             # run again, writing
+             ("compaction counts", ["LDG", "VOTE"], ["STG"], lambda ops: per / n_ops(ops, "LDG"), greedy),
+             ("compaction counts tail", ["LDG", "VOTE"], ["STG"], lambda ops: per % 4, True),
+             ("warps before", ["LDS"], ["LDG"], lambda ops: 1, greedy),
+             ("warps before tail", ["LDS"], ["LDG"], lambda ops: 1, True),
+             ("warps before tail", ["LDS"], ["LDG"], lambda ops: 1, True),
+             ("compaction writes", ["LDG", "VOTE", "STG"], [], lambda ops: per / n_ops(ops, "LDG"), greedy)]
     path = sass.walk(0, {exit_blocks(sass)[-1]}, sass.reachable, None, set())
     phases = phases_of(sass, path, rules)
     total = sum_phases(phases)
