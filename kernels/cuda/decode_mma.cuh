@@ -88,6 +88,14 @@ ATTN_UNROLL
     st.o_scale = 1.0f;
   }
 
+  // Where q's element (row, d) sits in q_s: rows kD + kQPad floats apart, row g's start moved by
+  // 2 (g odd) and 16 (g & 2) floats, so that q_fragment's LDS.64 over 8 rows x 4 columns take
+  // 2 wavefronts for FP8 K (f16 columns 4t + 2h) and 4 for bf16 K (2t + 8h), not 8 and 8: plain
+  // fp32 rows 512 bytes apart share banks. A lane's offset is a constant; j and h stay immediates.
+  static ATTN_HD int q_index(int row, int d) {
+    return row * (kD + kQPad) + ((row & 1) ? 2 : 0) + ((row & 2) ? 16 : 0) + d;
+  }
+
   // Q's A fragment for k-step j (dims 16j + dim(h) .. + 1 in register pair h), read from q_s
   // for each chunk rather than held: 16 x 4 registers per k-step (the MMA's A is 4 consecutive
   // registers, zero rows included) would leave the kernel short of the 128 that 4 CTAs per SM
@@ -101,7 +109,7 @@ ATTN_UNROLL
         // FP8 K: k = 2t, 2t+1 | 2t+8, 2t+9 are dims 4t, 4t+1 | 4t+2, 4t+3; bf16 K: the PTX order.
         const int d = 16 * j + (kF16 ? 4 * t + 2 * h : 2 * t + 8 * h);
         auto pack = [&](int row) {
-          const float x = q_s[row * kD + d] * q_mult, y = q_s[row * kD + d + 1] * q_mult;
+          const float x = q_s[q_index(row, d)] * q_mult, y = q_s[q_index(row, d) + 1] * q_mult;  // d even
           return kF16 ? ptx::cvt_f16x2_f32(x, y) : pack_bf16x2(x, y);
         };
         a[2 * h] = pack(g);
@@ -113,7 +121,10 @@ ATTN_UNROLL
   ATTN_DEVICE float q_power_of_two() const {
     const float* q_s = reinterpret_cast<const float*>(smem + decode_smem(kRows, kD, 0, false).q);
     float amax = 0.0f;
-    for (int i = lane; i < kRows * kD; i += kWarp) amax = fmaxf(amax, fabsf(q_s[i]));
+ATTN_UNROLL
+    for (int r = 0; r < kRows; ++r)
+ATTN_UNROLL
+      for (int d = lane; d < kD; d += kWarp) amax = fmaxf(amax, fabsf(q_s[q_index(r, d)]));
 ATTN_UNROLL
     for (int offset = 1; offset < kWarp; offset <<= 1) amax = fmaxf(amax, __shfl_xor_sync(kAllLanes, amax, offset));
     const int exponent = static_cast<int>(__float_as_uint(amax) >> 23) - 127;  // amax >= 0; 0 and subnormals: -127

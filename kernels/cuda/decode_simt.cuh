@@ -31,6 +31,7 @@ struct DecodeSimtCta {
   static constexpr int kRowGroups = kWarp / kLanesPerRow;
   static constexpr bool kQkScaleInQ = true;           // q_s holds q * qk_scale
   static constexpr bool kPRows = true;                // p_s in shared memory
+  static ATTN_HD int q_index(int row, int d) { return row * kD + d; }  // q_s: plain rows (16-byte reads)
 
   // A warp's running softmax over its chunks: max and sum per row (the same in every lane) and
   // the lane's dims of the unnormalised output.

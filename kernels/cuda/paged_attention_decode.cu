@@ -102,7 +102,7 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
       if (r < rows && d < args.head_dim)
         x = bf16_bits_to_float(args.q[token * args.q_token_stride + int64_t{head0 + r} * args.head_dim + d]) *
             (Cta::kQkScaleInQ ? args.qk_scale : 1.0f);
-      q_s[i] = x;
+      q_s[Cta::q_index(r, d)] = x;
     }
     __syncthreads();
 

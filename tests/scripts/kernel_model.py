@@ -217,9 +217,14 @@ def decode_sass(b, kv):
 
 
 def q_wavefronts(kf16):
-    """The Q fragment's LDS.64 (decode_mma.cuh, q_fragment): lane (g, t) reads q_s[g * 128 + d], d =
-    16j + 4t + 2h (f16 Q, FP8 K) or 16j + 2t + 8h (bf16): fp32 rows 512 bytes apart share banks."""
-    return shared_wavefronts([4 * (g * HEAD_DIM + (4 * t if kf16 else 2 * t)) for g in range(8) for t in range(4)], 8)
+    """The Q fragment's LDS.64 (decode_mma.cuh, q_fragment): lane (g, t) reads q_s[q_index(g, d)], d =
+    16j + 4t + 2h (f16 Q, FP8 K) or 16j + 2t + 8h (bf16); q_index puts rows HEAD_DIM + 32 floats
+    apart, row g's start moved by 2 (g odd) and 16 (g & 2) floats. The worst k-step j and half h."""
+    def q_index(row, d):
+        return row * (HEAD_DIM + 32) + (2 if row & 1 else 0) + (16 if row & 2 else 0) + d
+    return max(shared_wavefronts([4 * q_index(g, 16 * j + (4 * t + 2 * h if kf16 else 2 * t + 8 * h))
+                                  for g in range(8) for t in range(4)], 8)
+               for j in range(HEAD_DIM // 16) for h in range(2))
 
 
 def kv_wavefronts():
