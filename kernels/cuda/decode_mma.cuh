@@ -65,6 +65,7 @@ struct DecodeMmaCta {
   static constexpr int kHeadTiles = kRows / 8;  // n-tiles of O^T: 8 heads each
   static constexpr bool kQkScaleInQ = false; // q_s holds q as it is: exact in the fragments
   static constexpr bool kPRows = false;
+  static constexpr int kQRow = kD + 32;      // q_s row stride in floats (q_index)
 
   struct State {
     float o[kHeadTiles][kSteps][4];  // O^T, unnormalised, in units of o_scale (see run_segment)
@@ -88,12 +89,12 @@ ATTN_UNROLL
     st.o_scale = 1.0f;
   }
 
-  // Where q's element (row, d) sits in q_s: rows kD + kQPad floats apart, row g's start moved by
+  // Where q's element (row, d) sits in q_s: rows kQRow = kD + 32 floats apart, row g's start moved by
   // 2 (g odd) and 16 (g & 2) floats, so that q_fragment's LDS.64 over 8 rows x 4 columns take
   // 2 wavefronts for FP8 K (f16 columns 4t + 2h) and 4 for bf16 K (2t + 8h), not 8 and 8: plain
   // fp32 rows 512 bytes apart share banks. A lane's offset is a constant; j and h stay immediates.
   static ATTN_HD int q_index(int row, int d) {
-    return row * (kD + kQPad) + ((row & 1) ? 2 : 0) + ((row & 2) ? 16 : 0) + d;
+    return row * kQRow + ((row & 1) ? 2 : 0) + ((row & 2) ? 16 : 0) + d;
   }
 
   // Q's A fragment for k-step j (dims 16j + dim(h) .. + 1 in register pair h), read from q_s
@@ -102,7 +103,7 @@ ATTN_UNROLL
   // allow. kF16: f16 of q * q_mult, else bf16 of q.
   template <bool kF16>
   ATTN_DEVICE void q_fragment(int j, float q_mult, uint32_t (&a)[4]) const {
-    const float* q_s = reinterpret_cast<const float*>(smem + decode_smem(kRows, kD, 0, false).q);
+    const float* q_s = reinterpret_cast<const float*>(smem + decode_smem(kRows, kQRow, 0, false).q);
     const int g = lane / 4, t = lane % 4;
 ATTN_UNROLL
       for (int h = 0; h < 2; ++h) {
@@ -119,7 +120,7 @@ ATTN_UNROLL
 
   // 2^e for q in f16 (see the header): from the largest |q| of the item's rows.
   ATTN_DEVICE float q_power_of_two() const {
-    const float* q_s = reinterpret_cast<const float*>(smem + decode_smem(kRows, kD, 0, false).q);
+    const float* q_s = reinterpret_cast<const float*>(smem + decode_smem(kRows, kQRow, 0, false).q);
     float amax = 0.0f;
 ATTN_UNROLL
     for (int r = 0; r < kRows; ++r)

@@ -31,7 +31,8 @@ struct DecodeSimtCta {
   static constexpr int kRowGroups = kWarp / kLanesPerRow;
   static constexpr bool kQkScaleInQ = true;           // q_s holds q * qk_scale
   static constexpr bool kPRows = true;                // p_s in shared memory
-  static ATTN_HD int q_index(int row, int d) { return row * kD + d; }  // q_s: plain rows (16-byte reads)
+  static constexpr int kQRow = kD;                    // q_s: plain rows (16-byte reads)
+  static ATTN_HD int q_index(int row, int d) { return row * kQRow + d; }
 
   // A warp's running softmax over its chunks: max and sum per row (the same in every lane) and
   // the lane's dims of the unnormalised output.
@@ -65,8 +66,8 @@ ATTN_UNROLL
     const int chunk = sh.chunk, quads = sh.quads;
     const int first_chunk = seg.lo >> sh.chunk_shift;
     const int num_chunks = ((seg.hi + chunk - 1) >> sh.chunk_shift) - first_chunk;
-    const float* q_s = reinterpret_cast<const float*>(smem + decode_smem(kRows, kD, 0).q);
-    float* p_s = reinterpret_cast<float*>(smem + decode_smem(kRows, kD, 0).p) + warp * kMaxChunkTokens * kRows;
+    const float* q_s = reinterpret_cast<const float*>(smem + decode_smem(kRows, kQRow, 0).q);
+    float* p_s = reinterpret_cast<float*>(smem + decode_smem(kRows, kQRow, 0).p) + warp * kMaxChunkTokens * kRows;
     auto unswizzled = [](int) { return 0; };
 
     auto issue = [&](int c, unsigned char* stage) {

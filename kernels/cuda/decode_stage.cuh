@@ -24,7 +24,7 @@ constexpr int kStageBytes = 2 * kChunkBytes;    // K then V
 constexpr int kWarpStageBytes = kStages * kStageBytes;
 constexpr int kMaxChunkTokens = 64;             // FP8 at head_dim 32: 2048 / 32
 
-// Shared memory: [warps][stages][K chunk | V chunk] | q [rows][kD (+ kQPad)] f32 | p [warps][64][rows] f32
+// Shared memory: [warps][stages][K chunk | V chunk] | q [rows][Cta::kQRow] f32 | p [warps][64][rows] f32
 // (the CUDA-core kernel only) | scan scratch [warps] | plan [num_seqs + 1]. At the end of an item
 // each warp publishes [rows][kD] outputs and 2 x rows statistics over its own (drained) stages, at
 // merge_stride = kWarpStageBytes from the previous one; decode_items static_asserts that the slot
@@ -33,14 +33,14 @@ constexpr int kMaxChunkTokens = 64;             // FP8 at head_dim 32: 2048 / 32
 struct DecodeSmem {
   int64_t merge_stride, stages, q, p, scratch, plan, total;
 };
-constexpr int kQPad = 32;  // floats more per q row for the tensor-core kernel (decode_mma.cuh, q_index)
-// p_rows: the CUDA-core kernel (p in shared memory, plain q rows); else the tensor-core one.
-ATTN_HD DecodeSmem decode_smem(int rows, int dim_pad, int num_seqs, bool p_rows = true) {
+// q_row: floats from one q row to the next (the kernel's Cta::kQRow); p_rows: p in shared memory
+// (the CUDA-core kernel).
+ATTN_HD DecodeSmem decode_smem(int rows, int q_row, int num_seqs, bool p_rows = true) {
   DecodeSmem s{};
   s.merge_stride = kWarpStageBytes;
   s.stages = 0;
   s.q = s.stages + int64_t{kWarps} * s.merge_stride;
-  s.p = s.q + int64_t{rows} * (dim_pad + (p_rows ? 0 : kQPad)) * 4;
+  s.p = s.q + int64_t{rows} * q_row * 4;
   s.scratch = s.p + (p_rows ? int64_t{kWarps} * kMaxChunkTokens * rows * 4 : 0);
   s.plan = s.scratch + kWarps * 4;
   s.total = s.plan + (int64_t{num_seqs} + 1) * 4;

@@ -55,7 +55,7 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
   const PagedBatch& batch = args.batch;
   const int n = batch.num_seqs;
   const int block_size = args.cache.block_size;
-  const DecodeSmem layout = decode_smem(kRows, kD, n, Cta::kPRows);
+  const DecodeSmem layout = decode_smem(kRows, Cta::kQRow, n, Cta::kPRows);
   float* q_s = reinterpret_cast<float*>(smem + layout.q);
   int* scratch = reinterpret_cast<int*>(smem + layout.scratch);
   int* plan = reinterpret_cast<int*>(smem + layout.plan);
@@ -234,7 +234,8 @@ constexpr auto decode_kernel() {
 
 template <int kD, int kRows, bool kMma>
 std::size_t decode_shared_bytes(int32_t num_seqs) {
-  return static_cast<std::size_t>(decode_smem(kRows, kD, num_seqs, !kMma).total);
+  using Cta = std::conditional_t<kMma, DecodeMmaCta<kD, kRows>, DecodeSimtCta<kD, kRows>>;
+  return static_cast<std::size_t>(decode_smem(kRows, Cta::kQRow, num_seqs, Cta::kPRows).total);
 }
 
 // Allows the kernel its shared memory and returns its persistent grid for num_seqs sequences.

@@ -121,12 +121,12 @@ FP8SERVE_DEVICE uint32_t key_order(float logit, int64_t id) {
 __global__ void __launch_bounds__(kThreads) sample_candidates_kernel(const CandidateSampleParams p) {
   using Partials = unsigned long long[kWarps];
   using Histogram = int[256];
-  using Counts = int[2 * kWarps];
+  using Counts = int[2 * kWarps];  // each warp's elements above, then at, the threshold
   FP8SERVE_SHARED(Partials, keys);
   FP8SERVE_SHARED(Partials, sums_hi);
   FP8SERVE_SHARED(Partials, sums_lo);
   FP8SERVE_SHARED(Histogram, histogram);
-  FP8SERVE_SHARED(Counts, scan_scratch);
+  FP8SERVE_SHARED(Counts, warp_counts);
   FP8SERVE_SHARED(int[2], select);  // the chosen digit, the count still to take below it
   const int64_t vocab = p.vocab_size;
   const float* row = p.logits + static_cast<int64_t>(blockIdx.x) * vocab;
@@ -202,15 +202,15 @@ FP8SERVE_UNROLL
     tie_count += __popc(tie);
   });
   if (lane == 0) {
-    scan_scratch[warp] = above_count;
-    scan_scratch[kWarps + warp] = tie_count;
+    warp_counts[warp] = above_count;
+    warp_counts[kWarps + warp] = tie_count;
   }
   __syncthreads();
   int ties_before = 0, written = 0;  // by the warps before this one
-  for (int w = 0; w < warp; ++w) {
-    const int taken_ties = remaining - ties_before;
-    written += scan_scratch[w] + (taken_ties <= 0 ? 0 : taken_ties < scan_scratch[kWarps + w] ? taken_ties : scan_scratch[kWarps + w]);
-    ties_before += scan_scratch[kWarps + w];
+  for (int w = 0; w < warp; ++w) {  // its elements above, and its ties among the first `remaining`
+    const int ties = warp_counts[kWarps + w];
+    written += warp_counts[w] + min(ties, max(remaining - ties_before, 0));
+    ties_before += ties;
   }
   for_each_group([&](int64_t i, float logit, unsigned above, unsigned tie) {
     const bool take = (above >> lane & 1u) || ((tie >> lane & 1u) && ties_before + __popc(tie & lanes_below) < remaining);
