@@ -79,14 +79,17 @@ class NextBlockPrefetch {
 // at k + g * group_stride + j * P + i (P = kKPack<T>). lanes_left keys remain in the block from
 // there: lanes past them are not read (0); keys in [nj, lanes_left) hold whatever the block
 // holds, finite or not, and are masked by the caller. Each row's score vector needs no
-// reduction across lanes; A accumulators per row keep up to 8 FMA chains in flight (two FMA
-// pipes times four cycles of latency).
+// reduction across lanes. Two accumulators per row, element i of each K group into acc[i % 2],
+// then acc[0] + acc[1]: a fixed order whatever the number of rows in the pass, so a row's scores
+// - and so its output - are bitwise the same in a decode (the GQA group's rows) and in a prefill
+// tile (8 rows), which preemption's recompute and batch invariance rely on. (It was
+// min(P, 8 / rows) accumulators: a prefill row then summed in another order than its decode.)
 template <class V, class T, int NR>
 void score_keys(const float (*q)[kMaxHeadDim], const T* k, int64_t group_stride, int lanes_left,
                 int head_dim, int nj_padded, float (*s)[kKeyChunk], NextBlockPrefetch& next) {
   using Reg = typename V::Reg;
   constexpr int P = kKPack<T>;
-  constexpr int A = std::min(P, std::max(1, 8 / NR));
+  constexpr int A = std::min(P, 2);
   const int groups = head_dim / P;
   const int passes = nj_padded / V::W;
   for (int pass = 0; pass < passes; ++pass) {

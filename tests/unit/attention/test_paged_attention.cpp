@@ -119,6 +119,53 @@ TEST_CASE("paged attention output does not depend on the thread count or the bat
   }
 }
 
+TEST_CASE("a prefill row is bitwise its decode within one partition, every ISA and GQA group", "[attention]") {
+  // Preemption recomputes a sequence in prefill chunks that its first run computed token by
+  // token, and the engine's outputs must not change (test_priority, test_speculative): a row of
+  // a long chunk (query tiles of several rows a pass) must give its decode's bits (the group's
+  // rows a pass). Within one partition (256 keys) the two run the same key chunks; rows per pass
+  // must not change how a row's dot products are summed. The fp32 builds run here on every CPU
+  // that has them, so a CPU with AVX512-BF16 (which the engine would use) tests them too.
+  ThreadPool threads(2);
+  cpu::AttentionWorkspace workspace;
+  const int32_t context = 200, chunk = 40;  // chunk > kQueryTile: query tiles, not token by token
+  static_assert(chunk > cpu::kQueryTile && context <= cpu::kPartitionTokens);
+  for (KvDtype dtype : {KvDtype::fp8_e4m3, KvDtype::bf16}) {
+    for (int32_t group : {1, 2, 3, 4, 8}) {
+      for (int32_t head_dim : {64, 128}) {
+        std::mt19937 rng(900u + static_cast<unsigned>(group * 2 + head_dim));
+        const int32_t num_kv_heads = 2;
+        PoolFixture pool(dtype, 16, num_kv_heads, head_dim, {{context, chunk}}, rng);
+        fill_context(pool, threads, rng);
+        Run run(pool, num_kv_heads * group, rng);
+        const int64_t row = static_cast<int64_t>(run.num_heads) * head_dim;
+        for (CpuIsa isa : {CpuIsa::scalar, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16}) {
+          if (cpu::resolve_cpu_isa(isa, head_dim) != isa) continue;  // not on this CPU
+          INFO("dtype " << kv_dtype_name(dtype) << " group " << group << " head_dim " << head_dim << " isa "
+                        << cpu::cpu_isa_name(isa));
+          std::fill(run.out.begin(), run.out.end(), NAN);
+          cpu::paged_attention_cpu(run.params, threads, workspace, isa);
+          int32_t differing = 0;
+          for (int32_t t = 0; t < chunk; ++t) {
+            const int32_t starts[2] = {0, 1};
+            const int32_t context_len = context - chunk + t + 1;
+            std::vector<float> out(static_cast<std::size_t>(row), NAN);
+            PagedAttentionParams decode = run.params;
+            decode.q = run.q.data() + t * row;
+            decode.out = out.data();
+            decode.batch.num_tokens = 1;
+            decode.batch.query_start_loc = starts;
+            decode.batch.context_lens = &context_len;
+            cpu::paged_attention_cpu(decode, threads, workspace, isa);
+            if (std::memcmp(out.data(), run.out.data() + t * row, out.size() * sizeof(float)) != 0) ++differing;
+          }
+          CHECK(differing == 0);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("chunked prefill then decode, kv_write then attention every step", "[attention]") {
   // The engine's order: a 40-token prompt in chunks of 24 and 16 (the first calibrates, the
   // second uses the frozen scale), then 5 decode steps, one sequence next to another one

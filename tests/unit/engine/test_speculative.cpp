@@ -22,10 +22,12 @@ TEST_CASE("ngram speculation: greedy output == plain decoding, bitwise, bf16 and
     n += rejected(check_spec_equals_plain(fixture("models/tiny-qwen3"), small_options(KvDtype::fp8_e4m3), k, max_tokens));
   }
   n += rejected(check_spec_equals_plain(fixture("models/tiny-qwen2"), small_options(KvDtype::fp8_e4m3), 4, max_tokens));
+  // Both rotations on tiny-qwen2: unrotated, tiny-qwen3 has its proposals accepted with the bf16
+  // dot's arithmetic but not with the fp32 dot's (0 of 6 in 40 tokens; CPUs without AVX512-BF16).
   for (const KvRotation rotation : {KvRotation::none, KvRotation::hadamard}) {  // the default's and the other
     EngineOptions options = small_options(KvDtype::fp8_e4m3);
     options.kv_rotation = rotation;
-    n += rejected(check_spec_equals_plain(fixture("models/tiny-qwen3"), options, 3, max_tokens));
+    n += rejected(check_spec_equals_plain(fixture("models/tiny-qwen2"), options, 3, max_tokens));
   }
   n += rejected(check_spec_equals_plain(fixture("models/tiny-llama"), small_options(KvDtype::fp8_e4m3), 4, max_tokens));
   CHECK(n > 0);  // rollbacks happened
