@@ -23,7 +23,7 @@ Each server runs, in turn, as a real process on loopback with every method:
 Both servers get `threads` CPU threads (llama.cpp: -t, -tb and -td) and a 4,096-token context;
 neither reuses cached prefixes across requests (fp8serve --no-enable-prefix-caching, llama.cpp
 "cache_prompt": false), so every request starts from an empty cache. KV caches are each
-server's default: fp8serve FP8 (E4M3) with a 64-token bf16 window, llama.cpp f16.
+server's default: fp8serve FP8 (E4M3) with its bf16 K window, llama.cpp f16.
 
 Per workload and method: completion tokens, drafted and accepted tokens (fp8serve: the deltas of
 its /metrics counters around the request; llama.cpp: the response's `timings.draft_n` and

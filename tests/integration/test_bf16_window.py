@@ -52,13 +52,13 @@ def small_budget_server(tmp_path, budget, max_num_seqs):
 
 
 def test_small_budgets_start_with_capped_rings_and_sequences_wait_for_one(tmp_path):
-    # 8 MiB on the default model: 64 K-only rings would take 56 MiB. The rings get at most an
-    # eighth of the budget (1 MiB: one ring of 0.88 MiB), the FP8 pool the rest; a sequence runs
-    # only with a ring, so one runs at a time and the others wait (counted).
-    s, client = small_budget_server(tmp_path, "8MiB", 4)
+    # 12 MiB on the default model: 4 K-only rings of 96 tokens would take 4.9 MiB. The rings get
+    # at most an eighth of the budget (1.5 MiB: one ring of 1.23 MiB), the FP8 pool the rest; a
+    # sequence runs only with a ring, so one runs at a time and the others wait (counted).
+    s, client = small_budget_server(tmp_path, "12MiB", 4)
     try:
         log = s.startup_log()
-        assert "bf16 window 64 tokens (K only): 1 rings x 5 blocks" in log, log
+        assert "bf16 window 96 tokens (K only): 1 rings x 7 blocks" in log, log
         assert "rings for 1 of --max-num-seqs 4 sequences" in log and "at most 1 run at once" in log, log
         # The split: the FP8 pool holds twice the tokens bf16 KV would in its bytes.
         split = re.search(r"KV split: FP8 pool [\d.]+ MiB = (\d+) tokens \(bf16 KV would hold (\d+) in those bytes\)",
@@ -79,6 +79,22 @@ def test_small_budgets_start_with_capped_rings_and_sequences_wait_for_one(tmp_pa
             raise AssertionError("n = 2 with one ring was accepted")
         except openai.BadRequestError as e:
             assert "bf16 window's rings" in str(e), e
+    finally:
+        assert s.stop() == 0, s.log_text()
+
+
+def test_a_budget_with_no_room_for_a_ring_starts_without_the_window(tmp_path):
+    # 8 MiB: an eighth is 1 MiB, less than one ring (1.23 MiB). The server starts, says why every
+    # sequence runs as pure FP8, and serves with the whole budget in the FP8 pool.
+    s, client = small_budget_server(tmp_path, "8MiB", 4)
+    try:
+        log = s.startup_log()
+        assert "one ring takes 1.2 MiB, more than the window's share of this budget: every sequence runs as " \
+               "pure FP8" in log, log
+        answer = client.completions.create(model="m", prompt="hello", max_tokens=8, temperature=0,
+                                           extra_body={"ignore_eos": True})
+        assert answer.usage.completion_tokens == 8
+        assert s.wait_kv_idle() == 0
     finally:
         assert s.stop() == 0, s.log_text()
 
@@ -118,13 +134,13 @@ def test_k_and_v_window_starts_on_64_mib_and_generate_sizes_rings_for_one(tmp_pa
                tmp_path=tmp_path)
     try:
         log = s.startup_log()
-        assert "bf16 window 64 tokens (K+V): 4 rings x 5 blocks" in log, log
+        assert "bf16 window 96 tokens (K+V): 3 rings x 7 blocks" in log, log
         status, _, body = s.post("/v1/completions", {"prompt": "hello", "max_tokens": 4})
         assert status == 200, body
     finally:
         assert s.stop() == 0, s.log_text()
     # generate runs one sequence: one ring, whatever --max-num-seqs serve would use.
     run = subprocess.run([str(binary()), "generate", str(DEFAULT_MODEL), "--prompt", "hello", "--max-tokens", "4",
-                          "--kv-cache-memory", "8MiB"], capture_output=True, text=True, timeout=300)
+                          "--kv-cache-memory", "12MiB"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
-    assert "1 rings x 5 blocks" in run.stderr and "a ring for each of --max-num-seqs 1 sequences" in run.stderr, run.stderr
+    assert "1 rings x 7 blocks" in run.stderr and "a ring for each of --max-num-seqs 1 sequences" in run.stderr, run.stderr

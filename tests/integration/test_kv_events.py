@@ -23,7 +23,9 @@ import zmq
 from conftest import ROOT, TINY_QWEN3, Server, binary, free_port
 
 BS = 16      # --block-size (default)
-WINDOW = 64  # --kv-bf16-window (default): its newest tokens are never in a cached block
+# --kv-bf16-window, pinned (the block counts below are worked out for it): a sequence's newest
+# WINDOW tokens are never in a cached block.
+WINDOW = 64
 ROUTERS_PYTHON = ROOT / ".venv-routers" / "bin" / "python"
 
 
@@ -36,6 +38,7 @@ def events_config(port, replay_port=None, topic="kv@tiny"):
 
 def start_replica(tmp_path, port, replay_port, *flags):
     return Server(TINY_QWEN3, "--served-model-name", "tiny", "--kv-cache-memory", "700KB", "--max-model-len", 1024,
+                  "--kv-bf16-window", WINDOW,
                   "--kv-events-config", events_config(port, replay_port), *flags, tmp_path=tmp_path)
 
 

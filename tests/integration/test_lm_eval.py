@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, TINY_LLAMA, Server
-from test_prompt_logprobs import TOL, reference_key
+from test_prompt_logprobs import REFERENCE_CACHE, TOL, reference_key
 
 TASK_DIR = Path(__file__).resolve().parent / "lm_eval_task"
 EXPECTED = json.loads((FIXTURES / "reference" / "prompt_logprobs.json").read_text())["lm_eval"]
@@ -23,7 +23,8 @@ EXPECTED = json.loads((FIXTURES / "reference" / "prompt_logprobs.json").read_tex
 
 def test_lm_eval_loglikelihood_and_generate_until_equal_transformers(tmp_path):
     pytest.importorskip("lm_eval", reason="lm-eval is installed by .ci/install (tests/requirements.txt)")
-    s = Server(TINY_LLAMA, "--served-model-name", "tiny", "--kv-cache-memory", 16_000_000, tmp_path=tmp_path)
+    s = Server(TINY_LLAMA, "--served-model-name", "tiny", "--kv-cache-memory", 16_000_000, *REFERENCE_CACHE,
+               tmp_path=tmp_path)
     try:
         out = tmp_path / "lm_eval_out"
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",

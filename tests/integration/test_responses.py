@@ -498,18 +498,21 @@ def test_unstored_and_unknown_responses(client):
 
 def test_previous_response_id_renders_the_history_and_hits_the_prefix_cache(client):
     """Continuing a stored conversation reuses its cached blocks (at least every full block of the
-    first prompt that lay outside the 64-token bf16 window, whose blocks are cached only once they
-    are final in FP8) and renders the whole history, two turns deep, without the earlier
+    first prompt that lay outside the default 96-token bf16 window, whose blocks are cached only
+    once they are final in FP8) and renders the whole history, two turns deep, without the earlier
     instructions (as OpenAI): the same text and prompt as sending it all as items."""
+    # A uuid first, so no earlier request shares it.
     opening = (f"[{uuid.uuid4().hex}] Tell me a short story about a lighthouse keeper who watches the ships, "
                "counts the gulls, mends the lamp, writes letters to a sister inland and waits for the winter "
-               "storms to pass over the rocks of the northern cape.")  # no earlier request shares it
+               "storms to pass over the rocks of the northern cape. In the spring the keeper paints the tower white, "
+               "trades fish for bread with the boatmen of the harbour town and reads old almanacs by the fire.")
     first = greedy(client, input=opening, max_output_tokens=30)
-    assert first.usage.input_tokens >= 64 + 16, first.usage  # at least one block outside the window
+    window = 96  # --kv-bf16-window's default (config/config.hpp)
+    assert first.usage.input_tokens >= window + 16, first.usage  # at least one block outside the window
     follow = {"role": "user", "content": "Now give the keeper a name."}
     cont = greedy(client, previous_response_id=first.id, input=[follow], max_output_tokens=30)
     cached = cont.usage.input_tokens_details.cached_tokens
-    assert cached >= 16 * ((first.usage.input_tokens - 64) // 16), (cont.usage, first.usage)
+    assert cached >= 16 * ((first.usage.input_tokens - window) // 16), (cont.usage, first.usage)
     assert cached > 0 and cached % 16 == 0
     assert client.responses.retrieve(cont.id).previous_response_id == first.id
     # The openai docs' idiom: the previous output items go back as input as they came.

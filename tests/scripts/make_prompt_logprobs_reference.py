@@ -27,7 +27,7 @@ rounded to bf16 (what fp8serve computes with), one torch thread; log_softmax in 
 the float32 logits.
 
 The FP8 cache, simulated in eager attention (the contract of kernels/paged_kv.hpp for a prompt
-prefilled in one step, with the defaults: --kv-scale-margin 2, --kv-bf16-window 64, K only):
+prefilled in one step, with --kv-scale-margin 2, --kv-bf16-window 64, K only, which the tests pin):
 per layer one K and one V scale, max(amax(the prompt's K or V after RoPE) * 2 / 448, FLT_MIN);
 every value rounded to bf16, divided by its scale, rounded to E4M3 (nearest even; nothing
 saturates under a margin of 2) and multiplied back; the positions of the window - all but the

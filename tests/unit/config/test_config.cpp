@@ -48,7 +48,8 @@ TEST_CASE("defaults and flags of every kind parse", "[config]") {
   const auto q = parse_command_line({"serve", "m", "--quantization", "fp8", "--fp8-lm-head"});
   CHECK(q.quantization == Quantization::fp8);
   CHECK(q.fp8_lm_head);
-  CHECK(c.kv_bf16_window == 64);  // docs/fp8-kv-cache.md's choice: 64 tokens, K only
+  CHECK(c.kv_bf16_window == 96);  // docs/fp8-kv-cache.md's choice: 96 tokens, K only
+  CHECK(q.kv_scale_margin == 4.0);  // docs/fp8-kv-cache.md, "Choosing `--kv-scale-margin`"
   CHECK(c.kv_bf16_window_tensors == KvWindowTensors::k);
   CHECK(c.kv_rotation == KvRotation::hadamard);  // docs/fp8-kv-cache.md, "Rotation"
   CHECK(parse_command_line({"serve", "m", "--kv-rotation", "none"}).kv_rotation == KvRotation::none);
@@ -111,7 +112,7 @@ TEST_CASE("--config file is applied first and the command line overrides it", "[
   CHECK(c.port == 8200);
   CHECK(c.kv_cache_dtype == KvDtype::bf16);
   CHECK_FALSE(c.enable_prefix_caching);
-  CHECK(c.kv_scale_margin == 2.0);
+  CHECK(c.kv_scale_margin == 2.0);  // from the file, not the default (4)
 
   {
     std::ofstream out(path);
