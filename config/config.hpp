@@ -30,7 +30,7 @@ struct ConfigError : std::runtime_error {
 // written once, here. The block size and the scale margin are the kernels' (kDefaultBlockSize,
 // kDefaultKvScaleMargin), which the cache and the model use too.
 // 96 tokens, K only: the shortest window that keeps the long-context KL under 6e-4 with
-// rotation on both pinned texts (docs/fp8-kv-cache.md, "The window's length").
+// rotation on both pinned texts (docs/fp8-kv-cache.md, "The defaults: a 96-token K window").
 inline constexpr int kDefaultKvBf16Window = 96;
 inline constexpr KvRotation kDefaultKvRotation = KvRotation::hadamard;
 inline constexpr double kDefaultGpuMemoryUtilization = 0.9;

@@ -89,7 +89,8 @@ void score_keys(const float (*q)[kMaxHeadDim], const T* k, int64_t group_stride,
                 int head_dim, int nj_padded, float (*s)[kKeyChunk], NextBlockPrefetch& next) {
   using Reg = typename V::Reg;
   constexpr int P = kKPack<T>;
-  constexpr int A = std::min(P, 2);
+  constexpr int A = 2;
+  static_assert(P % A == 0, "a K group's elements alternate between the two accumulators");
   const int groups = head_dim / P;
   const int passes = nj_padded / V::W;
   for (int pass = 0; pass < passes; ++pass) {
