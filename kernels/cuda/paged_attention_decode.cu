@@ -52,6 +52,8 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
   // A warp stages its chunks at warp * kWarpStageBytes and publishes its merge slot at
   // warp * merge_stride while its neighbours may still compute: the slot must fit in its own stages.
   static_assert(kRows * (kD + 2) * 4 <= kWarpStageBytes, "a warp's merge slot would overwrite its neighbour's live stages");
+  // The warps' merge weighs them in q_s: (kWarps + 2) floats a row.
+  static_assert((kWarps + 2) * kRows <= kRows * Cta::kQRow, "the merge's weights do not fit in q_s");
   const PagedBatch& batch = args.batch;
   const int n = batch.num_seqs;
   const int block_size = args.cache.block_size;
@@ -79,6 +81,10 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
     for (int i = tid; i <= n; i += kThreads) work.plan[i] = plan[i];
 
   Cta cta{args, smem, tid % kWarp, tid / kWarp};
+  // The warps' merge walks elements i = tid, tid + kThreads, ... of an item's rows x head_dim as
+  // (row, dim) in steps, without a division per element.
+  const int first_r = tid / args.head_dim, first_d = tid % args.head_dim;
+  const int step_r = kThreads / args.head_dim, step_d = kThreads % args.head_dim;
   const int64_t slot_floats = int64_t{kRows} * (kD + 2);
   // plan[n] (the item count) is read from shared memory each time rather than kept in a register
   // across the item's work, which pushed it to local memory (a spill) in some instantiations.
@@ -126,24 +132,45 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
       }
     }
 
-    // Merge the warps: each writes (acc, m, l) into its own (drained) stages, then every thread
-    // combines the four for some (row, dim).
+    // Merge the warps: each writes (acc, m, l) into its own (drained) stages. A thread a row then
+    // weighs the four (2^(m_w - M), or -1 for a warp that saw no keys) and sums their l, into q_s
+    // (read by nobody any more); then every thread combines the four accumulators of some
+    // (row, dim) with its row's weights, in warp order.
     cta.publish(st, reinterpret_cast<float*>(smem + cta.warp * layout.merge_stride));
     __syncthreads();
-    for (int i = tid; i < rows * args.head_dim; i += kThreads) {
-      const int r = i / args.head_dim, d = i % args.head_dim;
+    float* weights = q_s;                             // [warp][row]
+    float* row_max = q_s + kWarps * kRows;            // [row]
+    float* row_sum = q_s + (kWarps + 1) * kRows;      // [row]
+    if (tid < rows) {
+      const int r = tid;
       float m_max = -INFINITY;
       for (int w = 0; w < kWarps; ++w)
         m_max = fmaxf(m_max, reinterpret_cast<const float*>(smem + w * layout.merge_stride)[kRows * kD + r]);
-      float sum = 0.0f, o = 0.0f;
+      float sum = 0.0f;
       for (int w = 0; w < kWarps; ++w) {
         const float* theirs = reinterpret_cast<const float*>(smem + w * layout.merge_stride);
         const float m_w = theirs[kRows * kD + r];
-        if (m_w == -INFINITY) continue;  // this warp saw no keys
-        const float weight = exp2f(m_w - m_max);
-        sum += theirs[kRows * kD + kRows + r] * weight;
-        o += theirs[r * kD + d] * weight;
+        float weight = -1.0f;  // this warp saw no keys: skipped
+        if (m_w != -INFINITY) {
+          weight = exp2f(m_w - m_max);
+          sum += theirs[kRows * kD + kRows + r] * weight;
+        }
+        weights[w * kRows + r] = weight;
       }
+      row_max[r] = m_max;
+      row_sum[r] = sum;
+    }
+    __syncthreads();
+    for (int i = tid, r = first_r, d = first_d; i < rows * args.head_dim;
+         i += kThreads, r += step_r, d += step_d) {
+      if (d >= args.head_dim) d -= args.head_dim, ++r;
+      float o = 0.0f;
+      for (int w = 0; w < kWarps; ++w) {
+        const float weight = weights[w * kRows + r];
+        if (weight < 0.0f) continue;
+        o += reinterpret_cast<const float*>(smem + w * layout.merge_stride)[r * kD + d] * weight;
+      }
+      const float sum = row_sum[r];
       if (num_parts == 1) {
         args.out[token * args.out_token_stride + int64_t{head0 + r} * args.head_dim + d] =
             bf16_encode(sum > 0.0f ? o / sum : 0.0f);
@@ -151,7 +178,7 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
         float* slot = work.partials + item * slot_floats;
         slot[r * kD + d] = o;
         if (d == 0) {
-          slot[kRows * kD + 2 * r] = m_max;
+          slot[kRows * kD + 2 * r] = row_max[r];
           slot[kRows * kD + 2 * r + 1] = sum;
         }
       }
@@ -175,9 +202,12 @@ __global__ void __launch_bounds__(kThreads, kMmaMinCtas<kRows>) paged_decode_mma
 }
 
 // Combines the partitions of one (sequence, KV head, subgroup) of a split decode sequence:
-// out = sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p, in partition order. A group of kPrefetch
-// partitions' (m, l, o) is loaded before any of it is combined, so their loads are in flight
-// together (one round trip a group, not one a partition); the combining order is unchanged.
+// out = sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p, in partition order. A thread owns one
+// output element (blockIdx.z picks the CTA's kThreads of the item's rows x head_dim), so the
+// outputs of an item combine side by side rather than one after another; and kMergePrefetch
+// partitions' (m, l, o) are loaded before any of it is combined, so their loads are in flight
+// together (one round trip a group: one for a context of up to kMergePrefetch partitions). The
+// combining order of each output is the partitions' order, whatever the grouping.
 constexpr int kMergePrefetch = 8;
 
 __global__ void __launch_bounds__(kThreads) paged_merge_kernel(AttentionArgs args, DecodeWork work, int rows_per_item,
@@ -189,37 +219,37 @@ __global__ void __launch_bounds__(kThreads) paged_merge_kernel(AttentionArgs arg
   const int num_parts = (work.plan[s + 1] - first) / head_items;
   if (num_parts <= 1) return;  // not a decode sequence, or written directly by the decode kernel
   const int kv_head = head_item / work.subgroups, sub = head_item % work.subgroups;
-  const int head0 = kv_head * args.group + sub * rows_per_item;
   const int rows = min(rows_per_item, args.group - sub * rows_per_item);
+  const int i = static_cast<int>(blockIdx.z) * kThreads + static_cast<int>(threadIdx.x);
+  if (i >= rows * args.head_dim) return;  // a slice past this subgroup's rows (the last may hold fewer)
+  const int head0 = kv_head * args.group + sub * rows_per_item;
   const int token = args.batch.query_start_loc[s];
   const int64_t slot_floats = int64_t{rows_per_item} * (dim_pad + 2);
-  for (int i = static_cast<int>(threadIdx.x); i < rows * args.head_dim; i += kThreads) {
-    const int r = i / args.head_dim, d = i % args.head_dim;
-    float m_run = -INFINITY, sum = 0.0f, o = 0.0f;
-    for (int p0 = 0; p0 < num_parts; p0 += kMergePrefetch) {
-      float m_p[kMergePrefetch], l_p[kMergePrefetch], o_p[kMergePrefetch];
+  const int r = i / args.head_dim, d = i % args.head_dim;
+  float m_run = -INFINITY, sum = 0.0f, o = 0.0f;
+  for (int p0 = 0; p0 < num_parts; p0 += kMergePrefetch) {
+    float m_p[kMergePrefetch], l_p[kMergePrefetch], o_p[kMergePrefetch];
 FP8SERVE_UNROLL
-      for (int j = 0; j < kMergePrefetch; ++j) {
-        m_p[j] = -INFINITY, l_p[j] = 0.0f, o_p[j] = 0.0f;  // past the last partition: skipped below
-        if (p0 + j >= num_parts) continue;
-        const float* slot = work.partials + (first + int64_t{p0 + j} * head_items + head_item) * slot_floats;
-        m_p[j] = slot[rows_per_item * dim_pad + 2 * r];
-        l_p[j] = slot[rows_per_item * dim_pad + 2 * r + 1];  // read even where m_p is -inf: not used then
-        o_p[j] = slot[r * dim_pad + d];
-      }
-FP8SERVE_UNROLL
-      for (int j = 0; j < kMergePrefetch; ++j) {
-        if (m_p[j] == -INFINITY) continue;
-        const float m_new = fmaxf(m_run, m_p[j]);
-        const float old_weight = exp2f(m_run - m_new), weight = exp2f(m_p[j] - m_new);
-        sum = sum * old_weight + l_p[j] * weight;
-        o = o * old_weight + o_p[j] * weight;
-        m_run = m_new;
-      }
+    for (int j = 0; j < kMergePrefetch; ++j) {
+      m_p[j] = -INFINITY, l_p[j] = 0.0f, o_p[j] = 0.0f;  // past the last partition: skipped below
+      if (p0 + j >= num_parts) continue;
+      const float* slot = work.partials + (first + int64_t{p0 + j} * head_items + head_item) * slot_floats;
+      m_p[j] = slot[rows_per_item * dim_pad + 2 * r];
+      l_p[j] = slot[rows_per_item * dim_pad + 2 * r + 1];  // read even where m_p is -inf: not used then
+      o_p[j] = slot[r * dim_pad + d];
     }
-    args.out[token * args.out_token_stride + int64_t{head0 + r} * args.head_dim + d] =
-        bf16_encode(sum > 0.0f ? o / sum : 0.0f);
+FP8SERVE_UNROLL
+    for (int j = 0; j < kMergePrefetch; ++j) {
+      if (m_p[j] == -INFINITY) continue;
+      const float m_new = fmaxf(m_run, m_p[j]);
+      const float old_weight = exp2f(m_run - m_new), weight = exp2f(m_p[j] - m_new);
+      sum = sum * old_weight + l_p[j] * weight;
+      o = o * old_weight + o_p[j] * weight;
+      m_run = m_new;
+    }
   }
+  args.out[token * args.out_token_stride + int64_t{head0 + r} * args.head_dim + d] =
+      bf16_encode(sum > 0.0f ? o / sum : 0.0f);
 }
 
 // The decode kernel of a build: CUDA cores or tensor cores.
@@ -255,8 +285,10 @@ void launch_decode_for(const AttentionArgs& args, const DecodeWork& work, bool m
   CUDA_CHECK(cudaGetLastError());
   if (may_split) {
     const unsigned head_items = static_cast<unsigned>(args.cache.num_kv_heads * work.subgroups);
-    FP8SERVE_LAUNCH(paged_merge_kernel, dim3(head_items, static_cast<unsigned>(args.batch.num_seqs)), dim3(kThreads),
-                    0, stream, args, work, kRows, kD);
+    // One thread an output of the item's rows (a subgroup holds up to kRows of the group's heads).
+    const unsigned slices = static_cast<unsigned>((std::min(kRows, args.group) * args.head_dim + kThreads - 1) / kThreads);
+    FP8SERVE_LAUNCH(paged_merge_kernel, dim3(head_items, static_cast<unsigned>(args.batch.num_seqs), slices),
+                    dim3(kThreads), 0, stream, args, work, kRows, kD);
     CUDA_CHECK(cudaGetLastError());
   }
 }

@@ -312,12 +312,15 @@ def merge_time(b, m, batch, parts):
     pattern = r"paged_merge_kernel"
     res, sass = b.resources(pattern), b.sass("paged_attention_decode.cu.o", pattern)
     path = sass.walk(0, {exit_blocks(sass)[-1]}, sass.reachable, None, set())
-    rules = [("outputs", ["LDG", "MUFU"], [], lambda ops: GROUP * HEAD_DIM / res["threads"], False),
-             ("partitions", ["LDG", "MUFU"], [], lambda ops: parts // max(1, n_ops(ops, "LDG") // 3), False)]
+    c = source_constants("kernels/cuda/paged_attention_decode.cu")
+    # a thread an output: an item's GROUP x HEAD_DIM outputs over `slices` CTAs (blockIdx.z); a trip
+    # of the loop loads kMergePrefetch partitions, then combines them
+    slices = math.ceil(GROUP * HEAD_DIM / res["threads"])
+    rules = [("partitions", ["LDG", "MUFU"], [], lambda ops: math.ceil(parts / c["kMergePrefetch"]), False)]
     phases = phases_of(sass, path, rules)
     warps, total = res["threads"] // 32, sum_phases(phases)
     # the partials were just written: L2 hits, no HBM bound
-    t = kernel_time(m, {"items": KV_HEADS * batch, "ctas": ctas_per_sm(res), "warps": warps,
+    t = kernel_time(m, {"items": KV_HEADS * batch * slices, "ctas": ctas_per_sm(res), "warps": warps,
                         "item": phases_time(m, phases, warps), "instr": total["instr"], "fp64": 0, "wavefronts": 0,
                         "sm_bytes": warps * total["bytes"], "hbm_bytes": 0, "in_flight": 0})
     t["rt"] = total["rt"]
