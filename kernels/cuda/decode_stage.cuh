@@ -82,13 +82,16 @@ ATTN_DEVICE void issue_chunk(const KeySegment& seg, const Shape& sh, int block_s
   const unsigned char* k_block = seg.k.block(logical, k_ok);
   const unsigned char* v_block = seg.v.block(logical, v_ok);
   const int t0 = pos0 & (block_size - 1);
+  // Offsets inside one block of one head are 32-bit (paged_attention_cuda checks a block's V rows
+  // fit): the 64-bit part of an address is the block's.
+  const int v_row_bytes = static_cast<int>(seg.v.row_bytes);
 ATTN_UNROLL
   for (int i = 0; i < 4; ++i) {
     const int v = lane + kWarp * i;
     if (v < sh.k_vectors) {
       const int group = v >> sh.quad_shift, quad = v & (sh.quads - 1);
       ptx::cp_async_cg16(stage + (group * sh.quads + (quad ^ k_swizzle(group))) * 16,
-                         k_block + ((int64_t{group} << block_shift) + t0 + 4 * quad) * 4, k_ok ? 16 : 0);
+                         k_block + ((group << block_shift) + t0 + 4 * quad) * 4, k_ok ? 16 : 0);
     }
   }
 ATTN_UNROLL
@@ -98,7 +101,7 @@ ATTN_UNROLL
     if (t < sh.chunk && part < sh.row_vectors) {
       const bool ok = v_ok && pos0 + t >= seg.lo && pos0 + t < seg.hi;
       ptx::cp_async_cg16(stage + kChunkBytes + (t * Shape::kRowVectors + (part ^ v_swizzle(t))) * 16,
-                         v_block + (t0 + t) * seg.v.row_bytes + part * 16, ok ? 16 : 0);
+                         v_block + ((t0 + t) * v_row_bytes + part * 16), ok ? 16 : 0);
     }
   }
 }

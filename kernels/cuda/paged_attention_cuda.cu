@@ -73,6 +73,8 @@ void check_view(const PagedKvView& view, const char* name, bool need_v) {
   if (view.v_token_stride < view.head_dim || view.head_stride < int64_t{view.block_size} * view.head_dim ||
       view.block_stride <= 0)
     fail(pool + ": strides must be positive, head_stride >= block_size * head_dim, v_token_stride >= head_dim");
+  if (view.v_token_stride * elem * view.block_size > INT32_MAX)  // the kernels' offsets inside a block
+    fail(pool + ": a block's V rows span more than 2 GiB (v_token_stride x block_size)");
   if ((view.block_stride * elem) % 16 != 0 || (view.head_stride * elem) % 16 != 0 ||
       (view.v_token_stride * elem) % 16 != 0 || !aligned16(view.k) || !aligned16(view.v))
     fail(pool + ": K/V and their strides must be 16-byte aligned (the kernels read 16-byte vectors)");

@@ -102,12 +102,13 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
     const int k0 = part * partition, k1 = min(context, k0 + partition);
     const int token = batch.query_start_loc[s];
 
-    for (int i = tid; i < kRows * kD; i += kThreads) {
-      const int r = i / kD, d = i % kD;
+    // The item's q rows, r * head_dim + d from its first (a 32-bit offset: < kRows x 256).
+    const uint16_t* q_item = args.q + token * args.q_token_stride + int64_t{head0} * args.head_dim;
+    for (unsigned i = tid; i < kRows * kD; i += kThreads) {  // unsigned: / and % by kD are shifts
+      const int r = static_cast<int>(i / kD), d = static_cast<int>(i % kD);
       float x = 0.0f;
       if (r < rows && d < args.head_dim)
-        x = bf16_bits_to_float(args.q[token * args.q_token_stride + int64_t{head0 + r} * args.head_dim + d]) *
-            (Cta::kQkScaleInQ ? args.qk_scale : 1.0f);
+        x = bf16_bits_to_float(q_item[r * args.head_dim + d]) * (Cta::kQkScaleInQ ? args.qk_scale : 1.0f);
       q_s[Cta::q_index(r, d)] = x;
     }
     __syncthreads();

@@ -136,6 +136,7 @@ TEST_CASE("paged_attention_cuda refuses bad views, shapes, batches and workspace
   check_refused(valid, [&](P& p) { p.cache = make_paged_kv_view(k, v, KvDtype::bf16, 2, 12, 2, 64); }, run,
                 "block_size must be 8, 16 or 32");
   check_refused(valid, [](P& p) { p.cache.v_token_stride = 63; }, run, "strides must be positive");
+  check_refused(valid, [](P& p) { p.cache.v_token_stride = int64_t{1} << 27; }, run, "span more than 2 GiB");
   check_refused(valid, [&](P& p) { p.cache.k = call.k.as<std::uint16_t>() + 1; }, run, "16-byte aligned");
   check_refused(valid, [](P& p) { p.num_heads = 3; }, run, "positive multiple of num_kv_heads");
   check_refused(valid, [](P& p) { p.num_heads = 2 * 65; }, run, "more than 64 query heads");
