@@ -52,8 +52,8 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
   // A warp stages its chunks at warp * kWarpStageBytes and publishes its merge slot at
   // warp * merge_stride while its neighbours may still compute: the slot must fit in its own stages.
   static_assert(kRows * (kD + 2) * 4 <= kWarpStageBytes, "a warp's merge slot would overwrite its neighbour's live stages");
-  // The warps' merge weighs them in q_s: (kWarps + 2) floats a row.
-  static_assert((kWarps + 2) * kRows <= kRows * Cta::kQRow, "the merge's weights do not fit in q_s");
+  // The warps' merge weighs them in q_s: kWarps + 2 floats a row, where a q row holds kQRow.
+  static_assert(kWarps + 2 <= Cta::kQRow, "the merge's weights do not fit in q_s");
   const PagedBatch& batch = args.batch;
   const int n = batch.num_seqs;
   const int block_size = args.cache.block_size;

@@ -138,7 +138,7 @@ def kernel_time(m, k):
 
 def loop_walk(sass, header):
     """One iteration of a loop: its walk and its instructions (for the decode's hot loop the walk
-    and sass_count's label-to-branch count agree: 716 at FP8; the GEMV's walk leaves out the masked
+    and sass_count's label-to-branch count agree: 683 at FP8; the GEMV's walk leaves out the masked
     loads of a slice's partial last step, which sass_count's 695 includes)."""
     path = sass.walk(header, sass.loops[header]["latches"], sass.loops[header]["body"], header, set())
     return path, sum(p["instr"] for p in Tally(sass, lambda h: 1).phases(path))
