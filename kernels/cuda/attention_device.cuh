@@ -97,12 +97,16 @@ struct KvSource {
   int32_t ring_first = 0, ring_blocks = 1;
   int32_t num_blocks = 0;               // ids outside [0, num_blocks) read zeros
 
-  // The block's first byte; ok = false (and block 0's address) for an id outside the pool.
-  ATTN_DEVICE const unsigned char* block(int logical, bool& ok) const {
-    const int id = table != nullptr ? table[logical] : ring_first + logical % ring_blocks;
+  // The physical block of logical block `logical`.
+  ATTN_DEVICE int id(int logical) const { return table != nullptr ? table[logical] : ring_first + logical % ring_blocks; }
+
+  // Block `id`'s first byte; ok = false (and block 0's address) for an id outside the pool.
+  ATTN_DEVICE const unsigned char* at(int id, bool& ok) const {
     ok = id >= 0 && id < num_blocks;
     return base + (ok ? id : 0) * block_bytes;
   }
+
+  ATTN_DEVICE const unsigned char* block(int logical, bool& ok) const { return at(id(logical), ok); }
 };
 
 // K or V (`data`) of one KV head of `view`, through the sequence's block table.
@@ -132,8 +136,18 @@ ATTN_DEVICE KvSource ring_source(const PagedKvView& view, const void* data, int 
 struct KeySegment {
   KvSource k, v;
   bool k_fp8 = false, v_fp8 = false;
+  bool one_map = false;  // K and V map logical blocks to the same ids (all but a K-only window's tail)
   int32_t lo = 0, hi = 0;
   float k_scale = 1.0f, v_scale = 1.0f;
+
+  // K's and V's blocks of logical block `logical` (kv_ok = false: outside the pool, read as
+  // zeros): one lookup when they share the map.
+  ATTN_DEVICE void blocks(int logical, const unsigned char*& k_block, bool& k_ok, const unsigned char*& v_block,
+                          bool& v_ok) const {
+    const int k_id = k.id(logical);
+    k_block = k.at(k_id, k_ok);
+    v_block = v.at(one_map ? k_id : v.id(logical), v_ok);
+  }
 };
 
 // The two segments of an item's keys [lo, hi) of sequence s (kernels/paged_kv.hpp's contract):
@@ -158,6 +172,7 @@ ATTN_DEVICE KeySegment segment(const PagedKvView& cache, const PagedKvView& tail
     seg.k = table_source(cache, cache.k, kv_head, table);
     seg.k_fp8 = fp8;
     seg.k_scale = fp8 ? batch.k_scales[s] : 1.0f;
+    seg.one_map = true;
     seg.lo = lo;
     seg.hi = split;
     return seg;
@@ -171,6 +186,7 @@ ATTN_DEVICE KeySegment segment(const PagedKvView& cache, const PagedKvView& tail
     seg.v = ring_source(tail_view, tail_view.v, kv_head, batch, s);
     seg.v_fp8 = false;
     seg.v_scale = 1.0f;
+    seg.one_map = true;
   }  // else a K-only window: V stays in the main pool, with its scale
   return seg;
 }

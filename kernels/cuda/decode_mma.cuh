@@ -57,6 +57,22 @@ constexpr int kMmaMaxHeadDim = 128;
 template <int kRows>
 constexpr int kMmaMinCtas = kRows <= 8 ? 4 : 2;
 
+// K word column w's swizzle in a kChunk-token stage: (w * kChunk / 32) * 2, mod the chunk's 4-token
+// vectors per column. It depends on w mod 4 only, which ChunkCopy relies on (checked below).
+template <int kChunk>
+ATTN_HD constexpr int k_swizzle_of(int w) {
+  constexpr int kShift = kChunk == 8 ? 2 : kChunk == 16 ? 1 : 0;  // log2 of the word columns per 32 banks
+  return (w >> kShift << 1) & (kChunk / 4 - 1);
+}
+template <int kChunk>
+constexpr bool k_swizzle_by_column_mod_4() {
+  for (int w = 0; w < 256; ++w)
+    if (k_swizzle_of<kChunk>(w) != k_swizzle_of<kChunk>(w % 4)) return false;
+  return true;
+}
+static_assert(k_swizzle_by_column_mod_4<8>() && k_swizzle_by_column_mod_4<16>() && k_swizzle_by_column_mod_4<32>(),
+              "ChunkCopy stages K vectors 32 apart 512 bytes apart");
+
 template <int kD, int kRows>
 struct DecodeMmaCta {
   static_assert(kRows == 8 || kRows == 16, "one MMA row block: 8 heads (rows g) or 16 (g and g + 8)");
@@ -172,12 +188,11 @@ ATTN_UNROLL
     const float q_mult = kKFp8 ? q_power_of_two() : 1.0f;
     const float score_scale = args.qk_scale * seg.k_scale / q_mult;  // exact: a power of two
 
-    constexpr int kChunkShift = kChunk == 8 ? 3 : kChunk == 16 ? 4 : 5;
-    constexpr int kSwizzleShift = 5 - kChunkShift;  // log2 of the word columns per 32 banks
-    auto k_swizzle = [](int w) { return (w >> kSwizzleShift << 1) & (kChunk / 4 - 1); };
+    auto k_swizzle = [](int w) { return k_swizzle_of<kChunk>(w); };
     auto v_swizzle = [&](int row) { return (2 * kVElem * ((row >> 1) & 3)) & (Shape::kRowVectors - 1); };
+    const ChunkCopy<Shape> copy(seg, sh, block_size, lane, k_swizzle, v_swizzle);
     auto issue = [&](int c, unsigned char* stage) {
-      issue_chunk(seg, sh, block_size, lane, (first_chunk + c) << sh.chunk_shift, stage, k_swizzle, v_swizzle);
+      copy.issue(seg, block_size, (first_chunk + c) << sh.chunk_shift, stage);
     };
 
     // Stage offsets this lane reads, as registers per segment, so that each load in the loop is a

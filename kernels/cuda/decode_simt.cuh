@@ -70,8 +70,9 @@ ATTN_UNROLL
     float* p_s = reinterpret_cast<float*>(smem + decode_smem(kRows, kQRow, 0).p) + warp * kMaxChunkTokens * kRows;
     auto unswizzled = [](int) { return 0; };
 
+    const ChunkCopy<Shape> copy(seg, sh, block_size, lane, unswizzled, unswizzled);
     auto issue = [&](int c, unsigned char* stage) {
-      issue_chunk(seg, sh, block_size, lane, (first_chunk + c) << sh.chunk_shift, stage, unswizzled, unswizzled);
+      copy.issue(seg, block_size, (first_chunk + c) << sh.chunk_shift, stage);
     };
 
     auto compute = [&](int c, const unsigned char* stage) {

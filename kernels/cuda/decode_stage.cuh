@@ -68,43 +68,86 @@ struct ChunkShape {
   }
 };
 
-// Queues the copy of the chunk at position pos0 of segment `seg` into `stage` (this lane's share
-// of the warp's 16-byte vectors): K vector (word column w, tokens 4q..4q+3) to slot
-// w * quads + (q ^ k_swizzle(w)), V vector `part` of token row t to slot
-// t * kRowVectors + (part ^ v_swizzle(t)); tokens outside the segment read as zero V rows
-// (their scores are masked, and 0 x a stale V could be NaN).
-template <class Shape, class KSwizzle, class VSwizzle>
-ATTN_DEVICE void issue_chunk(const KeySegment& seg, const Shape& sh, int block_size, int lane, int pos0,
-                             unsigned char* stage, KSwizzle k_swizzle, VSwizzle v_swizzle) {
-  const int block_shift = log2_of(block_size);
-  const int logical = pos0 >> block_shift;
-  bool k_ok = false, v_ok = false;
-  const unsigned char* k_block = seg.k.block(logical, k_ok);
-  const unsigned char* v_block = seg.v.block(logical, v_ok);
-  const int t0 = pos0 & (block_size - 1);
-  // Offsets inside one block of one head are 32-bit (paged_attention_cuda checks a block's V rows
-  // fit): the 64-bit part of an address is the block's.
-  const int v_row_bytes = static_cast<int>(seg.v.row_bytes);
+// Copies chunks of one segment into a warp's stages: this lane's share of the warp's 16-byte
+// vectors. K vector v (word column w = v / quads, tokens 4q..4q+3, q = v % quads) goes to slot
+// w * quads + (q ^ k_swizzle(w)), V vector v (token row t = v / kRowVectors, 16-byte part
+// v % kRowVectors) to slot t * kRowVectors + (part ^ v_swizzle(t)); tokens outside the segment
+// read as zero V rows (their scores are masked, and 0 x a stale V could be NaN).
+//
+// Lane l copies vectors l + 32i, i < 4. What does not change from chunk to chunk - its stage
+// slots, its offsets inside a block, how many vectors it copies - is worked out once a segment
+// and kept in registers, so that a chunk costs one block lookup and, per vector, a 64-bit add
+// and the copy. Contract of k_swizzle: it depends on w mod 4 only, so K vectors 32 apart (word
+// columns 32 / quads >= 4 apart) land 512 bytes apart.
+template <class Shape>
+struct ChunkCopy {
+  static_assert(kWarp % Shape::kRowVectors == 0, "a V row's vectors are copied by lanes of one warp");
+  static constexpr int kTokenStep = kWarp / Shape::kRowVectors;  // V rows from vector i to i + 1
+  static constexpr int kWarpBytes = kWarp * 16;                  // one vector per lane
+  uint32_t k_dst, v_dst[4];  // stage offsets: K vector i at k_dst + 512 i, V vector i at v_dst[i]
+  uint32_t k_src, v_src;     // inside a block, vector 0 at token 0: bytes
+  uint32_t k_step, v_step;   // inside a block, from vector i to i + 1: bytes
+  int v_token;               // vector 0's token row in the chunk
+  int k_count, v_count;      // this lane copies K vectors i < k_count and V vectors i < v_count
+
+  template <class KSwizzle, class VSwizzle>
+  ATTN_DEVICE ChunkCopy(const KeySegment& seg, const Shape& sh, int block_size, int lane, KSwizzle k_swizzle,
+                        VSwizzle v_swizzle) {
+    const int block_shift = log2_of(block_size);
+    const int quad = lane & (sh.quads - 1);
+    const int group = lane >> sh.quad_shift, group_step = kWarp >> sh.quad_shift;
+    k_dst = static_cast<uint32_t>((group * sh.quads + (quad ^ k_swizzle(group))) * 16);
+    k_src = static_cast<uint32_t>(((group << block_shift) + 4 * quad) * 4);
+    k_step = static_cast<uint32_t>((group_step << block_shift) * 4);
+    k_count = min(4, max(0, (sh.k_vectors - lane + kWarp - 1) / kWarp));
+
+    const int part = lane % Shape::kRowVectors;
+    v_token = lane / Shape::kRowVectors;
 ATTN_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    const int v = lane + kWarp * i;
-    if (v < sh.k_vectors) {
-      const int group = v >> sh.quad_shift, quad = v & (sh.quads - 1);
-      ptx::cp_async_cg16(stage + (group * sh.quads + (quad ^ k_swizzle(group))) * 16,
-                         k_block + ((group << block_shift) + t0 + 4 * quad) * 4, k_ok ? 16 : 0);
+    for (int i = 0; i < 4; ++i) {
+      const int t = v_token + i * kTokenStep;
+      v_dst[i] = static_cast<uint32_t>(kChunkBytes + (t * Shape::kRowVectors + (part ^ v_swizzle(t))) * 16);
+      ptx::keep_in_register(v_dst[i]);
+    }
+    // Offsets inside one block of one head are 32-bit (paged_attention_cuda checks a block's V
+    // rows fit): the 64-bit part of an address is the block's.
+    const auto row_bytes = static_cast<uint32_t>(seg.v.row_bytes);
+    v_src = static_cast<uint32_t>(v_token) * row_bytes + static_cast<uint32_t>(part) * 16u;
+    v_step = kTokenStep * row_bytes;
+    v_count = part < sh.row_vectors ? min(4, max(0, (sh.chunk - v_token + kTokenStep - 1) / kTokenStep)) : 0;
+    ptx::keep_in_register(k_dst);
+    ptx::keep_in_register(k_src);
+    ptx::keep_in_register(v_src);
+    ptx::keep_in_register(k_step);
+    ptx::keep_in_register(v_step);
+  }
+
+  // Queues the copy of the chunk at position pos0 into `stage`.
+  ATTN_DEVICE void issue(const KeySegment& seg, int block_size, int pos0, unsigned char* stage) const {
+    const int block_shift = log2_of(block_size);
+    const auto t0 = static_cast<uint32_t>(pos0 & (block_size - 1));
+    bool k_ok = false, v_ok = false;
+    const unsigned char* k_block = nullptr;
+    const unsigned char* v_block = nullptr;
+    seg.blocks(pos0 >> block_shift, k_block, k_ok, v_block, v_ok);
+    const unsigned char* k_first = k_block + (k_src + t0 * 4u);
+    const unsigned char* v_first = v_block + (v_src + t0 * static_cast<uint32_t>(seg.v.row_bytes));
+    unsigned char* k_stage = stage + k_dst;
+    // V row v_token + i * kTokenStep is a key of the segment iff it is in [lo, hi)
+    const int rel = pos0 + v_token - seg.lo;
+    const auto span = static_cast<unsigned>(seg.hi - seg.lo);
+ATTN_UNROLL
+    for (int i = 0; i < 4; ++i)
+      if (i < k_count) ptx::cp_async_cg16(k_stage + i * kWarpBytes, k_first + i * k_step, k_ok ? 16 : 0);
+ATTN_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      if (i < v_count) {
+        const bool ok = v_ok && static_cast<unsigned>(rel + i * kTokenStep) < span;
+        ptx::cp_async_cg16(stage + v_dst[i], v_first + i * v_step, ok ? 16 : 0);
+      }
     }
   }
-ATTN_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    const int v = lane + kWarp * i;
-    const int t = v / Shape::kRowVectors, part = v % Shape::kRowVectors;
-    if (t < sh.chunk && part < sh.row_vectors) {
-      const bool ok = v_ok && pos0 + t >= seg.lo && pos0 + t < seg.hi;
-      ptx::cp_async_cg16(stage + kChunkBytes + (t * Shape::kRowVectors + (part ^ v_swizzle(t))) * 16,
-                         v_block + ((t0 + t) * v_row_bytes + part * 16), ok ? 16 : 0);
-    }
-  }
-}
+};
 
 // Runs compute(c, stage) for this warp's chunks c = warp, warp + kWarps, ... of a segment of
 // num_chunks chunks, issue(c, stage) having queued each: a ring of kStages stages per warp,

@@ -49,6 +49,10 @@ FP8SERVE_PTX void mma_m16n8k16_f16(float (&d)[4], const uint32_t (&a)[4], const 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// An empty asm that "changes" x: the compiler keeps the value in a register from here on rather
+// than recomputing it where it is used (in a loop: every trip). No instruction is generated.
+FP8SERVE_PTX void keep_in_register(uint32_t& x) { asm volatile("" : "+r"(x)); }
+
 // cp.async.cg.shared.global [smem], [gmem], 16, src_bytes: 16 bytes global -> shared, bypassing L1;
 // the first src_bytes (0 or 16 here) are read, the rest zero-filled (src_bytes 0: gmem is not
 // read). PRECOND: both addresses 16-byte aligned. Completed by cp_async_wait in the issuing

@@ -262,11 +262,11 @@ def decode(b, m, batch, context, kv="fp8"):
     out = next(v for x in sorted(sass.loops[hot]["body"]) for v in sass.succ(x)
                if v not in sass.loops[hot]["body"] and v in body and sass.reaches(v, body, latches))
     path = pre + sass.walk(out, latches, body, item_loop, forbidden)
-    rules = [("find_owner", ["LDS", "SEL"], ["LDG"], lambda ops: math.ceil(math.log2(batch)), False),
+    rules = [("find_owner", ["LDS"], ["LDG", "MUFU"], lambda ops: math.ceil(math.log2(batch)), False),
              ("q to shared", ["LDG", "STS"], ["LDGSTS"],
               lambda ops: rows * HEAD_DIM / (warps * 32) / n_ops(ops, "LDG"), False),
              ("q amax", ["LDS", "FMNMX"], [], lambda ops: rows * HEAD_DIM / 32 / n_ops(ops, "LDS"), True),
-             ("first copies", ["LDGSTS"], ["HMMA"], lambda ops: c["kStages"] - 1, False),
+             ("first copies", ["LDGSTS"], ["HMMA"], lambda ops: c["kStages"] - 1, True),
              ("warp merge", ["LDS", "MUFU"], [], lambda ops: real_rows * HEAD_DIM / (warps * 32), False)]
     phases = phases_of(sass, path, rules)
     start = sass.walk(0, {item_loop}, sass.reachable, None, set())[:-1]  # the plan, once per CTA
