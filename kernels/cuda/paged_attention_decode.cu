@@ -91,10 +91,12 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
   for (int item = static_cast<int>(blockIdx.x); item < plan[n]; item += static_cast<int>(gridDim.x)) {
     const int s = find_owner(plan, n, item);
     const int local = item - plan[s];
-    const int num_parts = (plan[s + 1] - plan[s]) / head_items;
+    // One division an item (two with subgroups), by a runtime value: ~25 instructions each.
+    const bool split = plan[s + 1] - plan[s] > head_items;  // partitions to merge (paged_merge_kernel)
     const int part = local / head_items;
-    const int kv_head = local % head_items / work.subgroups;
-    const int sub = local % work.subgroups;
+    const int head_local = local - part * head_items;
+    const int kv_head = work.subgroups == 1 ? head_local : head_local / work.subgroups;
+    const int sub = head_local - kv_head * work.subgroups;
     const int head0 = kv_head * args.group + sub * kRows;
     const int rows = min(kRows, args.group - sub * kRows);
     const int context = readable_len(batch, s, block_size);
@@ -172,16 +174,16 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
         o += reinterpret_cast<const float*>(smem + w * layout.merge_stride)[r * kD + d] * weight;
       }
       const float sum = row_sum[r];
-      if (num_parts == 1) {
-        args.out[token * args.out_token_stride + int64_t{head0 + r} * args.head_dim + d] =
-            bf16_encode(sum > 0.0f ? o / sum : 0.0f);
-      } else {
+      if (split) {
         float* slot = work.partials + item * slot_floats;
         slot[r * kD + d] = o;
         if (d == 0) {
           slot[kRows * kD + 2 * r] = row_max[r];
           slot[kRows * kD + 2 * r + 1] = sum;
         }
+      } else {
+        args.out[token * args.out_token_stride + int64_t{head0 + r} * args.head_dim + d] =
+            bf16_encode(sum > 0.0f ? o / sum : 0.0f);
       }
     }
     __syncthreads();  // q_s and the stages are rewritten by the next item

@@ -52,7 +52,7 @@ constexpr int32_t kDecodeMaxParts = 32;
 __host__ __device__ inline int32_t decode_partition(int32_t len, int32_t block_size) {
   int32_t p = (len + kDecodeMaxParts - 1) / kDecodeMaxParts;
   p = p > kDecodeMinPartition ? p : kDecodeMinPartition;
-  return (p + block_size - 1) / block_size * block_size;
+  return (p + block_size - 1) & -block_size;  // block_size: 8, 16 or 32 (paged_attention_cuda checks)
 }
 // Partitions of a context of up to max_len tokens: at most kDecodeMaxParts.
 inline int64_t decode_max_parts(int64_t max_len) {

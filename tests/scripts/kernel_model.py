@@ -257,11 +257,17 @@ def decode(b, m, batch, context, kv="fp8"):
     chunks = math.ceil(context / parts / chunk_tokens)
     per_warp = math.ceil(chunks / warps)
     body = sass.loops[item_loop]["body"]
-    pre = sass.walk(item_loop, {hot}, body, item_loop, forbidden)[:-1]
+    # The warps' merge ends in the bf16 output (one partition) or the partials (several): the walk
+    # keeps off the other, wherever nvcc laid it out.
+    def storing(op):
+        return {x for x in body if any(sass.flat[i][0] == op for i in range(sass.blocks[x][0], sass.blocks[x][1] + 1))}
+    bf16_out, partials = storing("STG.E.U16"), storing("STG.E")
+    toward = (partials, bf16_out) if parts > 1 else (bf16_out, partials)
+    pre = sass.walk(item_loop, {hot}, body, item_loop, forbidden, toward)[:-1]
     latches = sass.loops[item_loop]["latches"]
     out = next(v for x in sorted(sass.loops[hot]["body"]) for v in sass.succ(x)
                if v not in sass.loops[hot]["body"] and v in body and sass.reaches(v, body, latches))
-    path = pre + sass.walk(out, latches, body, item_loop, forbidden)
+    path = pre + sass.walk(out, latches, body, item_loop, forbidden, toward)
     rules = [("find_owner", ["LDS"], ["LDG", "MUFU"], lambda ops: math.ceil(math.log2(batch)), False),
              ("q to shared", ["LDG", "STS"], ["LDGSTS"],
               lambda ops: rows * HEAD_DIM / (warps * 32) / n_ops(ops, "LDG"), False),

@@ -131,14 +131,17 @@ class Sass:
             stack.extend(v for v in self.succ(x) if v in within and (x, v) not in self.back)
         return False
 
-    def walk(self, start, targets, within, header, forbidden):
+    def walk(self, start, targets, within, header, forbidden, toward=(frozenset(), frozenset())):
         """The item's path from block start to a block of targets, inside `within` (a loop's body,
-        whose header is `header`, or the kernel): [("b", block) | ("L", loop header, body path)]."""
+        whose header is `header`, or the kernel): [("b", block) | ("L", loop header, body path)].
+        toward = (want, shun): at a branch where some ways reach a block of `want` without passing
+        one of `shun` (code the modelled shape does not run) and others do not, the walk takes the
+        first of the former, whatever the layout."""
         path, u = [], start
         for _ in range(len(self.blocks) * 4):
             loop = self.loops.get(u)
             if loop is not None and u != header and loop["body"] <= within and u not in targets:
-                path.append(("L", u, self.walk(u, loop["latches"], loop["body"], u, forbidden)))
+                path.append(("L", u, self.walk(u, loop["latches"], loop["body"], u, forbidden, toward)))
                 # leave by the latch's exit, else the header's, else the first
                 exits = sorted(((x not in loop["latches"], x != u, x), v) for x in loop["body"]
                                for v in self.succ(x) if v not in loop["body"] and v in within)
@@ -152,8 +155,9 @@ class Sass:
             if not nxt:
                 raise RuntimeError(f"sass_flow: the walk from block {u} reaches no end")
             # the fall-through first; but not into code that can enter another instantiation's loop
-            clean = [v for v in nxt if not self.reaches(v, within, forbidden, avoid=targets)]
-            u = (clean or nxt)[0]
+            clean = [v for v in nxt if not self.reaches(v, within, forbidden, avoid=targets)] or nxt
+            want, shun = toward
+            u = ([v for v in clean if self.reaches(v, within, want, avoid=set(targets) | set(shun))] or clean)[0]
         raise RuntimeError("sass_flow: the walk does not end")
 
 
