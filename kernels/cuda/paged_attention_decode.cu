@@ -104,14 +104,30 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
     const int k0 = part * partition, k1 = min(context, k0 + partition);
     const int token = batch.query_start_loc[s];
 
-    // The item's q rows, r * head_dim + d from its first (a 32-bit offset: < kRows x 256).
+    // The item's q rows, r * head_dim + d from its first (a 32-bit offset: < kRows x 256): 4
+    // elements a load where the item's first is 8-byte aligned (head_dim is a multiple of 16),
+    // else one; unsigned indices: / and % by kD are shifts.
     const uint16_t* q_item = args.q + token * args.q_token_stride + int64_t{head0} * args.head_dim;
-    for (unsigned i = tid; i < kRows * kD; i += kThreads) {  // unsigned: / and % by kD are shifts
-      const int r = static_cast<int>(i / kD), d = static_cast<int>(i % kD);
-      float x = 0.0f;
-      if (r < rows && d < args.head_dim)
-        x = bf16_bits_to_float(q_item[r * args.head_dim + d]) * (Cta::kQkScaleInQ ? args.qk_scale : 1.0f);
-      q_s[Cta::q_index(r, d)] = x;
+    const float q_scale = Cta::kQkScaleInQ ? args.qk_scale : 1.0f;
+    if ((reinterpret_cast<uintptr_t>(q_item) & 7) == 0) {
+      for (unsigned i = 4 * tid; i < kRows * kD; i += 4 * kThreads) {
+        const int r = static_cast<int>(i / kD), d = static_cast<int>(i % kD);
+        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (r < rows && d < args.head_dim) {  // d + 3 too
+          const uint2 four = *reinterpret_cast<const uint2*>(q_item + r * args.head_dim + d);
+          x[0] = bf16_lo(four.x) * q_scale, x[1] = bf16_hi(four.x) * q_scale;
+          x[2] = bf16_lo(four.y) * q_scale, x[3] = bf16_hi(four.y) * q_scale;
+        }
+ATTN_UNROLL
+        for (int e = 0; e < 4; ++e) q_s[Cta::q_index(r, d + e)] = x[e];
+      }
+    } else {
+      for (unsigned i = tid; i < kRows * kD; i += kThreads) {
+        const int r = static_cast<int>(i / kD), d = static_cast<int>(i % kD);
+        float x = 0.0f;
+        if (r < rows && d < args.head_dim) x = bf16_bits_to_float(q_item[r * args.head_dim + d]) * q_scale;
+        q_s[Cta::q_index(r, d)] = x;
+      }
     }
     __syncthreads();
 

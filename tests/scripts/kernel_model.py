@@ -239,6 +239,13 @@ def kv_wavefronts():
             max(shared_wavefronts(copy_k, 16), shared_wavefronts(copy_v, 16)))
 
 
+def bf16_loaded(ops):
+    """bf16 elements a trip of a loop with these opcodes loads from global memory."""
+    width = {".U16": 2, ".S16": 2, ".64": 8, ".128": 16}
+    return max(1, sum(next((w for s, w in width.items() if o.endswith(s)), 4) // 2
+                      for o in ops if o.startswith("LDG")))
+
+
 def decode(b, m, batch, context, kv="fp8"):
     c = source_constants("kernels/cuda/decode_stage.cuh", "kernels/cuda/paged_attention_kernels.hpp")
     pattern = r"paged_decode_mma_kernel<128, 8>"
@@ -257,12 +264,14 @@ def decode(b, m, batch, context, kv="fp8"):
     chunks = math.ceil(context / parts / chunk_tokens)
     per_warp = math.ceil(chunks / warps)
     body = sass.loops[item_loop]["body"]
-    # The warps' merge ends in the bf16 output (one partition) or the partials (several): the walk
-    # keeps off the other, wherever nvcc laid it out.
-    def storing(op):
+    # The paths the shape takes, wherever nvcc laid them out: q 4 elements a load (aligned rows),
+    # and the warps' merge ending in the partials (several partitions) or the bf16 output (one).
+    def holding(op):
         return {x for x in body if any(sass.flat[i][0] == op for i in range(sass.blocks[x][0], sass.blocks[x][1] + 1))}
-    bf16_out, partials = storing("STG.E.U16"), storing("STG.E")
-    toward = (partials, bf16_out) if parts > 1 else (bf16_out, partials)
+    bf16_out, partials = holding("STG.E.U16"), holding("STG.E")
+    out_want, out_shun = (partials, bf16_out) if parts > 1 else (bf16_out, partials)
+    q_fours = holding("LDG.E.64")
+    toward = (q_fours | out_want, (holding("LDG.E.U16") if q_fours else set()) | out_shun)
     pre = sass.walk(item_loop, {hot}, body, item_loop, forbidden, toward)[:-1]
     latches = sass.loops[item_loop]["latches"]
     out = next(v for x in sorted(sass.loops[hot]["body"]) for v in sass.succ(x)
@@ -270,7 +279,7 @@ def decode(b, m, batch, context, kv="fp8"):
     path = pre + sass.walk(out, latches, body, item_loop, forbidden, toward)
     rules = [("find_owner", ["LDS"], ["LDG", "MUFU"], lambda ops: math.ceil(math.log2(batch)), False),
              ("q to shared", ["LDG", "STS"], ["LDGSTS"],
-              lambda ops: rows * HEAD_DIM / (warps * 32) / n_ops(ops, "LDG"), False),
+              lambda ops: rows * HEAD_DIM / (warps * 32) / bf16_loaded(ops), False),
              ("q amax", ["LDS", "FMNMX"], [], lambda ops: rows * HEAD_DIM / 32 / n_ops(ops, "LDS"), True),
              ("first copies", ["LDGSTS"], ["HMMA"], lambda ops: c["kStages"] - 1, True),
              ("warp merge", ["LDS", "MUFU"], [], lambda ops: real_rows * HEAD_DIM / (warps * 32), False)]

@@ -131,12 +131,31 @@ class Sass:
             stack.extend(v for v in self.succ(x) if v in within and (x, v) not in self.back)
         return False
 
+    def region(self, start, within, targets):
+        """Blocks reachable from start inside `within`, by forward edges, stopping at targets."""
+        seen, stack = set(), [start]
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            if x not in targets:
+                stack.extend(v for v in self.succ(x) if v in within and (x, v) not in self.back)
+        return seen
+
+    def toward(self, ways, within, targets, toward):
+        want, shun = toward
+        regions = [self.region(v, within, targets) for v in ways]
+        common = set.intersection(*regions)
+        scores = [bool((r - common) & set(want)) - bool((r - common) & set(shun)) for r in regions]
+        return ways[scores.index(max(scores))]
+
     def walk(self, start, targets, within, header, forbidden, toward=(frozenset(), frozenset())):
         """The item's path from block start to a block of targets, inside `within` (a loop's body,
         whose header is `header`, or the kernel): [("b", block) | ("L", loop header, body path)].
-        toward = (want, shun): at a branch where some ways reach a block of `want` without passing
-        one of `shun` (code the modelled shape does not run) and others do not, the walk takes the
-        first of the former, whatever the layout."""
+        toward = (want, shun): at a branch, each way scores +1 if the blocks only it reaches (before
+        the ways join) hold one of `want`, -1 if they hold one of `shun` (code the modelled shape
+        does not run); the walk takes the first of the best, whatever the layout."""
         path, u = [], start
         for _ in range(len(self.blocks) * 4):
             loop = self.loops.get(u)
@@ -156,8 +175,7 @@ class Sass:
                 raise RuntimeError(f"sass_flow: the walk from block {u} reaches no end")
             # the fall-through first; but not into code that can enter another instantiation's loop
             clean = [v for v in nxt if not self.reaches(v, within, forbidden, avoid=targets)] or nxt
-            want, shun = toward
-            u = ([v for v in clean if self.reaches(v, within, want, avoid=set(targets) | set(shun))] or clean)[0]
+            u = self.toward(clean, within, targets, toward) if len(clean) > 1 and any(toward) else clean[0]
         raise RuntimeError("sass_flow: the walk does not end")
 
 

@@ -86,13 +86,15 @@ namespace {
 
 // One FP8 pool holding one long context (random E4M3 codes) and random bf16 queries; run(lens)
 // attends one decode token per entry of lens, every sequence over a prefix of that context (the
-// same block table), and returns the output bits of the last one.
+// same block table), and returns the output bits of the last one. q_pad: elements between one
+// token's query row and the next (0: packed).
 struct SharedContext {
   static constexpr int32_t kBlock = 32, kDim = 32;
   int32_t num_heads, num_kv_heads, num_blocks;
   std::vector<int32_t> table;
   cuda::DeviceBuffer k, v, q, k_scales, v_scales;
   cuda::PagedAttentionCudaOptions options;
+  int64_t q_pad = 0;
 
   SharedContext(int32_t heads, int32_t kv_heads, int32_t max_len, uint32_t seed)
       : num_heads(heads), num_kv_heads(kv_heads), num_blocks((max_len + kBlock - 1) / kBlock) {
@@ -125,16 +127,16 @@ struct SharedContext {
     std::iota(starts.begin(), starts.end(), 0);
     for (int32_t s = 0; s < n; ++s) tables.insert(tables.end(), table.begin(), table.end());
     auto d_starts = detail::upload(starts), d_lens = detail::upload(lens), d_tables = detail::upload(tables);
-    // Every token reads the same query row (a zero token stride is the packed default, so the
-    // rows are copies).
-    std::vector<uint16_t> q_rows(static_cast<std::size_t>(n) * num_heads * kDim);
-    cuda::DeviceBuffer d_q(q_rows.size() * sizeof(uint16_t));
+    // Every token reads the same query row (copies, q_pad apart).
+    const int64_t row = int64_t{num_heads} * kDim, q_stride = row + q_pad;
+    cuda::DeviceBuffer d_q(static_cast<std::size_t>(n * q_stride) * sizeof(uint16_t));
     for (int32_t s = 0; s < n; ++s)
-      CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(d_q.data()) + int64_t{s} * num_heads * kDim, q.data(),
-                            static_cast<std::size_t>(num_heads) * kDim * sizeof(uint16_t), cudaMemcpyDeviceToDevice));
-    cuda::DeviceBuffer d_out(q_rows.size() * sizeof(uint16_t));
+      CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(d_q.data()) + s * q_stride, q.data(),
+                            static_cast<std::size_t>(row) * sizeof(uint16_t), cudaMemcpyDeviceToDevice));
+    cuda::DeviceBuffer d_out(static_cast<std::size_t>(n * row) * sizeof(uint16_t));
     PagedAttentionParams p;
     p.q = d_q.data();
+    p.q_token_stride = q_pad != 0 ? q_stride : 0;
     p.out = d_out.data();
     p.num_heads = num_heads;
     p.softmax_scale = 0.3f;
@@ -183,6 +185,26 @@ TEST_CASE("CUDA decode attention is batch invariant, bitwise", "[gpu][attention]
       SharedContext cut(4, kv_heads, kLen, 1234 + static_cast<uint32_t>(kv_heads));
       cut.options.partition_tokens = 512;
       CHECK(cut.run({kLen}) != alone);
+    }
+  }
+}
+
+TEST_CASE("CUDA decode attention reads query rows at any alignment alike, bitwise", "[gpu][attention]") {
+  if (!have_cuda_device()) return;
+  // The kernels load 4 query elements at once from an item whose first element is 8-byte aligned,
+  // one at a time otherwise. Two tokens: with a token stride of row + 1 elements the second's row
+  // starts 2 bytes past an 8-byte boundary (one at a time), with row + 4 at one (4 at once, as
+  // packed rows); its output bits are the same each time. CUDA cores (group 1) and tensor cores
+  // (group 4).
+  constexpr int32_t kLen = 700;
+  for (const int32_t kv_heads : {4, 1}) {
+    INFO("group " << 4 / kv_heads);
+    SharedContext context(4, kv_heads, kLen, 77 + static_cast<uint32_t>(kv_heads));
+    const std::vector<uint16_t> packed = context.run({kLen, kLen});
+    for (const int64_t pad : {1, 2, 3, 4}) {
+      INFO("q_pad " << pad);
+      context.q_pad = pad;
+      CHECK(context.run({kLen, kLen}) == packed);
     }
   }
 }
