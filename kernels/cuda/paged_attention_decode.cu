@@ -81,10 +81,10 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
     for (int i = tid; i <= n; i += kThreads) work.plan[i] = plan[i];
 
   Cta cta{args, smem, tid % kWarp, tid / kWarp};
-  // The warps' merge walks elements i = tid, tid + kThreads, ... of an item's rows x head_dim as
-  // (row, dim) in steps, without a division per element.
-  const int first_r = tid / args.head_dim, first_d = tid % args.head_dim;
-  const int step_r = kThreads / args.head_dim, step_d = kThreads % args.head_dim;
+  // The warps' merge walks 4 dims at a time (head_dim is a multiple of 16): elements i = 4 tid,
+  // 4 (tid + kThreads), ... of an item's rows x head_dim as (row, dim) in steps, without a division.
+  const int first_r = 4 * tid / args.head_dim, first_d = 4 * tid % args.head_dim;
+  const int step_r = 4 * kThreads / args.head_dim, step_d = 4 * kThreads % args.head_dim;
   const int64_t slot_floats = int64_t{kRows} * (kD + 2);
   // plan[n] (the item count) is read from shared memory each time rather than kept in a register
   // across the item's work, which pushed it to local memory (a spill) in some instantiations.
@@ -180,26 +180,36 @@ ATTN_UNROLL
       row_sum[r] = sum;
     }
     __syncthreads();
-    for (int i = tid, r = first_r, d = first_d; i < rows * args.head_dim;
-         i += kThreads, r += step_r, d += step_d) {
+    for (int i = 4 * tid, r = first_r, d = first_d; i < rows * args.head_dim;
+         i += 4 * kThreads, r += step_r, d += step_d) {
       if (d >= args.head_dim) d -= args.head_dim, ++r;
-      float o = 0.0f;
+      float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       for (int w = 0; w < kWarps; ++w) {
         const float weight = weights[w * kRows + r];
         if (weight < 0.0f) continue;
-        o += reinterpret_cast<const float*>(smem + w * layout.merge_stride)[r * kD + d] * weight;
+        const float4 x = *reinterpret_cast<const float4*>(  // 16-byte aligned: d % 4 == 0, kD % 4 == 0
+            reinterpret_cast<const float*>(smem + w * layout.merge_stride) + r * kD + d);
+        o[0] += x.x * weight;
+        o[1] += x.y * weight;
+        o[2] += x.z * weight;
+        o[3] += x.w * weight;
       }
       const float sum = row_sum[r];
       if (split) {
-        float* slot = work.partials + item * slot_floats;
-        slot[r * kD + d] = o;
+        // 8-byte stores: a slot is kRows x (kD + 2) floats, an even number but not always a
+        // multiple of 4
+        float2* slot = reinterpret_cast<float2*>(work.partials + item * slot_floats + r * kD + d);
+        slot[0] = make_float2(o[0], o[1]);
+        slot[1] = make_float2(o[2], o[3]);
         if (d == 0) {
-          slot[kRows * kD + 2 * r] = row_max[r];
-          slot[kRows * kD + 2 * r + 1] = sum;
+          float* stats = work.partials + item * slot_floats + kRows * kD;
+          stats[2 * r] = row_max[r];
+          stats[2 * r + 1] = sum;
         }
       } else {
-        args.out[token * args.out_token_stride + int64_t{head0 + r} * args.head_dim + d] =
-            bf16_encode(sum > 0.0f ? o / sum : 0.0f);
+        uint16_t* out = args.out + token * args.out_token_stride + int64_t{head0 + r} * args.head_dim + d;
+ATTN_UNROLL
+        for (int e = 0; e < 4; ++e) out[e] = bf16_encode(sum > 0.0f ? o[e] / sum : 0.0f);
       }
     }
     __syncthreads();  // q_s and the stages are rewritten by the next item

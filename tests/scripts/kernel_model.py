@@ -282,7 +282,8 @@ def decode(b, m, batch, context, kv="fp8"):
               lambda ops: rows * HEAD_DIM / (warps * 32) / bf16_loaded(ops), False),
              ("q amax", ["LDS", "FMNMX"], [], lambda ops: rows * HEAD_DIM / 32 / n_ops(ops, "LDS"), True),
              ("first copies", ["LDGSTS"], ["HMMA"], lambda ops: c["kStages"] - 1, True),
-             ("warp merge", ["LDS", "MUFU"], [], lambda ops: real_rows * HEAD_DIM / (warps * 32), False)]
+             ("warp merge", ["LDS", "MUFU"], [],  # a trip's outputs: 4 where it reads 16 bytes a warp
+              lambda ops: real_rows * HEAD_DIM / (warps * 32) / (4 if "LDS.128" in ops else 1), False)]
     phases = phases_of(sass, path, rules)
     start = sass.walk(0, {item_loop}, sass.reachable, None, set())[:-1]  # the plan, once per CTA
     prologue = phases_time(m, Tally(sass, lambda h: 1).phases(start), warps)
