@@ -229,7 +229,7 @@ def q_wavefronts(kf16):
 
 def kv_wavefronts():
     """FP8 at head_dim 128, 16-token chunks: the K word loads (k_off), the V word loads (v_off) and the
-    cp.async stores of both (issue_chunk), with decode_mma.cuh's swizzles."""
+    cp.async stores of both (ChunkCopy), with decode_mma.cuh's swizzles."""
     lanes = [(lane // 4, lane % 4) for lane in range(32)]
     k = [4 * (16 * t + 4 * ((g >> 2) ^ (t & 2)) + (g & 3)) for g, t in lanes]  # n-tile 0, k-step 0
     v = [2048 + 2 * t * 128 + 4 * g + 32 * t for g, t in lanes]  # m-tile pair 0, token row 2t
