@@ -76,7 +76,7 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   cublaslt_.reset();
   for (void* p : {rope_buffer_, calibration_, copy_scratch_, attention_workspace_, linear_workspace_,
-                  linear_tickets_, fp8_gemm_scratch_, static_cast<void*>(errors_)}) {
+                  linear_tickets_, fp8_gemm_scratch_, sampling_workspace_, static_cast<void*>(errors_)}) {
     if (p != nullptr) cudaFree(p);
   }
   for (void* p : retired_) cudaFree(p);
@@ -468,11 +468,17 @@ void CudaBackend::gather_rows(const GatherRowsParams& p, Stream stream) {
 }
 
 void CudaBackend::sample_greedy(const GreedySampleParams& p, Stream stream) {
-  sample_greedy_cuda(p, stream_of(stream));
+  const cudaStream_t s = stream_of(stream);
+  const std::size_t bytes = sampling_workspace_bytes(p.num_rows, p.vocab_size, p.slices);
+  void* workspace = bytes ? scratch(sampling_workspace_, sampling_workspace_bytes_, bytes, s) : nullptr;
+  sample_greedy_cuda(p, workspace, sampling_workspace_bytes_, s);
 }
 
 void CudaBackend::sample_candidates(const CandidateSampleParams& p, Stream stream) {
-  sample_candidates_cuda(p, stream_of(stream));
+  const cudaStream_t s = stream_of(stream);
+  const std::size_t bytes = sampling_workspace_bytes(p.num_rows, p.vocab_size, p.slices);
+  void* workspace = bytes ? scratch(sampling_workspace_, sampling_workspace_bytes_, bytes, s) : nullptr;
+  sample_candidates_cuda(p, workspace, sampling_workspace_bytes_, s);
 }
 
 void CudaBackend::process_logits(const LogitProcessParams& p, Stream stream) {

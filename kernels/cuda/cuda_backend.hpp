@@ -133,6 +133,8 @@ class CudaBackend final : public Backend {
   std::size_t linear_workspace_bytes_ = 0;
   void* linear_tickets_ = nullptr;    // its per-row-block counters: zero between launches
   std::size_t linear_tickets_bytes_ = 0;
+  void* sampling_workspace_ = nullptr;  // the sampling kernels' per-slice partials
+  std::size_t sampling_workspace_bytes_ = 0;
   void* fp8_gemm_scratch_ = nullptr;  // the FP8 GEMM's quantized activations and scales
   std::size_t fp8_gemm_scratch_bytes_ = 0;
   std::unique_ptr<CublasLtLinear> cublaslt_;  // bf16-weight projections

@@ -79,10 +79,16 @@ void kv_write_cuda(const KvWriteParams& params, KvCalibrationSlot* calibration, 
 // validated by the caller. Copies every pair in every pool.
 // The bf16 window's spill (kernels/kv_spill.hpp); a block id outside the pool raises kErrorSlot.
 void kv_spill_cuda(const KvSpillParams& params, unsigned* errors, cudaStream_t stream);
-// Greedy sampling (kernels/sampling_ops.hpp): each row's argmax and its softmax denominator.
-void sample_greedy_cuda(const GreedySampleParams& params, cudaStream_t stream);
-// The top-k prefilter (kernels/sampling_ops.hpp): each row's best K candidates and its two ExpSums.
-void sample_candidates_cuda(const CandidateSampleParams& params, cudaStream_t stream);
+// Greedy sampling (kernels/sampling_ops.hpp): each row's argmax and its softmax denominator. A row is
+// cut into slices (params.slices, 0: chosen from the shape), whose partials live in the workspace:
+// at least sampling_workspace_bytes(rows, vocab, slices) bytes, device.
+std::size_t sampling_workspace_bytes(int64_t num_rows, int64_t vocab_size, int32_t slices);
+void sample_greedy_cuda(const GreedySampleParams& params, void* workspace, std::size_t workspace_bytes,
+                        cudaStream_t stream);
+// The top-k prefilter (kernels/sampling_ops.hpp): each row's best K candidates and its two ExpSums;
+// the workspace as sample_greedy_cuda's.
+void sample_candidates_cuda(const CandidateSampleParams& params, void* workspace, std::size_t workspace_bytes,
+                            cudaStream_t stream);
 // The host sampler's logit processing (kernels/sampling_ops.hpp, LogitEdit), in place.
 void process_logits_cuda(const LogitProcessParams& params, cudaStream_t stream);
 

@@ -5,14 +5,19 @@
 // Exactly the host sampler's results (server/engine/sampling.cpp), by construction rather than by
 // tolerance: the argmax is an integer max over sample_key() (the host's order, ties to the lowest
 // id), and the softmax denominator an ExpSum (kernels/sampling_ops.hpp), whose fixed-point sum
-// does not depend on the order of the additions. The one function whose bits may differ is exp()
-// in double: the emulator runs the host's; CUDA's is within 1 ulp of it (the CUDA C Programming
-// Guide's table), which reaches the fp32 logprob only when the double lands on a rounding boundary.
+// does not depend on the order of the additions, of terms exp_nonpositive() computes with the same
+// IEEE operations as the host (no libm or CUDA exp(), whose last bits differ).
 //
-// Launch: one 512-thread CTA per row, two passes over the row (the max, then the sum of
-// exp(l - max)); the second pass mostly hits L2 (a batch of 64 rows at 128k is 32 MiB). The
-// prefilter adds four radix passes and two compaction passes (docs/cuda.md, "Sampling on the GPU").
+// Launches: a row is cut into slices of consecutive ids, a 512-thread CTA each (sampling_slices():
+// enough CTAs for the GPU at any batch), and each launch passes over the slice once, its partials
+// combined exactly by the next: greedy takes three (each slice's best key; each slice's sum of
+// exp(l - max); each row's pick), the top-k prefilter six (best keys; the two sums and the first
+// radix digit's histogram; the second digit's; the third's; the threshold and each warp's counts;
+// the ordered compaction). The passes after the first mostly hit L2 (a batch of 64 rows at 128k is 32 MiB).
+// docs/cuda.md, "Sampling on the GPU".
+#include <algorithm>
 #include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/sampling_ops.hpp"
@@ -23,6 +28,18 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / kWarpSize;
+
+// exp_nonpositive's table (kernels/sampling_ops.hpp), in global memory for each CTA to copy to shared.
+__device__ const Exp2Table kExp2TableDevice = kExp2Sixtyfourths;
+
+// Its other constants, operands of the FP64 instructions.
+__constant__ ExpCoefficients kExpCoefficientsDevice = kExpCoefficients;
+
+// The table in shared memory (64 doubles; a warp's 32 lookups take 1-2 wavefronts); the caller
+// synchronizes before the first use.
+FP8SERVE_DEVICE void load_exp_table(double* table) {
+  if (threadIdx.x < 64) table[threadIdx.x] = kExp2TableDevice.at[threadIdx.x];
+}
 
 FP8SERVE_DEVICE unsigned long long warp_max_u64(unsigned long long v) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
@@ -42,18 +59,13 @@ FP8SERVE_DEVICE ExpSum warp_merge(ExpSum s) {
   return s;
 }
 
-// The row's best sample_key over the block (every thread gets it). Key 0 is below every
-// element's (an id's low half is never all ones for the ids a row has): the identity.
+// The largest of `key` over the block (every thread gets it); 0, below every element's key (an
+// id's low half is never all ones for the ids a row has), is the identity.
 // scratch: __shared__ unsigned long long[kWarps].
-FP8SERVE_DEVICE unsigned long long block_best_key(const float* row, int64_t vocab, unsigned long long* scratch) {
-  unsigned long long best = 0;
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
-    const unsigned long long key = sample_key(row[i], static_cast<int32_t>(i));
-    best = key > best ? key : best;
-  }
-  best = warp_max_u64(best);
+FP8SERVE_DEVICE unsigned long long block_max_key(unsigned long long key, unsigned long long* scratch) {
+  key = warp_max_u64(key);
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  if (lane == 0) scratch[threadIdx.x / kWarpSize] = best;
+  if (lane == 0) scratch[threadIdx.x / kWarpSize] = key;
   __syncthreads();
   return warp_max_u64(lane < kWarps ? scratch[lane] : 0ull);
 }
@@ -74,155 +86,402 @@ FP8SERVE_DEVICE ExpSum block_merge(ExpSum s, unsigned long long* scratch_hi, uns
   return total;
 }
 
-// f(logit, id) for this thread's ids (threadIdx.x, + kThreads, ..) in order, with kAhead loads in
-// flight before the first is used: a pass waits a round trip per kAhead elements, not per element.
-// (sample_greedy's one-term loop keeps its plain form: unrolled, it issues ~6% more, which is what
-// binds it.)
+// ---- a row in slices ----------------------------------------------------------------------------
+//
+// A row is cut into `slices` runs of consecutive ids, one CTA each (blockIdx.x the row, blockIdx.y
+// the slice), so that a few rows still fill the GPU. Each launch leaves per-slice partials in the
+// workspace, which the next launch's CTAs combine exactly (an integer max, ExpSum merges, integer
+// histograms and counts): the results do not depend on the number of slices, nor on the batch.
+
+constexpr int kMaxSlices = kWarpSize;  // a warp combines a row's partials, a lane a slice
+// The radix select's digits of the 32-bit logit order, from the top: 11, 11 and 10 bits (three
+// passes, the first fused into the sums' pass). A digit's histogram has kRadixBins bins.
+constexpr int kRadixPasses = 3;
+constexpr int kRadixBins = 2048;
+constexpr int kBinsPerThread = kRadixBins / kThreads;
+__host__ __device__ constexpr int digit_shift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
+static_assert(kMaxSlices <= kWarpSize && kWarps <= kWarpSize, "a warp's lanes take a row's slices, a CTA's warps");
+static_assert(kRadixBins == kBinsPerThread * kThreads, "each thread takes kBinsPerThread bins");
+static_assert(digit_shift(0) + 11 == 32 && digit_shift(1) + 11 == digit_shift(0) && digit_shift(2) + 10 == digit_shift(1),
+              "the digits tile the 32 bits, none wider than kRadixBins");
+
+struct SliceWorkspace {
+  unsigned long long* keys;  // [rows][slices] each slice's best sample_key
+  ExpSum* sums;              // [rows][slices][2] each slice's raw, then scaled, ExpSum
+  int* histograms[2];        // [rows][slices][kRadixBins] a radix pass's digits (two: read one, write the other)
+  // Pass p's histograms (a select, not an index: an indexed parameter array would live in local memory).
+  FP8SERVE_DEVICE int* histogram_of(int pass) const { return pass & 1 ? histograms[1] : histograms[0]; }
+  int* state;                // [rows][kRadixPasses][2] prefix and count still to take, after each pass
+  int* warp_counts;          // [rows][slices][kWarps][2] each warp's elements above, at, the threshold
+  int* slice_counts;         // [rows][slices][2] the same for the slice
+};
+
+std::size_t align_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// The workspace laid out for `rows` x `slices` (a null base: only its size).
+SliceWorkspace slice_workspace(void* base, int64_t rows, int slices, std::size_t* bytes) {
+  const auto n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(slices);
+  auto* at = static_cast<unsigned char*>(base);
+  std::size_t used = 0;
+  auto take = [&](std::size_t size) {
+    void* p = at == nullptr ? nullptr : at + used;
+    used += align_up(size);
+    return p;
+  };
+  SliceWorkspace w;
+  w.keys = static_cast<unsigned long long*>(take(n * sizeof(unsigned long long)));
+  w.sums = static_cast<ExpSum*>(take(n * 2 * sizeof(ExpSum)));
+  w.histograms[0] = static_cast<int*>(take(n * kRadixBins * sizeof(int)));
+  w.histograms[1] = static_cast<int*>(take(n * kRadixBins * sizeof(int)));
+  w.state = static_cast<int*>(take(static_cast<std::size_t>(rows) * kRadixPasses * 2 * sizeof(int)));
+  w.warp_counts = static_cast<int*>(take(n * kWarps * 2 * sizeof(int)));
+  w.slice_counts = static_cast<int*>(take(n * 2 * sizeof(int)));
+  if (bytes != nullptr) *bytes = used;
+  return w;
+}
+
+struct Slice {
+  const float* row;  // the row's first logit
+  int64_t begin, end;
+  int index;         // of this CTA's row's partials: row * slices + slice
+  int row_index;
+};
+
+FP8SERVE_DEVICE Slice this_slice(const float* logits, int64_t vocab, int64_t slice_len) {
+  Slice s;
+  s.row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  s.begin = static_cast<int64_t>(blockIdx.y) * slice_len;
+  s.end = s.begin + slice_len < vocab ? s.begin + slice_len : vocab;
+  s.row_index = static_cast<int>(blockIdx.x);
+  s.index = static_cast<int>(blockIdx.x * gridDim.y + blockIdx.y);
+  return s;
+}
+
+// f(logit, id) for this thread's ids of the slice (begin + threadIdx.x, + kThreads, ..) in order,
+// with kAhead loads in flight before the first is used: a pass waits a round trip per kAhead
+// elements, not per element.
 constexpr int kAhead = 4;
 template <class F>
-FP8SERVE_DEVICE void for_each_logit(const float* row, int64_t vocab, F&& f) {
-  for (int64_t base = threadIdx.x; base < vocab; base += int64_t{kAhead} * kThreads) {
+FP8SERVE_DEVICE void for_each_logit(const Slice& s, F&& f) {
+  for (int64_t base = s.begin + threadIdx.x; base < s.end; base += int64_t{kAhead} * kThreads) {
     float logit[kAhead];
 FP8SERVE_UNROLL
     for (int u = 0; u < kAhead; ++u) {
       const int64_t i = base + int64_t{u} * kThreads;
-      logit[u] = i < vocab ? row[i] : 0.0f;
+      logit[u] = i < s.end ? s.row[i] : 0.0f;
     }
 FP8SERVE_UNROLL
     for (int u = 0; u < kAhead; ++u) {
       const int64_t i = base + int64_t{u} * kThreads;
-      if (i < vocab) f(logit[u], i);
+      if (i < s.end) f(logit[u], i);
     }
   }
 }
 
-__global__ void __launch_bounds__(kThreads) sample_greedy_kernel(const float* logits, int64_t vocab, GreedyRow* out) {
-  using Partials = unsigned long long[kWarps];
-  FP8SERVE_SHARED(Partials, keys);
-  FP8SERVE_SHARED(Partials, sums_hi);
-  FP8SERVE_SHARED(Partials, sums_lo);
-  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-  // Pass 1: the best key; pass 2: the sum of exp(l - max).
-  const int32_t token = sample_key_id(block_best_key(row, vocab, keys));
-  const float max_logit = row[token];
-  ExpSum sum;
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) sum.add(softmax_term(row[i], max_logit));
-  sum = block_merge(sum, sums_hi, sums_lo);
-  if (threadIdx.x == 0) out[blockIdx.x] = GreedyRow{token, max_logit, sum};
+// A histogram's bins zeroed, or copied out, kBinsPerThread a thread (straight code: no loop).
+FP8SERVE_DEVICE void zero_bins(int* histogram) {
+FP8SERVE_UNROLL
+  for (int j = 0; j < kBinsPerThread; ++j) histogram[threadIdx.x + j * kThreads] = 0;
+}
+FP8SERVE_DEVICE void copy_bins(const int* histogram, int* out) {
+FP8SERVE_UNROLL
+  for (int j = 0; j < kBinsPerThread; ++j) out[threadIdx.x + j * kThreads] = histogram[threadIdx.x + j * kThreads];
+}
+
+// f(logit) for every id of the thread's in the slice, as for_each_logit, and `pad` in place of the
+// ids past the slice's end (with no branch on them): for sums to which pad adds nothing.
+template <class F>
+FP8SERVE_DEVICE void for_each_logit_padded(const Slice& s, float pad, F&& f) {
+  for (int64_t base = s.begin + threadIdx.x; base < s.end; base += int64_t{kAhead} * kThreads) {
+    float logit[kAhead];
+FP8SERVE_UNROLL
+    for (int u = 0; u < kAhead; ++u) {
+      const int64_t i = base + int64_t{u} * kThreads;
+      logit[u] = i < s.end ? s.row[i] : pad;
+    }
+FP8SERVE_UNROLL
+    for (int u = 0; u < kAhead; ++u) f(logit[u], base + int64_t{u} * kThreads);
+  }
+}
+
+// The row's best key from its slices' (each warp combines them itself: no barrier).
+FP8SERVE_DEVICE unsigned long long row_best_key(const unsigned long long* keys, int row, int slices) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  return warp_max_u64(lane < slices ? keys[row * slices + lane] : 0ull);
+}
+
+// The merge of the row's slices' ExpSums `which` (0 raw, 1 scaled), in every lane.
+FP8SERVE_DEVICE ExpSum row_sum(const ExpSum* sums, int row, int slices, int which) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  return warp_merge(lane < slices ? sums[(row * slices + lane) * 2 + which] : ExpSum{});
 }
 
 FP8SERVE_DEVICE uint32_t key_order(float logit, int64_t id) {
   return static_cast<uint32_t>(sample_key(logit, static_cast<int32_t>(id)) >> 32);
 }
 
-// The top-K prefilter of one row per CTA: the argmax and the two ExpSums (as greedy), then a radix
-// select of the K-th best logit order (four 8-bit digits, from the top), then an ordered
-// compaction: every element above the threshold and the lowest-id ones at it, ascending ids.
-__global__ void __launch_bounds__(kThreads) sample_candidates_kernel(const CandidateSampleParams p) {
-  using Partials = unsigned long long[kWarps];
-  using Histogram = int[256];
-  using Counts = int[2 * kWarps];  // each warp's elements above, then at, the threshold
-  FP8SERVE_SHARED(Partials, keys);
-  FP8SERVE_SHARED(Partials, sums_hi);
-  FP8SERVE_SHARED(Partials, sums_lo);
-  FP8SERVE_SHARED(Histogram, histogram);
-  FP8SERVE_SHARED(Counts, warp_counts);
-  FP8SERVE_SHARED(int[2], select);  // the chosen digit, the count still to take below it
-  const int64_t vocab = p.vocab_size;
-  const float* row = p.logits + static_cast<int64_t>(blockIdx.x) * vocab;
-  const int k = vocab < p.num_candidates ? static_cast<int>(vocab) : p.num_candidates;
+// Launch 1, greedy and candidates: each slice's best key.
+__global__ void __launch_bounds__(kThreads) sample_best_kernel(const float* logits, int64_t vocab, int64_t slice_len,
+                                                               unsigned long long* keys) {
+  FP8SERVE_SHARED(unsigned long long[kWarps], scratch);
+  const Slice s = this_slice(logits, vocab, slice_len);
+  unsigned long long best = 0;
+  for_each_logit(s, [&](float logit, int64_t i) {
+    const unsigned long long key = sample_key(logit, static_cast<int32_t>(i));
+    best = key > best ? key : best;
+  });
+  best = block_max_key(best, scratch);
+  if (threadIdx.x == 0) keys[s.index] = best;
+}
 
-  const float max_logit = row[sample_key_id(block_best_key(row, vocab, keys))];
-  const float inv_t = p.inv_temperature[blockIdx.x];
+// Launch 2, greedy: each slice's sum of exp(l - max).
+__global__ void __launch_bounds__(kThreads) sample_greedy_sums_kernel(const float* logits, int64_t vocab,
+                                                                      int64_t slice_len, SliceWorkspace w) {
+  FP8SERVE_SHARED(unsigned long long[kWarps], sums_hi);
+  FP8SERVE_SHARED(unsigned long long[kWarps], sums_lo);
+  FP8SERVE_SHARED(double[64], exp_table);
+  load_exp_table(exp_table);
+  const Slice s = this_slice(logits, vocab, slice_len);
+  const float max_logit = s.row[sample_key_id(row_best_key(w.keys, s.row_index, static_cast<int>(gridDim.y)))];
+  __syncthreads();  // exp_table
+  ExpSum sum;
+  // (a pad of -inf adds exp(-inf) = 0: to a NaN row's sum too, which its max already marked)
+  for_each_logit_padded(s, -INFINITY, [&](float logit, int64_t) {
+    add_exp(sum, logit - max_logit, exp_table, kExpCoefficientsDevice);
+  });
+  sum = block_merge(sum, sums_hi, sums_lo);
+  if (threadIdx.x == 0) w.sums[s.index * 2] = sum;
+}
+
+// Launch 3, greedy: each row's pick, from its slices' partials (one warp a row).
+__global__ void __launch_bounds__(kWarpSize) sample_greedy_rows_kernel(const float* logits, int64_t vocab, int slices,
+                                                                       SliceWorkspace w, GreedyRow* out) {
+  const int row = static_cast<int>(blockIdx.x);
+  const int32_t token = sample_key_id(row_best_key(w.keys, row, slices));
+  const ExpSum sum = row_sum(w.sums, row, slices, 0);
+  if (threadIdx.x == 0) out[row] = GreedyRow{token, logits[static_cast<int64_t>(row) * vocab + token], sum};
+}
+
+// Launch 2, candidates: each slice's two ExpSums and the histogram of its first digit.
+__global__ void __launch_bounds__(kThreads, 2) sample_candidate_sums_kernel(const CandidateSampleParams p, int64_t slice_len,
+                                                                         SliceWorkspace w) {
+  FP8SERVE_SHARED(unsigned long long[kWarps], sums_hi);
+  FP8SERVE_SHARED(unsigned long long[kWarps], sums_lo);
+  FP8SERVE_SHARED(double[64], exp_table);
+  FP8SERVE_SHARED(int[kRadixBins], histogram);
+  load_exp_table(exp_table);
+  zero_bins(histogram);
+  const Slice s = this_slice(p.logits, p.vocab_size, slice_len);
+  const float max_logit = s.row[sample_key_id(row_best_key(w.keys, s.row_index, static_cast<int>(gridDim.y)))];
+  const float inv_t = p.inv_temperature[s.row_index];
+  __syncthreads();  // exp_table, histogram
   ExpSum raw, scaled;
-  for_each_logit(row, vocab, [&](float logit, int64_t) {
-    raw.add(softmax_term(logit, max_logit));
-    scaled.add(scaled_term(logit, max_logit, inv_t));
+  // (a pad of -inf adds 0 to both sums, as for greedy; the histogram leaves it out)
+  for_each_logit_padded(s, -INFINITY, [&](float logit, int64_t i) {
+    add_exp(raw, logit - max_logit, exp_table, kExpCoefficientsDevice);
+    add_exp(scaled, (logit - max_logit) * inv_t, exp_table, kExpCoefficientsDevice);
+    if (i < s.end) atomicAdd(&histogram[key_order(logit, i) >> digit_shift(0)], 1);
   });
-  raw = block_merge(raw, sums_hi, sums_lo);
+  raw = block_merge(raw, sums_hi, sums_lo);  // (its barriers also end the histogram's atomics)
   scaled = block_merge(scaled, sums_hi, sums_lo);
-  if (threadIdx.x == 0) p.rows[blockIdx.x] = CandidateRow{max_logit, k, raw, scaled};
-
-  // The K-th best order, a digit at a time: `prefix` holds the digits chosen so far, `remaining`
-  // how many of the K are still to be found among the elements that share them.
-  uint32_t prefix = 0, mask = 0;
-  int remaining = k;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = static_cast<int>(threadIdx.x); b < 256; b += kThreads) histogram[b] = 0;
-    __syncthreads();
-    for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
-      const uint32_t order = key_order(row[i], i);
-      if ((order & mask) == prefix) atomicAdd(&histogram[(order >> shift) & 255u], 1);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int above = 0, digit = 255;
-      for (; digit > 0 && above + histogram[digit] < remaining; --digit) above += histogram[digit];
-      select[0] = digit;
-      select[1] = remaining - above;
-    }
-    __syncthreads();
-    prefix |= static_cast<uint32_t>(select[0]) << shift;
-    mask |= 255u << shift;
-    remaining = select[1];
-    __syncthreads();  // select is rewritten by the next digit
+  if (threadIdx.x == 0) {
+    w.sums[s.index * 2] = raw;
+    w.sums[s.index * 2 + 1] = scaled;
   }
+  int* out = w.histograms[0] + static_cast<int64_t>(s.index) * kRadixBins;
+  copy_bins(histogram, out);
+}
 
-  // Ordered compaction: above the threshold, or at it among the first `remaining` by id. Each
-  // warp owns a contiguous run of ids (whole groups of 32), so the order is ids' order: a first
-  // pass counts each warp's elements above and at the threshold, a second writes, each group of 32
-  // placed by a ballot and the warps before it.
-  int32_t* ids = p.ids + static_cast<int64_t>(blockIdx.x) * p.num_candidates;
-  float* out_logits = p.candidate_logits + static_cast<int64_t>(blockIdx.x) * p.num_candidates;
-  const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int64_t span = (vocab + kThreads - 1) / kThreads * kWarpSize;  // ids a warp owns
-  const int64_t begin = warp * span, end = begin + span < vocab ? begin + span : vocab;
-  // (a warp whose run starts past the vocabulary has none: end < begin)
-  const unsigned lanes_below = (1u << lane) - 1u;
-  // kAhead groups of 32 loaded, then each group's ballots (above, at) the threshold, in id order.
-  auto for_each_group = [&](auto&& f) {
-    for (int64_t base = begin; base < end; base += int64_t{kAhead} * kWarpSize) {
-      float logit[kAhead];
+// The radix select's state after pass `pass` (its digit chosen from the slices' summed histograms),
+// given the state before it; every CTA of the row computes the same. The digit is the one a scan
+// from the top bin down would stop at, adding the bins above: the highest whose bins from it up
+// hold `remaining` (0 if none). Here thread t holds bins top - 4t .. top - 4t - 3, so a scan over the
+// threads gives each bin the count from it up, and the one thread whose bin crosses `remaining`
+// writes the choice. thread_sums: shared, kWarps; chosen: shared, 2.
+struct Selection {
+  uint32_t prefix = 0, mask = 0;  // the digits chosen so far, and which bits they are
+  int remaining = 0;              // how many of the K are still to be found among the elements that share them
+};
+FP8SERVE_DEVICE Selection select_digit(const SliceWorkspace& w, int row, int slices, int pass, int k, int* warp_sums,
+                                       int* chosen) {
+  Selection before;
+  before.remaining = k;
+  if (pass > 0) {
+    before.prefix = static_cast<uint32_t>(w.state[(row * kRadixPasses + pass - 1) * 2]);
+    before.remaining = w.state[(row * kRadixPasses + pass - 1) * 2 + 1];
+    before.mask = ~0u << digit_shift(pass - 1);
+  }
+  const int t = static_cast<int>(threadIdx.x), lane = t % kWarpSize, top = kRadixBins - 1 - t * kBinsPerThread;
+  int count[kBinsPerThread] = {};
+  const int* in = w.histogram_of(pass) + static_cast<int64_t>(row) * slices * kRadixBins;
+  for (int sl = 0; sl < slices; ++sl)
 FP8SERVE_UNROLL
-      for (int u = 0; u < kAhead; ++u) {
-        const int64_t i = base + int64_t{u} * kWarpSize + lane;
-        logit[u] = i < end ? row[i] : 0.0f;
-      }
+    for (int j = 0; j < kBinsPerThread; ++j) count[j] += in[sl * kRadixBins + top - j];
+  int mine = 0;
 FP8SERVE_UNROLL
-      for (int u = 0; u < kAhead; ++u) {
-        const int64_t i = base + int64_t{u} * kWarpSize + lane;
-        const uint32_t order = i < end ? key_order(logit[u], i) : 0u;
-        f(i, logit[u], __ballot_sync(kFullMask, i < end && order > prefix), __ballot_sync(kFullMask, i < end && order == prefix));
-      }
+  for (int j = 0; j < kBinsPerThread; ++j) mine += count[j];
+  int upto = mine;  // this thread's bins and those of the threads before it in the warp (the bins above)
+  for (int offset = 1; offset < kWarpSize; offset *= 2) {
+    const int before_lane = __shfl_up_sync(kFullMask, upto, offset);
+    if (lane >= offset) upto += before_lane;
+  }
+  if (lane == kWarpSize - 1) warp_sums[t / kWarpSize] = upto;
+  __syncthreads();
+  for (int wp = 0; wp < t / kWarpSize; ++wp) upto += warp_sums[wp];
+  int from_here = upto - mine;  // the bins above this thread's
+FP8SERVE_UNROLL
+  for (int j = 0; j < kBinsPerThread; ++j) {
+    const int above = from_here;
+    from_here += count[j];
+    if ((top - j == 0 || from_here >= before.remaining) && above < before.remaining) {
+      chosen[0] = top - j;
+      chosen[1] = before.remaining - above;
     }
-  };
-  int above_count = 0, tie_count = 0;
-  for_each_group([&](int64_t, float, unsigned above, unsigned tie) {
-    above_count += __popc(above);
-    tie_count += __popc(tie);
-  });
-  if (lane == 0) {
-    warp_counts[warp] = above_count;
-    warp_counts[kWarps + warp] = tie_count;
   }
   __syncthreads();
-  int ties_before = 0, written = 0;  // by the warps before this one
-  for (int w = 0; w < warp; ++w) {  // its elements above, and its ties among the first `remaining`
-    const int ties = warp_counts[kWarps + w];
-    written += warp_counts[w] + min(ties, max(remaining - ties_before, 0));
-    ties_before += ties;
+  Selection after;
+  after.prefix = before.prefix | static_cast<uint32_t>(chosen[0]) << digit_shift(pass);
+  after.mask = ~0u << digit_shift(pass);
+  after.remaining = chosen[1];
+  if (threadIdx.x == 0 && blockIdx.y == 0) {  // for the next launches (no CTA of this one reads it)
+    w.state[(row * kRadixPasses + pass) * 2] = static_cast<int>(after.prefix);
+    w.state[(row * kRadixPasses + pass) * 2 + 1] = after.remaining;
   }
-  for_each_group([&](int64_t i, float logit, unsigned above, unsigned tie) {
-    const bool take = (above >> lane & 1u) || ((tie >> lane & 1u) && ties_before + __popc(tie & lanes_below) < remaining);
+  return after;
+}
+
+// Launches 3-4, candidates (passes 1 and 2): pass `pass - 1`'s digit chosen, the histogram of pass `pass`'s digit
+// among the slice's elements that share the digits chosen so far.
+__global__ void __launch_bounds__(kThreads) sample_radix_kernel(const CandidateSampleParams p, int64_t slice_len,
+                                                                SliceWorkspace w, int pass) {
+  FP8SERVE_SHARED(int[kRadixBins], histogram);
+  FP8SERVE_SHARED(int[kWarps], warp_sums);
+  FP8SERVE_SHARED(int[2], chosen);
+  const Slice s = this_slice(p.logits, p.vocab_size, slice_len);
+  const int slices = static_cast<int>(gridDim.y);
+  const int k = p.vocab_size < p.num_candidates ? static_cast<int>(p.vocab_size) : p.num_candidates;
+  const Selection sel = select_digit(w, s.row_index, slices, pass - 1, k, warp_sums, chosen);
+  zero_bins(histogram);
+  __syncthreads();
+  for_each_logit(s, [&](float logit, int64_t i) {
+    const uint32_t order = key_order(logit, i);
+    if ((order & sel.mask) == sel.prefix) atomicAdd(&histogram[(order & ~sel.mask) >> digit_shift(pass)], 1);
+  });
+  __syncthreads();
+  int* out = w.histogram_of(pass) + static_cast<int64_t>(s.index) * kRadixBins;
+  copy_bins(histogram, out);
+}
+
+// The compaction's walk over a warp's run of the slice's ids (whole groups of 32, so in id order):
+// kAhead groups loaded, then each group's ballots (above, at) the threshold `order`, in id order.
+struct WarpRun {
+  int64_t begin, end;
+};
+FP8SERVE_DEVICE WarpRun warp_run(const Slice& s) {
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int64_t span = (s.end - s.begin + kThreads - 1) / kThreads * kWarpSize;  // ids a warp owns
+  WarpRun r;
+  r.begin = s.begin + warp * span;
+  r.end = r.begin + span < s.end ? r.begin + span : s.end;  // (a run past the slice's end is empty)
+  return r;
+}
+template <class F>
+FP8SERVE_DEVICE void for_each_group(const Slice& s, const WarpRun& run, uint32_t threshold, F&& f) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  for (int64_t base = run.begin; base < run.end; base += int64_t{kAhead} * kWarpSize) {
+    float logit[kAhead];
+FP8SERVE_UNROLL
+    for (int u = 0; u < kAhead; ++u) {
+      const int64_t i = base + int64_t{u} * kWarpSize + lane;
+      logit[u] = i < run.end ? s.row[i] : 0.0f;
+    }
+FP8SERVE_UNROLL
+    for (int u = 0; u < kAhead; ++u) {
+      const int64_t i = base + int64_t{u} * kWarpSize + lane;
+      const uint32_t order = i < run.end ? key_order(logit[u], i) : 0u;
+      f(i, logit[u], __ballot_sync(kFullMask, i < run.end && order > threshold),
+        __ballot_sync(kFullMask, i < run.end && order == threshold));
+    }
+  }
+}
+
+// Launch 5, candidates: the last digit chosen (the threshold: the K-th best order), then each
+// warp's count of the slice's elements above and at it, and the slice's.
+__global__ void __launch_bounds__(kThreads) sample_count_kernel(const CandidateSampleParams p, int64_t slice_len,
+                                                                SliceWorkspace w) {
+  FP8SERVE_SHARED(int[kWarps], warp_sums);
+  FP8SERVE_SHARED(int[2], chosen);
+  FP8SERVE_SHARED(int[2 * kWarps], counts);
+  const Slice s = this_slice(p.logits, p.vocab_size, slice_len);
+  const int k = p.vocab_size < p.num_candidates ? static_cast<int>(p.vocab_size) : p.num_candidates;
+  const Selection sel = select_digit(w, s.row_index, static_cast<int>(gridDim.y), kRadixPasses - 1, k, warp_sums, chosen);
+  int above = 0, ties = 0;
+  for_each_group(s, warp_run(s), sel.prefix, [&](int64_t, float, unsigned a, unsigned t) {
+    above += __popc(a);
+    ties += __popc(t);
+  });
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  if (threadIdx.x % kWarpSize == 0) {
+    w.warp_counts[(s.index * kWarps + warp) * 2] = above;
+    w.warp_counts[(s.index * kWarps + warp) * 2 + 1] = ties;
+    counts[warp] = above;
+    counts[kWarps + warp] = ties;
+  }
+  __syncthreads();
+  if (threadIdx.x < 2) {
+    int total = 0;
+    for (int wp = 0; wp < kWarps; ++wp) total += counts[threadIdx.x * kWarps + wp];
+    w.slice_counts[s.index * 2 + threadIdx.x] = total;
+  }
+}
+
+// Launch 6, candidates: the ordered compaction. Every element above the threshold, and the first
+// `remaining` at it by id: what comes before a warp's run (the slices before, the warps before in
+// this slice) is `above` of them plus min(ties, remaining) of their ties, each group of 32 placed by
+// a ballot. Slice 0 writes the row's header.
+__global__ void __launch_bounds__(kThreads) sample_write_kernel(const CandidateSampleParams p, int64_t slice_len,
+                                                                SliceWorkspace w) {
+  const Slice s = this_slice(p.logits, p.vocab_size, slice_len);
+  const int slices = static_cast<int>(gridDim.y), slice = static_cast<int>(blockIdx.y), row = s.row_index;
+  const int k = p.vocab_size < p.num_candidates ? static_cast<int>(p.vocab_size) : p.num_candidates;
+  const uint32_t threshold = static_cast<uint32_t>(w.state[(row * kRadixPasses + kRadixPasses - 1) * 2]);
+  const int remaining = w.state[(row * kRadixPasses + kRadixPasses - 1) * 2 + 1];
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  // Counts before this warp's run: lane l adds slice l's (l < slice) and this slice's warp l's (l < warp).
+  int above = 0, ties = 0;
+  if (lane < slice) {
+    above += w.slice_counts[(row * slices + lane) * 2];
+    ties += w.slice_counts[(row * slices + lane) * 2 + 1];
+  }
+  if (lane < warp) {
+    above += w.warp_counts[(s.index * kWarps + lane) * 2];
+    ties += w.warp_counts[(s.index * kWarps + lane) * 2 + 1];
+  }
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    above += __shfl_xor_sync(kFullMask, above, offset);
+    ties += __shfl_xor_sync(kFullMask, ties, offset);
+  }
+  int ties_before = ties, written = above + min(ties, remaining);
+  int32_t* ids = p.ids + static_cast<int64_t>(row) * p.num_candidates;
+  float* out_logits = p.candidate_logits + static_cast<int64_t>(row) * p.num_candidates;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  for_each_group(s, warp_run(s), threshold, [&](int64_t i, float logit, unsigned a, unsigned t) {
+    if ((a | t) == 0) return;  // most groups hold no candidate (K of the row's ids); a and t are the warp's
+    const bool take = (a >> lane & 1u) || ((t >> lane & 1u) && ties_before + __popc(t & lanes_below) < remaining);
     const unsigned takes = __ballot_sync(kFullMask, take);
     if (take) {
       const int slot = written + __popc(takes & lanes_below);
       ids[slot] = static_cast<int32_t>(i);
       out_logits[slot] = logit;
     }
-    ties_before += __popc(tie);
+    ties_before += __popc(t);
     written += __popc(takes);
   });
+  if (slice == 0 && warp == 0) {
+    const float max_logit = s.row[sample_key_id(row_best_key(w.keys, row, slices))];
+    const ExpSum raw = row_sum(w.sums, row, slices, 0), scaled = row_sum(w.sums, row, slices, 1);
+    if (lane == 0) p.rows[row] = CandidateRow{max_logit, k, raw, scaled};
+  }
 }
 
 // The host sampler's processing of each row (kernels/sampling_ops.hpp, LogitEdit), in place: the
@@ -253,21 +512,64 @@ void process_logits_cuda(const LogitProcessParams& p, cudaStream_t stream) {
   CUDA_CHECK(cudaGetLastError());
 }
 
-void sample_candidates_cuda(const CandidateSampleParams& p, cudaStream_t stream) {
-  const bool bad = p.num_rows < 0 || p.vocab_size < 1 || p.vocab_size > INT32_MAX || p.num_rows > INT32_MAX ||
-                   p.num_candidates < 1 || p.num_candidates > kMaxSampleCandidates;
+// How many slices a row is cut into: about kTargetCtas CTAs in all (2 a SM on 132 SMs, rounded down
+// so that the CTAs spread evenly) when the rows are few, each slice at least kMinSlice ids, at most
+// kMaxSlices; none empty. `asked` > 0 (tests) takes that many, at most kMaxSlices and one an id.
+constexpr int64_t kTargetCtas = 264;
+constexpr int64_t kMinSlice = 2048;
+int sampling_slices(int64_t rows, int64_t vocab, int32_t asked) {
+  int64_t slices = asked > 0 ? asked : std::min(kTargetCtas / std::max<int64_t>(rows, 1), div_up(vocab, kMinSlice));
+  slices = std::clamp<int64_t>(slices, 1, std::min<int64_t>(kMaxSlices, vocab));
+  return static_cast<int>(div_up(vocab, div_up(vocab, slices)));
+}
+
+std::size_t sampling_workspace_bytes(int64_t rows, int64_t vocab, int32_t slices) {
+  std::size_t bytes = 0;
+  if (rows > 0 && vocab > 0) slice_workspace(nullptr, rows, sampling_slices(rows, vocab, slices), &bytes);
+  return bytes;
+}
+
+namespace {
+SliceWorkspace checked_workspace(void* workspace, std::size_t workspace_bytes, int64_t rows, int slices, const char* what) {
+  std::size_t bytes = 0;
+  const SliceWorkspace w = slice_workspace(workspace, rows, slices, &bytes);
+  if (workspace == nullptr || workspace_bytes < bytes)
+    throw std::invalid_argument(std::string(what) + ": workspace smaller than sampling_workspace_bytes()");
+  return w;
+}
+}  // namespace
+
+void sample_candidates_cuda(const CandidateSampleParams& p, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  const bool bad = p.num_rows < 0 || p.num_rows > INT32_MAX / kMaxSlices || p.vocab_size < 1 || p.vocab_size > INT32_MAX ||
+                   p.num_candidates < 1 || p.num_candidates > kMaxSampleCandidates || p.slices < 0;
   if (bad) throw std::invalid_argument("sample_candidates (cuda): bad shape or number of candidates");
   if (p.num_rows == 0) return;
-  FP8SERVE_LAUNCH(sample_candidates_kernel, dim3(static_cast<unsigned>(p.num_rows)), dim3(kThreads), 0, stream, p);
+  const int slices = sampling_slices(p.num_rows, p.vocab_size, p.slices);
+  const int64_t slice_len = div_up(p.vocab_size, slices);
+  const SliceWorkspace w = checked_workspace(workspace, workspace_bytes, p.num_rows, slices, "sample_candidates (cuda)");
+  const dim3 grid(static_cast<unsigned>(p.num_rows), static_cast<unsigned>(slices));
+  FP8SERVE_LAUNCH(sample_best_kernel, grid, dim3(kThreads), 0, stream, p.logits, p.vocab_size, slice_len, w.keys);
+  FP8SERVE_LAUNCH(sample_candidate_sums_kernel, grid, dim3(kThreads), 0, stream, p, slice_len, w);
+  for (int pass = 1; pass < kRadixPasses; ++pass)
+    FP8SERVE_LAUNCH(sample_radix_kernel, grid, dim3(kThreads), 0, stream, p, slice_len, w, pass);
+  FP8SERVE_LAUNCH(sample_count_kernel, grid, dim3(kThreads), 0, stream, p, slice_len, w);
+  FP8SERVE_LAUNCH(sample_write_kernel, grid, dim3(kThreads), 0, stream, p, slice_len, w);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void sample_greedy_cuda(const GreedySampleParams& p, cudaStream_t stream) {
-  const bool bad = p.num_rows < 0 || p.vocab_size < 1 || p.vocab_size > INT32_MAX || p.num_rows > INT32_MAX;
+void sample_greedy_cuda(const GreedySampleParams& p, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  const bool bad = p.num_rows < 0 || p.num_rows > INT32_MAX / kMaxSlices || p.vocab_size < 1 || p.vocab_size > INT32_MAX ||
+                   p.slices < 0;
   if (bad) throw std::invalid_argument("sample_greedy (cuda): bad shape");
   if (p.num_rows == 0) return;
-  FP8SERVE_LAUNCH(sample_greedy_kernel, dim3(static_cast<unsigned>(p.num_rows)), dim3(kThreads), 0, stream, p.logits,
-                  p.vocab_size, p.out);
+  const int slices = sampling_slices(p.num_rows, p.vocab_size, p.slices);
+  const int64_t slice_len = div_up(p.vocab_size, slices);
+  const SliceWorkspace w = checked_workspace(workspace, workspace_bytes, p.num_rows, slices, "sample_greedy (cuda)");
+  const dim3 grid(static_cast<unsigned>(p.num_rows), static_cast<unsigned>(slices));
+  FP8SERVE_LAUNCH(sample_best_kernel, grid, dim3(kThreads), 0, stream, p.logits, p.vocab_size, slice_len, w.keys);
+  FP8SERVE_LAUNCH(sample_greedy_sums_kernel, grid, dim3(kThreads), 0, stream, p.logits, p.vocab_size, slice_len, w);
+  FP8SERVE_LAUNCH(sample_greedy_rows_kernel, dim3(static_cast<unsigned>(p.num_rows)), dim3(kWarpSize), 0, stream, p.logits,
+                  p.vocab_size, slices, w, p.out);
   CUDA_CHECK(cudaGetLastError());
 }
 

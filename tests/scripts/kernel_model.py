@@ -8,7 +8,7 @@ kStages, ... read from their sources). Nothing here ran on a GPU: every figure i
 the constants below are stated guesses, not fits to a measurement.
 
 Work items. An item is what one CTA does at a time: a GEMV CTA (128 rows x one k slice), a decode
-item (sequence, KV head, partition), a sampling row. CTAs/SM = min(by registers, threads and 32
+item (sequence, KV head, partition), a sampling row's slice. CTAs/SM = min(by registers, threads and 32
 CTAs: kernel_resources.ctas_by_registers; by shared memory: 228 KiB / (static + dynamic + 1 KiB));
 slots = CTAs/SM x SMs; slot s (on SM s mod SMs) runs items s, s + slots, ... one after another:
 the persistent decode grid does exactly this, a grid of equal CTAs does it in effect (waves =
@@ -38,7 +38,8 @@ Time of one launch, the largest bound plus what cannot overlap:
            DRAM_LATENCY)): Little's law, 4.8 TB/s x 0.8 us / 132 SMs = 28 KiB per SM
   fraction of HBM = the kernel's compulsory bytes (weights or KV, activations) / T / peak
 The decode attention's time includes its merge launch (paged_merge_kernel) when a context may
-split; sampling is set against a batch-64 decode step's HBM time (8.03 GB of FP8 weights + the KV).
+split; sampling's is the sum of its launches (each row in slices, as sampling.cu cuts it), set
+against a batch-64 decode step's HBM time (8.03 GB of FP8 weights + the KV).
 
   kernel_model.py [--table] [--objects DIR]   the Markdown tables (docs/cuda.md keeps them)
   kernel_model.py --check-docs docs/cuda.md   exit 1 when the doc's copy differs (CTest kernel_model)
@@ -343,42 +344,69 @@ def merge_time(b, m, batch, parts):
     return t
 
 
-RADIX_STEPS = 100  # digits sample_candidates' thread 0 scans per radix pass (from 255 down), a guess
+def sampling_launches(kind, per, slices, bins, passes):
+    """Each launch of a sampling kind (kernels/cuda/sampling.cu), in order: (kernel, CTAs a row,
+    rules of the loops on the path). per: the ids a thread takes in its slice (for_each_logit,
+    for_each_group: 4 loads a trip, no remainder loop); passes: the radix select's digits (the
+    first histogram built in the sums' launch); bins: the histogram bins a thread sums over
+    the slices (select_digit: nvcc unrolls that loop by 4 slices, with a one-slice remainder loop
+    beside; zeroing and copying the bins is straight code)."""
+    def elements(name, need, avoid=()):
+        return [(name, need, list(avoid), lambda ops: per / n_ops(ops, "LDG"), False)]
+    def unrolled(op, count, each=1):  # `count` things, `each` of `op` a thing
+        def trips(ops):
+            n = n_ops(ops, op) // each
+            return count // n if n > 1 else count % 4
+        return trips
+    select = [("a bin's slices", ["LDG"], ["STS", "ATOMS", "VOTE"], unrolled("LDG", slices, bins), False),
+              ("a bin's slices", ["LDG"], ["STS", "ATOMS", "VOTE"], unrolled("LDG", slices, bins), True),
+              # the warps before's sums: at most 15 = 3 x 4 + 2 + 1; the average warp's 7.5 as once through each loop
+              *[("warps before", ["LDS"], ["LDG", "STS"], lambda ops: 1, True)] * 3]
+    best = ("sample_best_kernel", slices, elements("best key", ["LDG"], ["DADD", "ATOMS", "VOTE"]))
+    if kind == "greedy":
+        return [best, ("sample_greedy_sums_kernel", slices, elements("exp sum", ["LDG", "DADD"])),
+                ("sample_greedy_rows_kernel", 1, [])]
+    return [best,
+            ("sample_candidate_sums_kernel", slices, elements("exp sums, first digit", ["LDG", "DADD", "ATOMS"])),
+            *[("sample_radix_kernel", slices, [*select, *elements("a digit", ["LDG", "ATOMS"])])] * (passes - 1),
+            ("sample_count_kernel", slices, [*select, *elements("counts", ["LDG", "VOTE"], ["STG"])]),
+            ("sample_write_kernel", slices, elements("writes", ["LDG", "VOTE"]))]
 
 
 def sampling(b, m, rows, kind, context):
-    pattern = rf"sample_{kind}_kernel"
-    res, sass = b.resources(pattern), b.sass("sampling.cu.o", pattern)
-    warps, per = res["threads"] // 32, VOCAB / res["threads"]
-    plain, greedy = ["DFMA", "DADD", "ATOMS", "BAR"], kind == "greedy"
-    rules = [("max", ["LDG"], plain, lambda ops: per // n_ops(ops, "LDG"), False),
-             ("max tail", ["LDG"], plain, lambda ops: per % 4, True),
-             ("exp sums", ["LDG", "DFMA"], [], lambda ops: per / n_ops(ops, "LDG"), False),
-             ("radix digits", ["ATOMS", "BAR"], [], lambda ops: 4, True),
-             ("histogram zero", ["STS"], ["LDG"], lambda ops: 0.5, True),
-             ("histogram", ["LDG", "ATOMS"], [], lambda ops: per / n_ops(ops, "LDG"), True),
-             ("digit scan", ["LDS"], ["LDG"], lambda ops: RADIX_STEPS / n_ops(ops, "LDS"), True),
-             # candidates only, the compaction: a warp's run of ids (per groups of 32) counted, the
-             # counts of the warps before it summed (at most 15: once through each loop), then the
-             # run again, writing
-             ("compaction counts", ["LDG", "VOTE"], ["STG"], lambda ops: per / n_ops(ops, "LDG"), greedy),
-             ("compaction counts tail", ["LDG", "VOTE"], ["STG"], lambda ops: per % 4, True),
-             ("warps before", ["LDS"], ["LDG"], lambda ops: 1, greedy),
-             ("warps before tail", ["LDS"], ["LDG"], lambda ops: 1, True),
-             ("warps before tail", ["LDS"], ["LDG"], lambda ops: 1, True),
-             ("compaction writes", ["LDG", "VOTE", "STG"], [], lambda ops: per / n_ops(ops, "LDG"), greedy)]
-    path = sass.walk(0, {exit_blocks(sass)[-1]}, sass.reachable, None, set())
-    phases = phases_of(sass, path, rules)
-    total = sum_phases(phases)
-    t = kernel_time(m, {"items": rows, "ctas": ctas_per_sm(res), "warps": warps, "item": phases_time(m, phases, warps),
-                        "instr": total["instr"], "fp64": total["fp64"], "wavefronts": 0,
-                        "sm_bytes": warps * total["bytes"], "hbm_bytes": 0, "in_flight": 0})  # logits in L2
+    """The launches of one sampling step over `rows` rows, each cut into slices as sampling_slices()
+    cuts them; the logits are in L2 (the LM head just wrote them)."""
+    c = source_constants("kernels/cuda/sampling.cu", "kernels/cuda/device_util.cuh")
+    slices = max(1, min(c["kTargetCtas"] // rows, math.ceil(VOCAB / c["kMinSlice"]), c["kMaxSlices"]))
+    slices = math.ceil(VOCAB / math.ceil(VOCAB / slices))  # sampling_slices(): none empty
+    per = math.ceil(VOCAB / slices) / c["kThreads"]
+    total, launches, instr, fp64, rt, worst = 0.0, [], 0, 0, 0, None
+    for name, per_row, rules in sampling_launches(kind, per, slices, c["kBinsPerThread"], c["kRadixPasses"]):
+        res, sass = b.resources(name), b.sass("sampling.cu.o", name)
+        # warp 0's path, into the loops that load (a branch may skip one for threads past the bins or
+        # for no slices); past the candidates' stores (K of the row's ids: most groups hold none)
+        loads = {h for h, l in sass.loops.items() if any(o.startswith("LDG") for o in sass.ops(l["body"]))}
+        stores = {x for h in loads for x in sass.loops[h]["body"]
+                  if any(sass.flat[i][0].startswith("STG") for i in range(sass.blocks[x][0], sass.blocks[x][1] + 1))}
+        path = sass.walk(0, {exit_blocks(sass)[-1]}, sass.reachable, None, set(), (loads, stores))
+        phases = phases_of(sass, path, rules)
+        tot = sum_phases(phases)
+        warps = res["threads"] // 32
+        t = kernel_time(m, {"items": rows * per_row, "ctas": ctas_per_sm(res), "warps": warps,
+                            "item": phases_time(m, phases, warps), "instr": tot["instr"], "fp64": tot["fp64"],
+                            "wavefronts": 0, "sm_bytes": warps * tot["bytes"], "hbm_bytes": 0, "in_flight": 0})
+        total += t["time"]
+        instr, fp64, rt = instr + tot["instr"] * warps * per_row, fp64 + tot["fp64"] * warps * per_row, rt + tot["rt"]
+        launches.append(f"{name.replace('sample_', '').replace('_kernel', '')} {us(t['time'])} ({t['binds']})")
+        worst = t if worst is None or t["time"] > worst["time"] else worst
     step = (WEIGHT_BYTES + 64 * context * LAYERS * KV_HEADS * HEAD_DIM * 2) / m["hbm"]
-    t.update(kernel=f"sample_{kind}", shape=f"vocab {VOCAB}", batch=rows, grid=rows, ctas=ctas_per_sm(res),
-             regs=res["registers"], items_cta=1, rt=f"{total['rt']} L2", instr=f"{total['instr']}", wavefronts="-",
-             useful=0, step=step, note=f"{total['fp64']:.0f} FP64 instructions per warp; a batch-64 step at "
-                                        f"{context // 1024}k context: {step * 1e3:.2f} ms")
-    return t
+    r = dict(worst)
+    r.update(time=total, kernel=f"sample_{kind}", shape=f"vocab {VOCAB}, {len(launches)} launches", batch=rows,
+             grid=f"{rows} x {slices}", ctas="-", regs="-", items_cta=1, rt=f"{rt} L2", wavefronts="-", useful=0,
+             instr=f"{instr / (VOCAB / 32):.0f} per 32 ids (all launches)",
+             step=step, note=f"{slices} slices a row; " + ", ".join(launches) + f" us; {fp64 / (VOCAB / 32):.0f} "
+             f"FP64 a 32 ids; a batch-64 step at {context // 1024}k context: {step * 1e3:.2f} ms")
+    return r
 
 
 # ---- the table -----------------------------------------------------------------------------------

@@ -15,9 +15,10 @@ struct Candidates {
   int32_t k = 0;
 };
 
-// The prefilter of `num_rows` rows of `logits` (device, [num_rows, vocab]), each with its own 1/T.
+// The prefilter of `num_rows` rows of `logits` (device, [num_rows, vocab]), each with its own 1/T,
+// each row cut into `slices` CTAs (0: as the kernel chooses).
 inline Candidates prefilter_device(Backend& gpu, const float* logits, std::size_t num_rows, int64_t vocab,
-                                   const std::vector<float>& inv_t, int32_t k) {
+                                   const std::vector<float>& inv_t, int32_t k, int32_t slices = 0) {
   const std::size_t n = num_rows;
   DeviceBuffer d_inv_t = to_device(gpu, inv_t);
   DeviceBuffer d_rows(gpu, n * sizeof(CandidateRow));
@@ -32,6 +33,7 @@ inline Candidates prefilter_device(Backend& gpu, const float* logits, std::size_
   p.rows = d_rows.as<CandidateRow>();
   p.ids = d_ids.as<int32_t>();
   p.candidate_logits = d_cand.as<float>();
+  p.slices = slices;
   gpu.sample_candidates(p, Stream{});
   Candidates c;
   c.k = k;

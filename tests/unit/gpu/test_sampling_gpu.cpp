@@ -11,9 +11,8 @@
 // the candidates cannot decide - and then samples the row. NaN rows are left out there: the
 // host's sort has no order for them (a model that emits NaN is broken either way).
 //
-// On a real GPU the logprob can differ from the host's only where CUDA's double exp() differs
-// from glibc's (<= 1 ulp) and that moves the fp32 result across a rounding boundary: the test
-// then allows 1 fp32 ulp there, and none in the emulator (which runs the host's exp).
+// On a real GPU as in the emulator, bit for bit: the device's ExpSum terms are exp_nonpositive's
+// IEEE operations (kernels/sampling_ops.hpp), the host's own, and the logs are taken on the host.
 #include <bit>
 #include <cstdio>
 #include <numeric>
@@ -68,15 +67,11 @@ std::vector<float> make_row(int kind, int64_t vocab, uint32_t seed) {
 constexpr int kNumKinds = 11;
 
 bool same_bits(float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b) || (a != a && b != b); }
-bool within_one_ulp(float a, float b) {
-  if (same_bits(a, b)) return true;
-  return std::nextafter(a, b) == b;
-}
-// The emulator runs the host's exp(): the same bits. A GPU's differs by <= 1 ulp (file comment).
-bool logprob_matches(float device, float host) { return kEmulated ? same_bits(device, host) : within_one_ulp(device, host); }
+bool logprob_matches(float device, float host) { return same_bits(device, host); }
 
-// Greedy on the device for `rows` (one launch), against the host sampler row by row.
-void check_greedy(Backend& gpu, const std::vector<std::vector<float>>& rows, int64_t vocab) {
+// Greedy on the device for `rows` (one launch, each row cut into `slices` CTAs, 0: as the kernel
+// chooses), against the host sampler row by row.
+void check_greedy(Backend& gpu, const std::vector<std::vector<float>>& rows, int64_t vocab, int32_t slices = 0) {
   std::vector<float> flat;
   for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
   DeviceBuffer d_logits = to_device(gpu, flat);
@@ -86,6 +81,7 @@ void check_greedy(Backend& gpu, const std::vector<std::vector<float>>& rows, int
   p.num_rows = static_cast<int64_t>(rows.size());
   p.vocab_size = vocab;
   p.out = d_out.as<GreedyRow>();
+  p.slices = slices;
   gpu.sample_greedy(p, Stream{});
   const std::vector<GreedyRow> picks = to_host<GreedyRow>(gpu, d_out, rows.size());
 
@@ -238,6 +234,45 @@ TEST_CASE("sample_greedy's pick does not depend on the batch it runs in", "[gpu]
   check_greedy(*gpu, rows, vocab);
 }
 
+TEST_CASE("sampling's results do not depend on how many CTAs a row is cut into", "[gpu][sampling]") {
+  auto gpu = cuda_backend_or_skip();
+  if (!gpu) return;
+  // Slices of one id up to 32 a row, over rows whose ties (kinds 2, 3, 4, 10) and -inf (5) cross
+  // the slices' edges: the greedy picks equal the host's, the candidates (ids, logits, the row's
+  // header) equal the one-slice launch's bit for bit, and that one's ids are the K best by the host's order.
+  for (const int64_t vocab : {int64_t{37}, int64_t{1000}, int64_t{4099}}) {
+    std::vector<std::vector<float>> rows;
+    for (const int kind : {0, 1, 2, 3, 4, 5, 10}) rows.push_back(make_row(kind, vocab, static_cast<uint32_t>(7 * kind + vocab)));
+    std::vector<float> flat;
+    for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+    DeviceBuffer d_logits = to_device(*gpu, flat);
+    const std::vector<float> inv_t(rows.size(), 1.0f / 0.7f);
+    const int32_t k = 300;
+    const Candidates one = prefilter_device(*gpu, d_logits.as<float>(), rows.size(), vocab, inv_t, k, 1);
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      const auto kr = static_cast<std::size_t>(one.rows[r].num_candidates);
+      const auto* ids = one.ids.data() + r * static_cast<std::size_t>(k);
+      CHECK(std::vector<int32_t>(ids, ids + kr) == best_ids(rows[r], k));
+    }
+    for (const int32_t slices : {1, 2, 3, 7, 32}) {
+      INFO("vocab " << vocab << " slices " << slices);
+      check_greedy(*gpu, rows, vocab, slices);
+      const Candidates c = prefilter_device(*gpu, d_logits.as<float>(), rows.size(), vocab, inv_t, k, slices);
+      for (std::size_t r = 0; r < rows.size(); ++r) {
+        INFO("row " << r);
+        const CandidateRow &a = c.rows[r], &b = one.rows[r];
+        CHECK(same_bits(a.max_logit, b.max_logit));
+        CHECK(a.num_candidates == b.num_candidates);
+        CHECK((a.raw_sum.hi == b.raw_sum.hi && a.raw_sum.lo == b.raw_sum.lo));
+        CHECK((a.scaled_sum.hi == b.scaled_sum.hi && a.scaled_sum.lo == b.scaled_sum.lo));
+        const std::size_t at = r * static_cast<std::size_t>(k), kr = static_cast<std::size_t>(b.num_candidates);
+        CHECK(std::equal(c.ids.begin() + at, c.ids.begin() + at + kr, one.ids.begin() + at));
+        for (std::size_t i = 0; i < kr; ++i) CHECK(same_bits(c.logits[at + i], one.logits[at + i]));
+      }
+    }
+  }
+}
+
 TEST_CASE("sample_greedy and sample_candidates refuse a bad shape and do nothing for no rows", "[gpu][sampling]") {
   auto gpu = cuda_backend_or_skip();
   if (!gpu) return;
@@ -247,6 +282,10 @@ TEST_CASE("sample_greedy and sample_candidates refuse a bad shape and do nothing
   p.vocab_size = 16;
   p.num_rows = -1;
   CHECK_THROWS_AS(gpu->sample_greedy(p, Stream{}), std::invalid_argument);
+  p.num_rows = 1;
+  p.slices = -1;
+  CHECK_THROWS_AS(gpu->sample_greedy(p, Stream{}), std::invalid_argument);
+  p.slices = 0;
   p.num_rows = 0;  // no rows: no launch (null pointers never read)
   gpu->sample_greedy(p, Stream{});
   gpu->synchronize(Stream{});

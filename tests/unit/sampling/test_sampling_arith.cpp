@@ -13,7 +13,7 @@
 
 using namespace fp8serve;
 
-TEST_CASE("ExpSum is exact to 2^-100 a term and the same in any order", "[sampling]") {
+TEST_CASE("ExpSum is exact to 2^-99 a term and the same in any order", "[sampling]") {
   std::mt19937_64 rng(3);
   std::normal_distribution<float> normal(0.0f, 4.0f);
   std::vector<float> row(128256);
@@ -26,7 +26,7 @@ TEST_CASE("ExpSum is exact to 2^-100 a term and the same in any order", "[sampli
   for (double t : terms) exact += static_cast<long double>(t);
   ExpSum forward;
   for (double t : terms) forward.add(t);
-  // Truncation loses < 2^-100 a term: far below a double's precision at a sum >= 1.
+  // Truncation loses < 2^-99 a term: far below a double's precision at a sum >= 1.
   CHECK(std::fabs(static_cast<long double>(forward.value()) - exact) <= exact * 0x1.0p-52L);
 
   for (int round = 0; round < 3; ++round) {
@@ -44,9 +44,93 @@ TEST_CASE("ExpSum is exact to 2^-100 a term and the same in any order", "[sampli
   nan_sum.add(std::numeric_limits<double>::quiet_NaN());
   nan_sum.add(0.5);
   CHECK(std::isnan(nan_sum.value()));
+  for (int i = 0; i < 1000; ++i) nan_sum.add(1.0);  // the mark stays whatever follows
+  CHECK(std::isnan(nan_sum.value()));
   ExpSum merged = forward;
   merged.merge(nan_sum);
   CHECK(std::isnan(merged.value()));
+  CHECK((merged.hi == ExpSum::kNaN && merged.lo == 0));  // one NaN, whatever the order: the same bits
+  ExpSum other_way = nan_sum;
+  other_way.merge(forward);
+  CHECK((other_way.hi == merged.hi && other_way.lo == merged.lo));
+}
+
+TEST_CASE("add_exp adds what add(exp_nonpositive) adds, its special cases included", "[sampling]") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (float x : {0.0f, -0.0f, -1e-30f, -0.3f, -17.25f, -69.5f, -699.0f, -700.0f, -700.5f, -1e30f, -inf, 1e-30f, 2.0f,
+                  inf, nan}) {
+    ExpSum a, b;
+    a.add(0.25);
+    b.add(0.25);
+    add_exp(a, x, kExp2Sixtyfourths.at, kExpCoefficients);
+    b.add(exp_nonpositive(x, kExp2Sixtyfourths.at, kExpCoefficients));
+    INFO("x " << x);
+    CHECK((a.hi == b.hi && a.lo == b.lo));
+    CHECK(std::isnan(a.value()) == !(x <= 0.0f));
+  }
+}
+
+// The distance of `got` from `want` in units of the double's last place at `want`.
+long double ulps(double got, long double want) {
+  int e = 0;
+  std::frexp(static_cast<double>(want), &e);
+  return std::fabs(static_cast<long double>(got) - want) / std::ldexp(1.0L, e - 53);
+}
+
+TEST_CASE("exp_nonpositive: its table is the nearest doubles, its result within 1 ulp of expl", "[sampling]") {
+  for (int i = 0; i < 64; ++i) {
+    INFO("2^(" << i << "/64)");
+    CHECK(ulps(kExp2Sixtyfourths.at[i], std::exp2l(i / 64.0L)) <= 0.5L);
+  }
+  // Every fp32 step over [-2, 0] at a coarse stride, then a random sweep down to -700, then the edges.
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> wide(-700.0f, 0.0f);
+  std::vector<float> xs;
+  for (float x = 0.0f; x > -2.0f; x = std::nextafter(x, -3.0f) - 1e-4f) xs.push_back(x);
+  for (int i = 0; i < 200000; ++i) xs.push_back(wide(rng));
+  for (float x : {-0.0f, -1e-30f, -1e-45f, -0.00541521f, -0.00541522f, -69.3f, -699.99f, -700.0f}) xs.push_back(x);
+  long double worst = 0;
+  for (float x : xs) {
+    const double got = exp_nonpositive(x, kExp2Sixtyfourths.at, kExpCoefficients);
+    const long double want = std::exp(static_cast<long double>(x));
+    INFO("x " << x);
+    REQUIRE(std::isnormal(got));
+    worst = std::max(worst, ulps(got, want));
+  }
+  INFO("worst " << static_cast<double>(worst) << " ulp");
+  CHECK(worst <= 1.0L);
+  CHECK(exp_nonpositive(0.0f, kExp2Sixtyfourths.at, kExpCoefficients) == 1.0);  // the maximum's own term: exactly 1
+  CHECK(exp_nonpositive(-700.5f, kExp2Sixtyfourths.at, kExpCoefficients) == 0.0);
+  CHECK(exp_nonpositive(-std::numeric_limits<float>::infinity(), kExp2Sixtyfourths.at, kExpCoefficients) == 0.0);
+  CHECK(std::isnan(exp_nonpositive(std::numeric_limits<float>::quiet_NaN(), kExp2Sixtyfourths.at, kExpCoefficients)));
+  CHECK(exp_nonpositive(0.5f, kExp2Sixtyfourths.at, kExpCoefficients) > 1.0);  // never asked; an ExpSum takes it as NaN
+}
+
+TEST_CASE("ExpSum::add keeps exactly floor(term * 2^99)", "[sampling]") {
+  std::mt19937_64 rng(5);
+  std::vector<double> terms{0.0, 1.0, 0x1.0p-99, 0x1.8p-99, 0x1.fffffffffffffp-100, 0x1.0p-63, 0x1.0p-36,
+                            0x1.fffffffffffffp-1, 0x1.0p-1074, 0x1.0p-1022, 0.5};
+  std::uniform_real_distribution<double> expo(-110.0, 0.0);
+  for (int i = 0; i < 20000; ++i) terms.push_back(std::exp2(expo(rng)));
+  ExpSum all;
+  __extension__ typedef unsigned __int128 u128;
+  u128 exact = 0;  // the running sum, in an independent 128-bit integer
+  for (double t : terms) {
+    // t * 2^99 is exact in a long double (a 64-bit significand); its floor's halves are exact too.
+    const long double v = std::floor(std::ldexp(static_cast<long double>(t), 99));
+    const long double hi = std::floor(std::ldexp(v, -63));
+    const long double lo = v - std::ldexp(hi, 63);
+    ExpSum s;
+    s.add(t);
+    INFO("term " << t);
+    CHECK(s.hi == static_cast<uint64_t>(hi));
+    CHECK(s.lo == static_cast<uint64_t>(lo));
+    all.add(t);
+    exact += static_cast<u128>(v);
+  }
+  // and the running sum's carries between the halves: the total's halves exactly
+  CHECK(all.hi == static_cast<uint64_t>(exact >> 63));
+  CHECK(all.lo == static_cast<uint64_t>(exact & ((static_cast<u128>(1) << 63) - 1)));
 }
 
 TEST_CASE("sample_key orders as the host's argmax: highest logit, lowest id, -0 == +0, NaN last but at id 0",
