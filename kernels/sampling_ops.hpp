@@ -126,8 +126,9 @@ SAMPLING_HD float nearest(float t) {
   return (t + 0x1.8p23f) - 0x1.8p23f;
 #endif
 }
-// max(x, -700), a NaN giving -700 (fmaxf's answer, without its libm call on the host).
-SAMPLING_HD float at_least_minus_700(float x) { return x > -700.0f ? x : -700.0f; }
+// x brought into exp_core's domain [-700, 0]: a NaN gives -700, x > 0 gives 0 (the callers discard
+// what exp_core makes of those; clamping keeps k a small integer: no float-to-int overflow).
+SAMPLING_HD float in_exp_domain(float x) { return x > -700.0f ? (x < 0.0f ? x : 0.0f) : -700.0f; }
 
 // exp(x) for x in [-700, 0]: see exp_nonpositive.
 SAMPLING_HD double exp_core(float x, const double* table, const ExpCoefficients& c) {
@@ -162,7 +163,7 @@ SAMPLING_HD double exp_core(float x, const double* table, const ExpCoefficients&
 // maximum's term 1 (and below an ExpSum's 2^-99 anyway). NaN gives NaN; x > 0 (never asked: x is
 // l - max) gives +inf, which an ExpSum counts as NaN.
 SAMPLING_HD double exp_nonpositive(float x, const double* table, const ExpCoefficients& c) {
-  const double v = exp_core(at_least_minus_700(x), table, c);
+  const double v = exp_core(in_exp_domain(x), table, c);
   if (x <= 0.0f) return x < -700.0f ? 0.0 : v;
   return x > 0.0f ? static_cast<double>(INFINITY) : static_cast<double>(NAN);
 }
@@ -170,7 +171,7 @@ SAMPLING_HD double exp_nonpositive(float x, const double* table, const ExpCoeffi
 // sum.add(exp_nonpositive(x)) without its cases' branches, for a device's hot loop: the same bits.
 // (x <= 0 is exactly when exp_nonpositive's result is in [0, 1]: NaN and x > 0 mark the sum.)
 SAMPLING_HD void add_exp(ExpSum& sum, float x, const double* table, const ExpCoefficients& c) {
-  const double v = exp_core(at_least_minus_700(x), table, c);
+  const double v = exp_core(in_exp_domain(x), table, c);
   sum.add_checked(x < -700.0f ? 0.0 : v, x <= 0.0f);
 }
 
