@@ -157,27 +157,6 @@ FP8SERVE_DEVICE Slice this_slice(const float* logits, int64_t vocab, int64_t sli
   return s;
 }
 
-// f(logit, id) for this thread's ids of the slice (begin + threadIdx.x, + kThreads, ..) in order,
-// with kAhead loads in flight before the first is used: a pass waits a round trip per kAhead
-// elements, not per element.
-constexpr int kAhead = 4;
-template <class F>
-FP8SERVE_DEVICE void for_each_logit(const Slice& s, F&& f) {
-  for (int64_t base = s.begin + threadIdx.x; base < s.end; base += int64_t{kAhead} * kThreads) {
-    float logit[kAhead];
-FP8SERVE_UNROLL
-    for (int u = 0; u < kAhead; ++u) {
-      const int64_t i = base + int64_t{u} * kThreads;
-      logit[u] = i < s.end ? s.row[i] : 0.0f;
-    }
-FP8SERVE_UNROLL
-    for (int u = 0; u < kAhead; ++u) {
-      const int64_t i = base + int64_t{u} * kThreads;
-      if (i < s.end) f(logit[u], i);
-    }
-  }
-}
-
 // A histogram's bins zeroed, or copied out, kBinsPerThread a thread (straight code: no loop).
 FP8SERVE_DEVICE void zero_bins(int* histogram) {
 FP8SERVE_UNROLL
@@ -188,8 +167,11 @@ FP8SERVE_UNROLL
   for (int j = 0; j < kBinsPerThread; ++j) out[threadIdx.x + j * kThreads] = histogram[threadIdx.x + j * kThreads];
 }
 
-// f(logit) for every id of the thread's in the slice, as for_each_logit, and `pad` in place of the
-// ids past the slice's end (with no branch on them): for sums to which pad adds nothing.
+// f(logit, id) for this thread's ids of the slice (begin + threadIdx.x, + kThreads, ..) in order,
+// with kAhead loads in flight before the first is used: a pass waits a round trip per kAhead
+// elements, not per element. The ids past the slice's end get `pad` (with no branch on them): for
+// sums to which pad adds nothing; for_each_logit leaves them out.
+constexpr int kAhead = 4;
 template <class F>
 FP8SERVE_DEVICE void for_each_logit_padded(const Slice& s, float pad, F&& f) {
   for (int64_t base = s.begin + threadIdx.x; base < s.end; base += int64_t{kAhead} * kThreads) {
@@ -202,6 +184,12 @@ FP8SERVE_UNROLL
 FP8SERVE_UNROLL
     for (int u = 0; u < kAhead; ++u) f(logit[u], base + int64_t{u} * kThreads);
   }
+}
+template <class F>
+FP8SERVE_DEVICE void for_each_logit(const Slice& s, F&& f) {
+  for_each_logit_padded(s, 0.0f, [&](float logit, int64_t i) {
+    if (i < s.end) f(logit, i);
+  });
 }
 
 // The row's best key from its slices' (each warp combines them itself: no barrier).
