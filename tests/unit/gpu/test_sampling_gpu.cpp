@@ -20,6 +20,7 @@
 #include <limits>
 
 #include "cuda_test_util.hpp"
+#include "kernels/cuda/ops_cuda.hpp"
 #include "sampling_test_util.hpp"
 #include "server/engine/sampling.hpp"
 
@@ -302,4 +303,16 @@ TEST_CASE("sample_greedy and sample_candidates refuse a bad shape and do nothing
   c.vocab_size = 16;
   gpu->sample_candidates(c, Stream{});  // no rows
   gpu->synchronize(Stream{});
+
+  // A workspace smaller than sampling_workspace_bytes (or none) is refused before any launch.
+  p.num_rows = c.num_rows = 2;
+  p.vocab_size = c.vocab_size = 4096;
+  const std::size_t bytes = cuda::sampling_workspace_bytes(2, 4096, 0);
+  REQUIRE(bytes > 0);
+  CHECK(cuda::sampling_workspace_bytes(0, 4096, 0) == 0);
+  DeviceBuffer small(*gpu, bytes);
+  CHECK_THROWS_WITH(cuda::sample_greedy_cuda(p, small.data(), bytes - 1, nullptr),
+                    Catch::Contains("workspace smaller than sampling_workspace_bytes()"));
+  CHECK_THROWS_WITH(cuda::sample_candidates_cuda(c, nullptr, bytes, nullptr),
+                    Catch::Contains("workspace smaller than sampling_workspace_bytes()"));
 }
