@@ -3,12 +3,12 @@
 // kernels (kernels/cuda/sampling.cu), so that both compute the same bits:
 //
 //   - ExpSum: the sum of a row's exp(l - max) terms, which log-softmax (the reported logprobs)
-//     needs. A sum of doubles depends on the order of its additions, and a device reduces in an
+//     needs. A sum of floats depends on the order of its additions, and a device reduces in an
 //     order a host loop cannot follow cheaply. So each term (in [0, 1]) is truncated to a fixed
-//     point of 2^-99 and the integers are added: integer addition is associative, so the sum is
-//     exact and the same in any order, on any number of threads. 2^-99 is far below a double's
-//     precision at the sum (>= 1: the maximum's own term), and 2^17 terms of at most 2^99 fit
-//     the 126 bits kept, so the value differs from an exact real sum by < vocab * 2^-99.
+//     point of 2^-42 and the integers are added: integer addition is associative, so the sum is
+//     exact and the same in any order, on any number of threads. It differs from the real sum of
+//     the terms by less than vocab * 2^-42 (2^-25 at 128k ids), below a float's precision at a
+//     sum >= 1 (the maximum's own term); up to 2^20 terms fit in 63 bits.
 //   - SampleKey: the argmax order of the host (`>` from the lowest id: the highest logit, ties to
 //     the lowest id, -0 equal to +0; a NaN is never chosen, except at id 0, where the host's loop
 //     starts and no value beats it) as one 64-bit integer, so that an argmax is an integer max.
@@ -29,162 +29,132 @@
 namespace fp8serve {
 
 struct ExpSum {
-  // value = (hi * 2^63 + lo) * 2^-99, lo < 2^63. A term that is not in [0, 1] (NaN: an inf - inf or
-  // a NaN logit) makes the sum NaN, as it makes the host's double sum NaN: it sets hi's top bit
-  // (kNaN) for good. A row's terms (< 2^17 of them, each <= 2^36 in hi) never reach that bit,
-  // adding to a marked sum keeps it, and merge() leaves a marked sum exactly {kNaN, 0}.
-  uint64_t hi = 0;
-  uint64_t lo = 0;
+  // value = bits * 2^-42. A term that is not in [0, 1] (NaN: an inf - inf or a NaN logit) makes the
+  // sum NaN, as it would make a float sum NaN: it sets the top bit (kNaN) for good. The terms of a
+  // row (at most kMaxTerms, each at most 2^42) never reach that bit, adding to a marked sum keeps
+  // it, and merge() leaves a marked sum exactly kNaN.
+  uint64_t bits = 0;
+  static constexpr int kFractionBits = 42;
+  static constexpr int64_t kMaxTerms = int64_t{1} << 20;  // a vocabulary's limit (model_config.cpp)
   static constexpr uint64_t kNaN = uint64_t{1} << 63;
-  static constexpr uint64_t kLow = (uint64_t{1} << 63) - 1;  // lo's bits
 
-  SAMPLING_HD bool is_nan() const { return hi >= kNaN; }
+  SAMPLING_HD bool is_nan() const { return bits >= kNaN; }
   // Adds one term (exp of a non-positive number: in [0, 1]), without branches: a device adds one
   // per logit.
-  SAMPLING_HD void add(double term) { add_checked(term, term >= 0.0 && term <= 1.0); }
-  // The same, `in_range` said by the caller (add_exp knows it from the exponent). term * 2^36 is
-  // exact; its integer part and fraction split exactly; the fraction times 2^63 is exact and its
-  // truncation drops only the bits below 2^-99. Signed conversions only: one instruction each on
-  // x86-64 and on a GPU (an unsigned 64-bit one is a sequence on x86-64).
-  SAMPLING_HD void add_checked(double term, bool in_range) {
-    const double scaled = (in_range ? term : 0.0) * 0x1.0p36;
-    const auto whole = static_cast<int64_t>(scaled);  // truncation: the floor of a number >= 0
-    const auto part = static_cast<int64_t>((scaled - static_cast<double>(whole)) * 0x1.0p63);
-    const uint64_t low = lo + static_cast<uint64_t>(part);
-    hi += static_cast<uint64_t>(whole) + (low >> 63);
-    hi |= in_range ? 0 : kNaN;
-    lo = low & kLow;
+  SAMPLING_HD void add(float term) { add_checked(term, term >= 0.0f && term <= 1.0f); }
+  // The same, `in_range` said by the caller (add_exp knows it from its argument). term * 2^42 is
+  // exact (a float >= 2^-116, < 2^43), and its conversion truncates: only the bits below 2^-42 go.
+  // A signed conversion: one instruction on x86-64 and on a GPU.
+  SAMPLING_HD void add_checked(float term, bool in_range) {
+    const float scaled = (in_range ? term : 0.0f) * 0x1.0p42f;
+    bits += static_cast<uint64_t>(static_cast<int64_t>(scaled));
+    bits |= in_range ? 0 : kNaN;
   }
-  SAMPLING_HD void merge(const ExpSum& other) {
-    if (is_nan() || other.is_nan()) {
-      hi = kNaN;
-      lo = 0;
-      return;
-    }
-    const uint64_t low = lo + other.lo;
-    hi += other.hi + (low >> 63);
-    lo = low & kLow;
-  }
-  // The sum as a double (rounded once from the exact value's two halves, the same way everywhere).
+  SAMPLING_HD void merge(const ExpSum& other) { bits = ((bits | other.bits) & kNaN) ? kNaN : bits + other.bits; }
+  // The sum as a double (the integer rounded once to 53 bits, the same way everywhere).
   SAMPLING_HD double value() const {
     if (is_nan()) return NAN;
-    return (static_cast<double>(hi) + static_cast<double>(lo) * 0x1.0p-63) * 0x1.0p-36;
+    return static_cast<double>(bits) * 0x1.0p-42;
   }
 };
 
-// IEEE double operations rounded each on its own: nvcc would contract a product and a sum into one
+// IEEE float operations rounded each on its own: nvcc would contract a product and a sum into one
 // FMA, the host build does not (CMakeLists.txt: -ffp-contract=off).
 #if defined(__CUDA_ARCH__)
-SAMPLING_HD double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-SAMPLING_HD double add_rn(double a, double b) { return __dadd_rn(a, b); }
-SAMPLING_HD double sub_rn(double a, double b) { return __dsub_rn(a, b); }
+SAMPLING_HD float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+SAMPLING_HD float add_rn(float a, float b) { return __fadd_rn(a, b); }
+SAMPLING_HD float sub_rn(float a, float b) { return __fsub_rn(a, b); }
 #else
-SAMPLING_HD double mul_rn(double a, double b) { return a * b; }
-SAMPLING_HD double add_rn(double a, double b) { return a + b; }
-SAMPLING_HD double sub_rn(double a, double b) { return a - b; }
+SAMPLING_HD float mul_rn(float a, float b) { return a * b; }
+SAMPLING_HD float add_rn(float a, float b) { return a + b; }
+SAMPLING_HD float sub_rn(float a, float b) { return a - b; }
 #endif
 
-// 2^(i / 64) for i = 0..63, each the nearest double (tests/unit/sampling/test_sampling_arith.cpp
-// checks them against exp2l). A device kernel copies it to shared memory (exp_nonpositive's table).
+// 2^(i / 32) for i = 0..31, each the nearest float (tests/unit/sampling/test_sampling_arith.cpp
+// checks them against exp2l). A device kernel copies it to shared memory (exp_nonpositive's table:
+// 32 floats on 32 banks, so a warp's lookups take one wavefront).
 struct Exp2Table {
-  double at[64];
+  float at[32];
 };
-inline constexpr Exp2Table kExp2Sixtyfourths{{
-    0x1.0000000000000p+0, 0x1.02c9a3e778061p+0, 0x1.059b0d3158574p+0, 0x1.0874518759bc8p+0,
-    0x1.0b5586cf9890fp+0, 0x1.0e3ec32d3d1a2p+0, 0x1.11301d0125b51p+0, 0x1.1429aaea92de0p+0,
-    0x1.172b83c7d517bp+0, 0x1.1a35beb6fcb75p+0, 0x1.1d4873168b9aap+0, 0x1.2063b88628cd6p+0,
-    0x1.2387a6e756238p+0, 0x1.26b4565e27cddp+0, 0x1.29e9df51fdee1p+0, 0x1.2d285a6e4030bp+0,
-    0x1.306fe0a31b715p+0, 0x1.33c08b26416ffp+0, 0x1.371a7373aa9cbp+0, 0x1.3a7db34e59ff7p+0,
-    0x1.3dea64c123422p+0, 0x1.4160a21f72e2ap+0, 0x1.44e086061892dp+0, 0x1.486a2b5c13cd0p+0,
-    0x1.4bfdad5362a27p+0, 0x1.4f9b2769d2ca7p+0, 0x1.5342b569d4f82p+0, 0x1.56f4736b527dap+0,
-    0x1.5ab07dd485429p+0, 0x1.5e76f15ad2148p+0, 0x1.6247eb03a5585p+0, 0x1.6623882552225p+0,
-    0x1.6a09e667f3bcdp+0, 0x1.6dfb23c651a2fp+0, 0x1.71f75e8ec5f74p+0, 0x1.75feb564267c9p+0,
-    0x1.7a11473eb0187p+0, 0x1.7e2f336cf4e62p+0, 0x1.82589994cce13p+0, 0x1.868d99b4492edp+0,
-    0x1.8ace5422aa0dbp+0, 0x1.8f1ae99157736p+0, 0x1.93737b0cdc5e5p+0, 0x1.97d829fde4e50p+0,
-    0x1.9c49182a3f090p+0, 0x1.a0c667b5de565p+0, 0x1.a5503b23e255dp+0, 0x1.a9e6b5579fdbfp+0,
-    0x1.ae89f995ad3adp+0, 0x1.b33a2b84f15fbp+0, 0x1.b7f76f2fb5e47p+0, 0x1.bcc1e904bc1d2p+0,
-    0x1.c199bdd85529cp+0, 0x1.c67f12e57d14bp+0, 0x1.cb720dcef9069p+0, 0x1.d072d4a07897cp+0,
-    0x1.d5818dcfba487p+0, 0x1.da9e603db3285p+0, 0x1.dfc97337b9b5fp+0, 0x1.e502ee78b3ff6p+0,
-    0x1.ea4afa2a490dap+0, 0x1.efa1bee615a27p+0, 0x1.f50765b6e4540p+0, 0x1.fa7c1819e90d8p+0,
+inline constexpr Exp2Table kExp2ThirtySeconds{{
+    0x1p+0f,        0x1.059b0ep+0f, 0x1.0b5586p+0f, 0x1.11301ep+0f, 0x1.172b84p+0f, 0x1.1d4874p+0f, 0x1.2387a6p+0f,
+    0x1.29e9e0p+0f, 0x1.306fe0p+0f, 0x1.371a74p+0f, 0x1.3dea64p+0f, 0x1.44e086p+0f, 0x1.4bfdaep+0f, 0x1.5342b6p+0f,
+    0x1.5ab07ep+0f, 0x1.6247ecp+0f, 0x1.6a09e6p+0f, 0x1.71f75ep+0f, 0x1.7a1148p+0f, 0x1.82589ap+0f, 0x1.8ace54p+0f,
+    0x1.93737cp+0f, 0x1.9c4918p+0f, 0x1.a5503cp+0f, 0x1.ae89fap+0f, 0x1.b7f770p+0f, 0x1.c199bep+0f, 0x1.cb720ep+0f,
+    0x1.d5818ep+0f, 0x1.dfc974p+0f, 0x1.ea4afap+0f, 0x1.f50766p+0f,
 }};
 
-// exp_nonpositive's constants: ln2 / 64 in two parts (the first with 37 bits), then the Taylor
-// coefficients of exp(r) - 1 from r^6 down to r^3 (0.5 and 1 are immediates). A device kernel reads
-// them from constant memory (operands of its FP64 instructions, no moves).
+// exp_nonpositive's constants: ln2 / 32 in two parts (the first with 12 bits), and 1/6, the
+// Taylor coefficient of r^3 (0.5 and 1 are immediates). A device kernel reads them from constant
+// memory (operands of its instructions, no moves).
 struct ExpCoefficients {
-  double ln2_64_hi, ln2_64_lo, c6, c5, c4, c3;
+  float ln2_32_hi, ln2_32_lo, c3;
 };
-inline constexpr ExpCoefficients kExpCoefficients{0x1.62e42fefa0000p-7, 0x1.cf79abc9e3b3ap-46, 1.0 / 720, 1.0 / 120,
-                                                  1.0 / 24, 1.0 / 6};
+inline constexpr ExpCoefficients kExpCoefficients{0x1.62ep-6f, 0x1.0bfbe8p-20f, 0x1.555556p-3f};
 
-// The nearest integer to t (ties to even), |t| < 2^22: the device's rint; on the host the sum with
-// 1.5 * 2^23 rounds it, the same value without a libm call (x86-64's baseline has no roundss).
-SAMPLING_HD float nearest(float t) {
-#if defined(__CUDA_ARCH__)
-  return ::rintf(t);
-#else
-  return (t + 0x1.8p23f) - 0x1.8p23f;
-#endif
-}
-// x brought into exp_core's domain [-700, 0]: a NaN gives -700, x > 0 gives 0 (the callers discard
+// x brought into exp_core's domain [-80, 0]: a NaN gives -80, x > 0 gives 0 (the callers discard
 // what exp_core makes of those; clamping keeps k a small integer: no float-to-int overflow).
-SAMPLING_HD float in_exp_domain(float x) { return x > -700.0f ? (x < 0.0f ? x : 0.0f) : -700.0f; }
+SAMPLING_HD float in_exp_domain(float x) { return x > -80.0f ? (x < 0.0f ? x : 0.0f) : -80.0f; }
 
-// exp(x) for x in [-700, 0]: see exp_nonpositive.
-SAMPLING_HD double exp_core(float x, const double* table, const ExpCoefficients& c) {
-  const int k = static_cast<int>(nearest(x * 92.33248f));  // 64 / ln2, in fp32: only k's nearness matters
-  const double kd = static_cast<double>(k);
-  double r = sub_rn(static_cast<double>(x), mul_rn(kd, c.ln2_64_hi));  // exact
-  r = sub_rn(r, mul_rn(kd, c.ln2_64_lo));
-  double q = add_rn(mul_rn(c.c6, r), c.c5);
-  q = add_rn(mul_rn(q, r), c.c4);
-  q = add_rn(mul_rn(q, r), c.c3);
-  q = add_rn(mul_rn(q, r), 0.5);
-  q = add_rn(mul_rn(q, r), 1.0);
-  const double t = table[k & 63];
-  const double v = add_rn(t, mul_rn(t, mul_rn(q, r)));  // 2^((k & 63) / 64) * exp(r), in [0.99, 2)
-  uint64_t bits;
+// exp(x) for x in [-80, 0]: see exp_nonpositive.
+SAMPLING_HD float exp_core(float x, const float* table, const ExpCoefficients& c) {
+  // k = rint(x * 32 / ln2) (only its nearness matters): adding 1.5 * 2^23 rounds the product to an
+  // integer, which the sum's low mantissa bits hold (no conversion instruction; |k| < 2^22).
+  const float shifted = add_rn(mul_rn(x, 0x1.715476p+5f), 0x1.8p23f);
+  const float kf = sub_rn(shifted, 0x1.8p23f);
+  uint32_t shifted_bits;
+  memcpy(&shifted_bits, &shifted, sizeof shifted_bits);
+  const int k = static_cast<int>(shifted_bits - 0x4b400000u);  // minus 1.5 * 2^23's bits
+  float r = sub_rn(x, mul_rn(kf, c.ln2_32_hi));  // exact
+  r = sub_rn(r, mul_rn(kf, c.ln2_32_lo));
+  float p = add_rn(mul_rn(c.c3, r), 0.5f);
+  p = add_rn(mul_rn(p, r), 1.0f);
+  p = mul_rn(p, r);  // exp(r) - 1
+  const float t = table[k & 31];
+  const float v = add_rn(t, mul_rn(t, p));  // 2^((k & 31) / 32) * exp(r), in [0.99, 2)
+  uint32_t bits;
   memcpy(&bits, &v, sizeof bits);
-  bits += static_cast<uint64_t>(static_cast<int64_t>(k >> 6)) << 52;  // k >> 6 in [-1010, 0]
-  double out;
+  bits += static_cast<uint32_t>(k >> 5) << 23;  // k >> 5 in [-116, 0]
+  float out;
   memcpy(&out, &bits, sizeof out);
   return out;
 }
 
-// exp(x) for x <= 0, as the sampler defines it everywhere: the same IEEE operations in the same order
-// on the host and on a device, so the same bits (libm's and CUDA's exp() differ by up to 1 ulp).
-// Within 1 ulp of the true value (the test measures it against a long double exp):
-//   x = k ln2 / 64 + r, k = rint(x * 64 / ln2), |r| <= ~ln2 / 128; ln2 / 64 in two parts, the
-//   first with 37 bits, so k times it (|k| < 2^16) and x minus that are exact;
-//   exp(x) = 2^(k >> 6) * 2^((k & 63) / 64) * exp(r), exp(r) - 1 by its Taylor series to r^6 / 720
-//   (the next term is < 2^-64 of the result), the power of two put into the exponent bits (exact:
-//   x >= -700 keeps the result normal).
-// Below -700 the result is 0: the true value is < 2^-1009, nothing next to a sum that holds the
-// maximum's term 1 (and below an ExpSum's 2^-99 anyway). NaN gives NaN; x > 0 (never asked: x is
+// exp(x) for x <= 0, as the sampler defines it everywhere: the same IEEE float operations in the
+// same order on the host and on a device, so the same bits (libm's and CUDA's expf() differ in
+// their last bits), and no FP64: a device computes one or two for every logit of a row.
+// Within 1.02 ulp of the true value (the test measures every float of the domain):
+//   x = k ln2 / 32 + r, k = rint(x * 32 / ln2), |r| <= ~ln2 / 64; ln2 / 32 in two parts, the
+//   first with 12 bits, so k times it (|k| < 2^12) and x minus that are exact;
+//   exp(x) = 2^(k >> 5) * 2^((k & 31) / 32) * exp(r), exp(r) - 1 by its Taylor series to r^3 / 6
+//   (the next term is < 2^-30 of the result), the power of two put into the exponent bits (exact:
+//   x >= -80 keeps the result normal, >= 2^-116).
+// Below -80 the result is 0: the true value is < 2^-115, nothing next to a sum that holds the
+// maximum's term 1 (and below an ExpSum's 2^-42 anyway). NaN gives NaN; x > 0 (never asked: x is
 // l - max) gives +inf, which an ExpSum counts as NaN.
-SAMPLING_HD double exp_nonpositive(float x, const double* table, const ExpCoefficients& c) {
-  const double v = exp_core(in_exp_domain(x), table, c);
-  if (x <= 0.0f) return x < -700.0f ? 0.0 : v;
-  return x > 0.0f ? static_cast<double>(INFINITY) : static_cast<double>(NAN);
+SAMPLING_HD float exp_nonpositive(float x, const float* table, const ExpCoefficients& c) {
+  const float v = exp_core(in_exp_domain(x), table, c);
+  if (x <= 0.0f) return x < -80.0f ? 0.0f : v;
+  return x > 0.0f ? INFINITY : NAN;
 }
 
 // sum.add(exp_nonpositive(x)) without its cases' branches, for a device's hot loop: the same bits.
 // (x <= 0 is exactly when exp_nonpositive's result is in [0, 1]: NaN and x > 0 mark the sum.)
-SAMPLING_HD void add_exp(ExpSum& sum, float x, const double* table, const ExpCoefficients& c) {
-  const double v = exp_core(in_exp_domain(x), table, c);
-  sum.add_checked(x < -700.0f ? 0.0 : v, x <= 0.0f);
+SAMPLING_HD void add_exp(ExpSum& sum, float x, const float* table, const ExpCoefficients& c) {
+  const float v = exp_core(in_exp_domain(x), table, c);
+  sum.add_checked(x < -80.0f ? 0.0f : v, x <= 0.0f);
 }
 
 // One term of the raw row's log-softmax: exp(l - max), the difference rounded in fp32 as the host
 // has always computed it. (Host only: a device kernel calls exp_nonpositive with its shared table.)
-inline double softmax_term(float logit, float max_logit) {
-  return exp_nonpositive(logit - max_logit, kExp2Sixtyfourths.at, kExpCoefficients);
+inline float softmax_term(float logit, float max_logit) {
+  return exp_nonpositive(logit - max_logit, kExp2ThirtySeconds.at, kExpCoefficients);
 }
 
 // One temperature-scaled weight relative to the maximum, exp((l - max) / T): the difference and
 // the product by 1/T rounded in fp32, as the host's draw has always computed them.
-inline double scaled_term(float logit, float max_logit, float inv_temperature) {
-  return exp_nonpositive((logit - max_logit) * inv_temperature, kExp2Sixtyfourths.at, kExpCoefficients);
+inline float scaled_term(float logit, float max_logit, float inv_temperature) {
+  return exp_nonpositive((logit - max_logit) * inv_temperature, kExp2ThirtySeconds.at, kExpCoefficients);
 }
 
 // log p(token) from the token's logit, the row's maximum and its ExpSum.

@@ -30,15 +30,15 @@ constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / kWarpSize;
 
 // exp_nonpositive's table (kernels/sampling_ops.hpp), in global memory for each CTA to copy to shared.
-__device__ const Exp2Table kExp2TableDevice = kExp2Sixtyfourths;
+__device__ const Exp2Table kExp2TableDevice = kExp2ThirtySeconds;
 
-// Its other constants, operands of the FP64 instructions.
+// Its other constants, operands of the instructions.
 __constant__ ExpCoefficients kExpCoefficientsDevice = kExpCoefficients;
 
-// The table in shared memory (64 doubles; a warp's 32 lookups take 1-2 wavefronts); the caller
-// synchronizes before the first use.
-FP8SERVE_DEVICE void load_exp_table(double* table) {
-  if (threadIdx.x < 64) table[threadIdx.x] = kExp2TableDevice.at[threadIdx.x];
+// The table in shared memory (32 floats on 32 banks: a warp's lookups take one wavefront); the
+// caller synchronizes before the first use.
+FP8SERVE_DEVICE void load_exp_table(float* table) {
+  if (threadIdx.x < 32) table[threadIdx.x] = kExp2TableDevice.at[threadIdx.x];
 }
 
 FP8SERVE_DEVICE unsigned long long warp_max_u64(unsigned long long v) {
@@ -52,8 +52,7 @@ FP8SERVE_DEVICE unsigned long long warp_max_u64(unsigned long long v) {
 FP8SERVE_DEVICE ExpSum warp_merge(ExpSum s) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     ExpSum other;
-    other.hi = __shfl_xor_sync(kFullMask, static_cast<unsigned long long>(s.hi), offset);
-    other.lo = __shfl_xor_sync(kFullMask, static_cast<unsigned long long>(s.lo), offset);
+    other.bits = __shfl_xor_sync(kFullMask, static_cast<unsigned long long>(s.bits), offset);
     s.merge(other);
   }
   return s;
@@ -71,17 +70,14 @@ FP8SERVE_DEVICE unsigned long long block_max_key(unsigned long long key, unsigne
 }
 
 // The block's ExpSums merged (exact: any order gives the same bits); the result in thread 0.
-// scratch_hi, scratch_lo: __shared__ unsigned long long[kWarps], free again on return.
-FP8SERVE_DEVICE ExpSum block_merge(ExpSum s, unsigned long long* scratch_hi, unsigned long long* scratch_lo) {
+// scratch: __shared__ unsigned long long[kWarps], free again on return.
+FP8SERVE_DEVICE ExpSum block_merge(ExpSum s, unsigned long long* scratch) {
   s = warp_merge(s);
-  if (threadIdx.x % kWarpSize == 0) {
-    scratch_hi[threadIdx.x / kWarpSize] = s.hi;
-    scratch_lo[threadIdx.x / kWarpSize] = s.lo;
-  }
+  if (threadIdx.x % kWarpSize == 0) scratch[threadIdx.x / kWarpSize] = s.bits;
   __syncthreads();
   ExpSum total;
   if (threadIdx.x == 0)
-    for (int w = 0; w < kWarps; ++w) total.merge(ExpSum{scratch_hi[w], scratch_lo[w]});
+    for (int w = 0; w < kWarps; ++w) total.merge(ExpSum{scratch[w]});
   __syncthreads();
   return total;
 }
@@ -142,7 +138,7 @@ SliceWorkspace slice_workspace(void* base, int64_t rows, int slices, std::size_t
 
 struct Slice {
   const float* row;  // the row's first logit
-  int64_t begin, end;
+  int begin, end;    // ids: a vocabulary has at most ExpSum::kMaxTerms
   int index;         // of this CTA's row's partials: row * slices + slice
   int row_index;
 };
@@ -150,8 +146,9 @@ struct Slice {
 FP8SERVE_DEVICE Slice this_slice(const float* logits, int64_t vocab, int64_t slice_len) {
   Slice s;
   s.row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-  s.begin = static_cast<int64_t>(blockIdx.y) * slice_len;
-  s.end = s.begin + slice_len < vocab ? s.begin + slice_len : vocab;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * slice_len;
+  s.begin = static_cast<int>(begin);
+  s.end = static_cast<int>(begin + slice_len < vocab ? begin + slice_len : vocab);
   s.row_index = static_cast<int>(blockIdx.x);
   s.index = static_cast<int>(blockIdx.x * gridDim.y + blockIdx.y);
   return s;
@@ -174,20 +171,20 @@ FP8SERVE_UNROLL
 constexpr int kAhead = 4;
 template <class F>
 FP8SERVE_DEVICE void for_each_logit_padded(const Slice& s, float pad, F&& f) {
-  for (int64_t base = s.begin + threadIdx.x; base < s.end; base += int64_t{kAhead} * kThreads) {
+  for (int base = s.begin + static_cast<int>(threadIdx.x); base < s.end; base += kAhead * kThreads) {
     float logit[kAhead];
 FP8SERVE_UNROLL
     for (int u = 0; u < kAhead; ++u) {
-      const int64_t i = base + int64_t{u} * kThreads;
+      const int i = base + u * kThreads;
       logit[u] = i < s.end ? s.row[i] : pad;
     }
 FP8SERVE_UNROLL
-    for (int u = 0; u < kAhead; ++u) f(logit[u], base + int64_t{u} * kThreads);
+    for (int u = 0; u < kAhead; ++u) f(logit[u], base + u * kThreads);
   }
 }
 template <class F>
 FP8SERVE_DEVICE void for_each_logit(const Slice& s, F&& f) {
-  for_each_logit_padded(s, 0.0f, [&](float logit, int64_t i) {
+  for_each_logit_padded(s, 0.0f, [&](float logit, int i) {
     if (i < s.end) f(logit, i);
   });
 }
@@ -204,8 +201,8 @@ FP8SERVE_DEVICE ExpSum row_sum(const ExpSum* sums, int row, int slices, int whic
   return warp_merge(lane < slices ? sums[(row * slices + lane) * 2 + which] : ExpSum{});
 }
 
-FP8SERVE_DEVICE uint32_t key_order(float logit, int64_t id) {
-  return static_cast<uint32_t>(sample_key(logit, static_cast<int32_t>(id)) >> 32);
+FP8SERVE_DEVICE uint32_t key_order(float logit, int id) {
+  return static_cast<uint32_t>(sample_key(logit, id) >> 32);
 }
 
 // Launch 1, greedy and candidates: each slice's best key.
@@ -214,8 +211,8 @@ __global__ void __launch_bounds__(kThreads) sample_best_kernel(const float* logi
   FP8SERVE_SHARED(unsigned long long[kWarps], scratch);
   const Slice s = this_slice(logits, vocab, slice_len);
   unsigned long long best = 0;
-  for_each_logit(s, [&](float logit, int64_t i) {
-    const unsigned long long key = sample_key(logit, static_cast<int32_t>(i));
+  for_each_logit(s, [&](float logit, int i) {
+    const unsigned long long key = sample_key(logit, i);
     best = key > best ? key : best;
   });
   best = block_max_key(best, scratch);
@@ -225,19 +222,18 @@ __global__ void __launch_bounds__(kThreads) sample_best_kernel(const float* logi
 // Launch 2, greedy: each slice's sum of exp(l - max).
 __global__ void __launch_bounds__(kThreads) sample_greedy_sums_kernel(const float* logits, int64_t vocab,
                                                                       int64_t slice_len, SliceWorkspace w) {
-  FP8SERVE_SHARED(unsigned long long[kWarps], sums_hi);
-  FP8SERVE_SHARED(unsigned long long[kWarps], sums_lo);
-  FP8SERVE_SHARED(double[64], exp_table);
+  FP8SERVE_SHARED(unsigned long long[kWarps], sums);
+  FP8SERVE_SHARED(float[32], exp_table);
   load_exp_table(exp_table);
   const Slice s = this_slice(logits, vocab, slice_len);
   const float max_logit = s.row[sample_key_id(row_best_key(w.keys, s.row_index, static_cast<int>(gridDim.y)))];
   __syncthreads();  // exp_table
   ExpSum sum;
   // (a pad of -inf adds exp(-inf) = 0: to a NaN row's sum too, which its max already marked)
-  for_each_logit_padded(s, -INFINITY, [&](float logit, int64_t) {
+  for_each_logit_padded(s, -INFINITY, [&](float logit, int) {
     add_exp(sum, logit - max_logit, exp_table, kExpCoefficientsDevice);
   });
-  sum = block_merge(sum, sums_hi, sums_lo);
+  sum = block_merge(sum, sums);
   if (threadIdx.x == 0) w.sums[s.index * 2] = sum;
 }
 
@@ -253,9 +249,8 @@ __global__ void __launch_bounds__(kWarpSize) sample_greedy_rows_kernel(const flo
 // Launch 2, candidates: each slice's two ExpSums and the histogram of its first digit.
 __global__ void __launch_bounds__(kThreads, 2) sample_candidate_sums_kernel(const CandidateSampleParams p, int64_t slice_len,
                                                                          SliceWorkspace w) {
-  FP8SERVE_SHARED(unsigned long long[kWarps], sums_hi);
-  FP8SERVE_SHARED(unsigned long long[kWarps], sums_lo);
-  FP8SERVE_SHARED(double[64], exp_table);
+  FP8SERVE_SHARED(unsigned long long[kWarps], sums);
+  FP8SERVE_SHARED(float[32], exp_table);
   FP8SERVE_SHARED(int[kRadixBins], histogram);
   load_exp_table(exp_table);
   zero_bins(histogram);
@@ -265,13 +260,13 @@ __global__ void __launch_bounds__(kThreads, 2) sample_candidate_sums_kernel(cons
   __syncthreads();  // exp_table, histogram
   ExpSum raw, scaled;
   // (a pad of -inf adds 0 to both sums, as for greedy; the histogram leaves it out)
-  for_each_logit_padded(s, -INFINITY, [&](float logit, int64_t i) {
+  for_each_logit_padded(s, -INFINITY, [&](float logit, int i) {
     add_exp(raw, logit - max_logit, exp_table, kExpCoefficientsDevice);
     add_exp(scaled, (logit - max_logit) * inv_t, exp_table, kExpCoefficientsDevice);
     if (i < s.end) atomicAdd(&histogram[key_order(logit, i) >> digit_shift(0)], 1);
   });
-  raw = block_merge(raw, sums_hi, sums_lo);  // (its barriers also end the histogram's atomics)
-  scaled = block_merge(scaled, sums_hi, sums_lo);
+  raw = block_merge(raw, sums);  // (its barriers also end the histogram's atomics)
+  scaled = block_merge(scaled, sums);
   if (threadIdx.x == 0) {
     w.sums[s.index * 2] = raw;
     w.sums[s.index * 2 + 1] = scaled;
@@ -351,7 +346,7 @@ __global__ void __launch_bounds__(kThreads) sample_radix_kernel(const CandidateS
   const Selection sel = select_digit(w, s.row_index, slices, pass - 1, k, warp_sums, chosen);
   zero_bins(histogram);
   __syncthreads();
-  for_each_logit(s, [&](float logit, int64_t i) {
+  for_each_logit(s, [&](float logit, int i) {
     const uint32_t order = key_order(logit, i);
     if ((order & sel.mask) == sel.prefix) atomicAdd(&histogram[(order & ~sel.mask) >> digit_shift(pass)], 1);
   });
@@ -363,11 +358,11 @@ __global__ void __launch_bounds__(kThreads) sample_radix_kernel(const CandidateS
 // The compaction's walk over a warp's run of the slice's ids (whole groups of 32, so in id order):
 // kAhead groups loaded, then each group's ballots (above, at) the threshold `order`, in id order.
 struct WarpRun {
-  int64_t begin, end;
+  int begin, end;
 };
 FP8SERVE_DEVICE WarpRun warp_run(const Slice& s) {
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  const int64_t span = (s.end - s.begin + kThreads - 1) / kThreads * kWarpSize;  // ids a warp owns
+  const int span = (s.end - s.begin + kThreads - 1) / kThreads * kWarpSize;  // ids a warp owns
   WarpRun r;
   r.begin = s.begin + warp * span;
   r.end = r.begin + span < s.end ? r.begin + span : s.end;  // (a run past the slice's end is empty)
@@ -376,16 +371,16 @@ FP8SERVE_DEVICE WarpRun warp_run(const Slice& s) {
 template <class F>
 FP8SERVE_DEVICE void for_each_group(const Slice& s, const WarpRun& run, uint32_t threshold, F&& f) {
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  for (int64_t base = run.begin; base < run.end; base += int64_t{kAhead} * kWarpSize) {
+  for (int base = run.begin; base < run.end; base += kAhead * kWarpSize) {
     float logit[kAhead];
 FP8SERVE_UNROLL
     for (int u = 0; u < kAhead; ++u) {
-      const int64_t i = base + int64_t{u} * kWarpSize + lane;
+      const int i = base + u * kWarpSize + lane;
       logit[u] = i < run.end ? s.row[i] : 0.0f;
     }
 FP8SERVE_UNROLL
     for (int u = 0; u < kAhead; ++u) {
-      const int64_t i = base + int64_t{u} * kWarpSize + lane;
+      const int i = base + u * kWarpSize + lane;
       const uint32_t order = i < run.end ? key_order(logit[u], i) : 0u;
       f(i, logit[u], __ballot_sync(kFullMask, i < run.end && order > threshold),
         __ballot_sync(kFullMask, i < run.end && order == threshold));
@@ -404,7 +399,7 @@ __global__ void __launch_bounds__(kThreads) sample_count_kernel(const CandidateS
   const int k = p.vocab_size < p.num_candidates ? static_cast<int>(p.vocab_size) : p.num_candidates;
   const Selection sel = select_digit(w, s.row_index, static_cast<int>(gridDim.y), kRadixPasses - 1, k, warp_sums, chosen);
   int above = 0, ties = 0;
-  for_each_group(s, warp_run(s), sel.prefix, [&](int64_t, float, unsigned a, unsigned t) {
+  for_each_group(s, warp_run(s), sel.prefix, [&](int, float, unsigned a, unsigned t) {
     above += __popc(a);
     ties += __popc(t);
   });
@@ -453,7 +448,7 @@ __global__ void __launch_bounds__(kThreads) sample_write_kernel(const CandidateS
   int32_t* ids = p.ids + static_cast<int64_t>(row) * p.num_candidates;
   float* out_logits = p.candidate_logits + static_cast<int64_t>(row) * p.num_candidates;
   const unsigned lanes_below = (1u << lane) - 1u;
-  for_each_group(s, warp_run(s), threshold, [&](int64_t i, float logit, unsigned a, unsigned t) {
+  for_each_group(s, warp_run(s), threshold, [&](int i, float logit, unsigned a, unsigned t) {
     if ((a | t) == 0) return;  // most groups hold no candidate (K of the row's ids); a and t are the warp's
     const bool take = (a >> lane & 1u) || ((t >> lane & 1u) && ties_before + __popc(t & lanes_below) < remaining);
     const unsigned takes = __ballot_sync(kFullMask, take);
@@ -528,7 +523,7 @@ SliceWorkspace checked_workspace(void* workspace, std::size_t workspace_bytes, i
 }  // namespace
 
 void sample_candidates_cuda(const CandidateSampleParams& p, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
-  const bool bad = p.num_rows < 0 || p.num_rows > INT32_MAX / kMaxSlices || p.vocab_size < 1 || p.vocab_size > INT32_MAX ||
+  const bool bad = p.num_rows < 0 || p.num_rows > INT32_MAX / kMaxSlices || p.vocab_size < 1 || p.vocab_size > ExpSum::kMaxTerms ||
                    p.num_candidates < 1 || p.num_candidates > kMaxSampleCandidates || p.slices < 0;
   if (bad) throw std::invalid_argument("sample_candidates (cuda): bad shape or number of candidates");
   if (p.num_rows == 0) return;
@@ -546,7 +541,7 @@ void sample_candidates_cuda(const CandidateSampleParams& p, void* workspace, std
 }
 
 void sample_greedy_cuda(const GreedySampleParams& p, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
-  const bool bad = p.num_rows < 0 || p.num_rows > INT32_MAX / kMaxSlices || p.vocab_size < 1 || p.vocab_size > INT32_MAX ||
+  const bool bad = p.num_rows < 0 || p.num_rows > INT32_MAX / kMaxSlices || p.vocab_size < 1 || p.vocab_size > ExpSum::kMaxTerms ||
                    p.slices < 0;
   if (bad) throw std::invalid_argument("sample_greedy (cuda): bad shape");
   if (p.num_rows == 0) return;

@@ -116,7 +116,7 @@ class Sampler {
   std::unordered_map<int32_t, int32_t> output_counts_;  // token -> times generated
   int num_generated_ = 0;
   std::vector<int32_t> order_;                        // scratch: candidate ids
-  std::vector<double> weights_;                       // scratch: exp((l - l_max) / T) per id
+  std::vector<float> weights_;                        // scratch: exp((l - l_max) / T) per id
   std::vector<LogitEdit> edits_;                      // scratch: apply_processors()
   std::vector<uint32_t> mask_;                        // scratch: apply_processors()
 };

@@ -362,12 +362,12 @@ def sampling_launches(kind, per, slices, bins, passes):
               ("a bin's slices", ["LDG"], ["STS", "ATOMS", "VOTE"], unrolled("LDG", slices, bins), True),
               # the warps before's sums: at most 15 = 3 x 4 + 2 + 1; the average warp's 7.5 as once through each loop
               *[("warps before", ["LDS"], ["LDG", "STS"], lambda ops: 1, True)] * 3]
-    best = ("sample_best_kernel", slices, elements("best key", ["LDG"], ["DADD", "ATOMS", "VOTE"]))
+    best = ("sample_best_kernel", slices, elements("best key", ["LDG"], ["LDS", "ATOMS", "VOTE"]))
     if kind == "greedy":
-        return [best, ("sample_greedy_sums_kernel", slices, elements("exp sum", ["LDG", "DADD"])),
+        return [best, ("sample_greedy_sums_kernel", slices, elements("exp sum", ["LDG", "LDS"])),
                 ("sample_greedy_rows_kernel", 1, [])]
     return [best,
-            ("sample_candidate_sums_kernel", slices, elements("exp sums, first digit", ["LDG", "DADD", "ATOMS"])),
+            ("sample_candidate_sums_kernel", slices, elements("exp sums, first digit", ["LDG", "LDS", "ATOMS"])),
             *[("sample_radix_kernel", slices, [*select, *elements("a digit", ["LDG", "ATOMS"])])] * (passes - 1),
             ("sample_count_kernel", slices, [*select, *elements("counts", ["LDG", "VOTE"], ["STG"])]),
             ("sample_write_kernel", slices, elements("writes", ["LDG", "VOTE"]))]

@@ -124,6 +124,8 @@ TEST_CASE("HF config: unsupported and malformed configs name the culprit", "[con
   require_error(with(llama, "num_attention_heads", 0), "num_attention_heads");
   require_error(with(llama, "head_dim", 33), "head_dim");
   require_error(with(llama, "hidden_size", 1LL << 40), "hidden_size");
+  require_error(with(llama, "vocab_size", (1 << 20) + 1), "vocab_size");  // the sampler's sums hold 2^20 terms
+  CHECK(parse_hf_config(with(llama, "vocab_size", 1 << 20), nullptr).vocab_size == 1 << 20);
   require_error(with(llama, "eos_token_id", 5000), "eos_token_id");
   require_error(with(llama, "eos_token_id", {1, "x"}), "eos_token_id");
   require_error(with(llama, "rms_norm_eps", -1.0), "rms_norm_eps");

@@ -264,8 +264,8 @@ TEST_CASE("sampling's results do not depend on how many CTAs a row is cut into",
         const CandidateRow &a = c.rows[r], &b = one.rows[r];
         CHECK(same_bits(a.max_logit, b.max_logit));
         CHECK(a.num_candidates == b.num_candidates);
-        CHECK((a.raw_sum.hi == b.raw_sum.hi && a.raw_sum.lo == b.raw_sum.lo));
-        CHECK((a.scaled_sum.hi == b.scaled_sum.hi && a.scaled_sum.lo == b.scaled_sum.lo));
+        CHECK(a.raw_sum.bits == b.raw_sum.bits);
+        CHECK(a.scaled_sum.bits == b.scaled_sum.bits);
         const std::size_t at = r * static_cast<std::size_t>(k), kr = static_cast<std::size_t>(b.num_candidates);
         CHECK(std::equal(c.ids.begin() + at, c.ids.begin() + at + kr, one.ids.begin() + at));
         for (std::size_t i = 0; i < kr; ++i) CHECK(same_bits(c.logits[at + i], one.logits[at + i]));
