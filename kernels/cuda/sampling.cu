@@ -11,9 +11,9 @@
 // Launches: a row is cut into slices of consecutive ids, a 512-thread CTA each (sampling_slices():
 // enough CTAs for the GPU at any batch), and each launch passes over the slice once, its partials
 // combined exactly by the next: greedy takes three (each slice's best key; each slice's sum of
-// exp(l - max); each row's pick), the top-k prefilter six (best keys; the two sums and the first
-// radix digit's histogram; the second digit's; the third's; the threshold and each warp's counts;
-// the ordered compaction). The passes after the first mostly hit L2 (a batch of 64 rows at 128k is 32 MiB).
+// exp(l - max); each row's pick), the top-k prefilter five (best keys and the first radix digit's
+// histogram; the two sums and the second digit's; the third's; the threshold and each warp's
+// counts; the ordered compaction). The passes after the first mostly hit L2 (a batch of 64 rows at 128k is 32 MiB).
 // docs/cuda.md, "Sampling on the GPU".
 #include <algorithm>
 #include <stdexcept>
@@ -91,7 +91,8 @@ FP8SERVE_DEVICE ExpSum block_merge(ExpSum s, unsigned long long* scratch) {
 
 constexpr int kMaxSlices = kWarpSize;  // a warp combines a row's partials, a lane a slice
 // The radix select's digits of the 32-bit logit order, from the top: 11, 11 and 10 bits (three
-// passes, the first fused into the sums' pass). A digit's histogram has kRadixBins bins.
+// passes, the first fused into the best keys' pass, the second into the sums'). A digit's
+// histogram has kRadixBins bins.
 constexpr int kRadixPasses = 3;
 constexpr int kRadixBins = 2048;
 constexpr int kBinsPerThread = kRadixBins / kThreads;
@@ -205,7 +206,7 @@ FP8SERVE_DEVICE uint32_t key_order(float logit, int id) {
   return static_cast<uint32_t>(sample_key(logit, id) >> 32);
 }
 
-// Launch 1, greedy and candidates: each slice's best key.
+// Launch 1, greedy: each slice's best key.
 __global__ void __launch_bounds__(kThreads) sample_best_kernel(const float* logits, int64_t vocab, int64_t slice_len,
                                                                unsigned long long* keys) {
   FP8SERVE_SHARED(unsigned long long[kWarps], scratch);
@@ -217,6 +218,25 @@ __global__ void __launch_bounds__(kThreads) sample_best_kernel(const float* logi
   });
   best = block_max_key(best, scratch);
   if (threadIdx.x == 0) keys[s.index] = best;
+}
+
+// Launch 1, candidates: each slice's best key, and the histogram of its first digit.
+__global__ void __launch_bounds__(kThreads) sample_first_pass_kernel(const float* logits, int64_t vocab,
+                                                                     int64_t slice_len, SliceWorkspace w) {
+  FP8SERVE_SHARED(unsigned long long[kWarps], scratch);
+  FP8SERVE_SHARED(int[kRadixBins], histogram);
+  zero_bins(histogram);
+  const Slice s = this_slice(logits, vocab, slice_len);
+  __syncthreads();  // histogram
+  unsigned long long best = 0;
+  for_each_logit(s, [&](float logit, int i) {
+    const unsigned long long key = sample_key(logit, i);
+    best = key > best ? key : best;
+    atomicAdd(&histogram[static_cast<uint32_t>(key >> 32) >> digit_shift(0)], 1);
+  });
+  best = block_max_key(best, scratch);  // (its barrier also ends the histogram's atomics)
+  if (threadIdx.x == 0) w.keys[s.index] = best;
+  copy_bins(histogram, w.histogram_of(0) + static_cast<int64_t>(s.index) * kRadixBins);
 }
 
 // Launch 2, greedy: each slice's sum of exp(l - max).
@@ -244,35 +264,6 @@ __global__ void __launch_bounds__(kWarpSize) sample_greedy_rows_kernel(const flo
   const int32_t token = sample_key_id(row_best_key(w.keys, row, slices));
   const ExpSum sum = row_sum(w.sums, row, slices, 0);
   if (threadIdx.x == 0) out[row] = GreedyRow{token, logits[static_cast<int64_t>(row) * vocab + token], sum};
-}
-
-// Launch 2, candidates: each slice's two ExpSums and the histogram of its first digit.
-__global__ void __launch_bounds__(kThreads, 2) sample_candidate_sums_kernel(const CandidateSampleParams p, int64_t slice_len,
-                                                                         SliceWorkspace w) {
-  FP8SERVE_SHARED(unsigned long long[kWarps], sums);
-  FP8SERVE_SHARED(float[32], exp_table);
-  FP8SERVE_SHARED(int[kRadixBins], histogram);
-  load_exp_table(exp_table);
-  zero_bins(histogram);
-  const Slice s = this_slice(p.logits, p.vocab_size, slice_len);
-  const float max_logit = s.row[sample_key_id(row_best_key(w.keys, s.row_index, static_cast<int>(gridDim.y)))];
-  const float inv_t = p.inv_temperature[s.row_index];
-  __syncthreads();  // exp_table, histogram
-  ExpSum raw, scaled;
-  // (a pad of -inf adds 0 to both sums, as for greedy; the histogram leaves it out)
-  for_each_logit_padded(s, -INFINITY, [&](float logit, int i) {
-    add_exp(raw, logit - max_logit, exp_table, kExpCoefficientsDevice);
-    add_exp(scaled, (logit - max_logit) * inv_t, exp_table, kExpCoefficientsDevice);
-    if (i < s.end) atomicAdd(&histogram[key_order(logit, i) >> digit_shift(0)], 1);
-  });
-  raw = block_merge(raw, sums);  // (its barriers also end the histogram's atomics)
-  scaled = block_merge(scaled, sums);
-  if (threadIdx.x == 0) {
-    w.sums[s.index * 2] = raw;
-    w.sums[s.index * 2 + 1] = scaled;
-  }
-  int* out = w.histograms[0] + static_cast<int64_t>(s.index) * kRadixBins;
-  copy_bins(histogram, out);
 }
 
 // The radix select's state after pass `pass` (its digit chosen from the slices' summed histograms),
@@ -333,8 +324,42 @@ FP8SERVE_UNROLL
   return after;
 }
 
-// Launches 3-4, candidates (passes 1 and 2): pass `pass - 1`'s digit chosen, the histogram of pass `pass`'s digit
-// among the slice's elements that share the digits chosen so far.
+// Launch 2, candidates: the first digit chosen, then each slice's two ExpSums and the histogram
+// of its second digit among the elements that share the first.
+__global__ void __launch_bounds__(kThreads, 2) sample_candidate_sums_kernel(const CandidateSampleParams p, int64_t slice_len,
+                                                                         SliceWorkspace w) {
+  FP8SERVE_SHARED(unsigned long long[kWarps], sums);
+  FP8SERVE_SHARED(float[32], exp_table);
+  FP8SERVE_SHARED(int[kRadixBins], histogram);
+  FP8SERVE_SHARED(int[kWarps], warp_sums);
+  FP8SERVE_SHARED(int[2], chosen);
+  load_exp_table(exp_table);
+  zero_bins(histogram);
+  const Slice s = this_slice(p.logits, p.vocab_size, slice_len);
+  const int k = p.vocab_size < p.num_candidates ? static_cast<int>(p.vocab_size) : p.num_candidates;
+  // (select_digit's barriers also order the table's and the histogram's stores before the loop)
+  const Selection sel = select_digit(w, s.row_index, static_cast<int>(gridDim.y), 0, k, warp_sums, chosen);
+  const float max_logit = s.row[sample_key_id(row_best_key(w.keys, s.row_index, static_cast<int>(gridDim.y)))];
+  const float inv_t = p.inv_temperature[s.row_index];
+  ExpSum raw, scaled;
+  // (a pad of -inf adds 0 to both sums, as for greedy; the histogram leaves it out)
+  for_each_logit_padded(s, -INFINITY, [&](float logit, int i) {
+    add_exp(raw, logit - max_logit, exp_table, kExpCoefficientsDevice);
+    add_exp(scaled, (logit - max_logit) * inv_t, exp_table, kExpCoefficientsDevice);
+    const uint32_t order = key_order(logit, i);
+    if (i < s.end && (order & sel.mask) == sel.prefix) atomicAdd(&histogram[(order & ~sel.mask) >> digit_shift(1)], 1);
+  });
+  raw = block_merge(raw, sums);  // (its barriers also end the histogram's atomics)
+  scaled = block_merge(scaled, sums);
+  if (threadIdx.x == 0) {
+    w.sums[s.index * 2] = raw;
+    w.sums[s.index * 2 + 1] = scaled;
+  }
+  copy_bins(histogram, w.histogram_of(1) + static_cast<int64_t>(s.index) * kRadixBins);
+}
+
+// Launch 3, candidates (pass 2, the last): pass `pass - 1`'s digit chosen, the histogram of pass
+// `pass`'s digit among the slice's elements that share the digits chosen so far.
 __global__ void __launch_bounds__(kThreads) sample_radix_kernel(const CandidateSampleParams p, int64_t slice_len,
                                                                 SliceWorkspace w, int pass) {
   FP8SERVE_SHARED(int[kRadixBins], histogram);
@@ -388,7 +413,7 @@ FP8SERVE_UNROLL
   }
 }
 
-// Launch 5, candidates: the last digit chosen (the threshold: the K-th best order), then each
+// Launch 4, candidates: the last digit chosen (the threshold: the K-th best order), then each
 // warp's count of the slice's elements above and at it, and the slice's.
 __global__ void __launch_bounds__(kThreads) sample_count_kernel(const CandidateSampleParams p, int64_t slice_len,
                                                                 SliceWorkspace w) {
@@ -418,7 +443,7 @@ __global__ void __launch_bounds__(kThreads) sample_count_kernel(const CandidateS
   }
 }
 
-// Launch 6, candidates: the ordered compaction. Every element above the threshold, and the first
+// Launch 5, candidates: the ordered compaction. Every element above the threshold, and the first
 // `remaining` at it by id: what comes before a warp's run (the slices before, the warps before in
 // this slice) is `above` of them plus min(ties, remaining) of their ties, each group of 32 placed by
 // a ballot. Slice 0 writes the row's header.
@@ -531,9 +556,9 @@ void sample_candidates_cuda(const CandidateSampleParams& p, void* workspace, std
   const int64_t slice_len = div_up(p.vocab_size, slices);
   const SliceWorkspace w = checked_workspace(workspace, workspace_bytes, p.num_rows, slices, "sample_candidates (cuda)");
   const dim3 grid(static_cast<unsigned>(p.num_rows), static_cast<unsigned>(slices));
-  FP8SERVE_LAUNCH(sample_best_kernel, grid, dim3(kThreads), 0, stream, p.logits, p.vocab_size, slice_len, w.keys);
+  FP8SERVE_LAUNCH(sample_first_pass_kernel, grid, dim3(kThreads), 0, stream, p.logits, p.vocab_size, slice_len, w);
   FP8SERVE_LAUNCH(sample_candidate_sums_kernel, grid, dim3(kThreads), 0, stream, p, slice_len, w);
-  for (int pass = 1; pass < kRadixPasses; ++pass)
+  for (int pass = 2; pass < kRadixPasses; ++pass)
     FP8SERVE_LAUNCH(sample_radix_kernel, grid, dim3(kThreads), 0, stream, p, slice_len, w, pass);
   FP8SERVE_LAUNCH(sample_count_kernel, grid, dim3(kThreads), 0, stream, p, slice_len, w);
   FP8SERVE_LAUNCH(sample_write_kernel, grid, dim3(kThreads), 0, stream, p, slice_len, w);

@@ -348,9 +348,10 @@ def sampling_launches(kind, per, slices, bins, passes):
     """Each launch of a sampling kind (kernels/cuda/sampling.cu), in order: (kernel, CTAs a row,
     rules of the loops on the path). per: the ids a thread takes in its slice (for_each_logit,
     for_each_group: 4 loads a trip, no remainder loop); passes: the radix select's digits (the
-    first histogram built in the sums' launch); bins: the histogram bins a thread sums over
-    the slices (select_digit: nvcc unrolls that loop by 4 slices, with a one-slice remainder loop
-    beside; zeroing and copying the bins is straight code)."""
+    first histogram built in the best keys' launch, the second in the sums'); bins: the
+    histogram bins a thread sums over the slices (select_digit: nvcc unrolls that loop by 4
+    slices, with a one-slice remainder loop beside; zeroing and copying the bins is straight
+    code)."""
     def elements(name, need, avoid=()):
         return [(name, need, list(avoid), lambda ops: per / n_ops(ops, "LDG"), False)]
     def unrolled(op, count, each=1):  # `count` things, `each` of `op` a thing
@@ -366,9 +367,10 @@ def sampling_launches(kind, per, slices, bins, passes):
     if kind == "greedy":
         return [best, ("sample_greedy_sums_kernel", slices, elements("exp sum", ["LDG", "LDS"])),
                 ("sample_greedy_rows_kernel", 1, [])]
-    return [best,
-            ("sample_candidate_sums_kernel", slices, elements("exp sums, first digit", ["LDG", "LDS", "ATOMS"])),
-            *[("sample_radix_kernel", slices, [*select, *elements("a digit", ["LDG", "ATOMS"])])] * (passes - 1),
+    return [("sample_first_pass_kernel", slices, elements("best key, first digit", ["LDG", "ATOMS"])),
+            ("sample_candidate_sums_kernel", slices,
+             [*select, *elements("exp sums, second digit", ["LDG", "LDS", "ATOMS"])]),
+            *[("sample_radix_kernel", slices, [*select, *elements("a digit", ["LDG", "ATOMS"])])] * (passes - 2),
             ("sample_count_kernel", slices, [*select, *elements("counts", ["LDG", "VOTE"], ["STG"])]),
             ("sample_write_kernel", slices, elements("writes", ["LDG", "VOTE"]))]
 
