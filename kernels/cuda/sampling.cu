@@ -206,17 +206,30 @@ FP8SERVE_DEVICE uint32_t key_order(float logit, int id) {
   return static_cast<uint32_t>(sample_key(logit, id) >> 32);
 }
 
+// K: the candidates a row gives (all of a vocabulary smaller than K).
+FP8SERVE_DEVICE int candidates_per_row(const CandidateSampleParams& p) {
+  return p.vocab_size < p.num_candidates ? static_cast<int>(p.vocab_size) : p.num_candidates;
+}
+
+// The slice's best key over the block (every thread gets it), `also(key)` called for each id's key.
+// scratch: __shared__ unsigned long long[kWarps].
+template <class F>
+FP8SERVE_DEVICE unsigned long long slice_best_key(const Slice& s, unsigned long long* scratch, F&& also) {
+  unsigned long long best = 0;
+  for_each_logit(s, [&](float logit, int i) {
+    const unsigned long long key = sample_key(logit, i);
+    best = key > best ? key : best;
+    also(key);
+  });
+  return block_max_key(best, scratch);
+}
+
 // Launch 1, greedy: each slice's best key.
 __global__ void __launch_bounds__(kThreads) sample_best_kernel(const float* logits, int64_t vocab, int64_t slice_len,
                                                                unsigned long long* keys) {
   FP8SERVE_SHARED(unsigned long long[kWarps], scratch);
   const Slice s = this_slice(logits, vocab, slice_len);
-  unsigned long long best = 0;
-  for_each_logit(s, [&](float logit, int i) {
-    const unsigned long long key = sample_key(logit, i);
-    best = key > best ? key : best;
-  });
-  best = block_max_key(best, scratch);
+  const unsigned long long best = slice_best_key(s, scratch, [](unsigned long long) {});
   if (threadIdx.x == 0) keys[s.index] = best;
 }
 
@@ -228,13 +241,9 @@ __global__ void __launch_bounds__(kThreads) sample_first_pass_kernel(const float
   zero_bins(histogram);
   const Slice s = this_slice(logits, vocab, slice_len);
   __syncthreads();  // histogram
-  unsigned long long best = 0;
-  for_each_logit(s, [&](float logit, int i) {
-    const unsigned long long key = sample_key(logit, i);
-    best = key > best ? key : best;
+  const unsigned long long best = slice_best_key(s, scratch, [&](unsigned long long key) {
     atomicAdd(&histogram[static_cast<uint32_t>(key >> 32) >> digit_shift(0)], 1);
-  });
-  best = block_max_key(best, scratch);  // (its barrier also ends the histogram's atomics)
+  });  // (block_max_key's barrier also ends the histogram's atomics)
   if (threadIdx.x == 0) w.keys[s.index] = best;
   copy_bins(histogram, w.histogram_of(0) + static_cast<int64_t>(s.index) * kRadixBins);
 }
@@ -324,6 +333,11 @@ FP8SERVE_UNROLL
   return after;
 }
 
+// Adds an element's digit of pass `pass` to a shared histogram, if it shares the digits chosen so far.
+FP8SERVE_DEVICE void count_digit(int* histogram, const Selection& sel, uint32_t order, int pass) {
+  if ((order & sel.mask) == sel.prefix) atomicAdd(&histogram[(order & ~sel.mask) >> digit_shift(pass)], 1);
+}
+
 // Launch 2, candidates: the first digit chosen, then each slice's two ExpSums and the histogram
 // of its second digit among the elements that share the first.
 __global__ void __launch_bounds__(kThreads, 2) sample_candidate_sums_kernel(const CandidateSampleParams p, int64_t slice_len,
@@ -336,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_candidate_sums_kernel(cons
   load_exp_table(exp_table);
   zero_bins(histogram);
   const Slice s = this_slice(p.logits, p.vocab_size, slice_len);
-  const int k = p.vocab_size < p.num_candidates ? static_cast<int>(p.vocab_size) : p.num_candidates;
+  const int k = candidates_per_row(p);
   // (select_digit's barriers also order the table's and the histogram's stores before the loop)
   const Selection sel = select_digit(w, s.row_index, static_cast<int>(gridDim.y), 0, k, warp_sums, chosen);
   const float max_logit = s.row[sample_key_id(row_best_key(w.keys, s.row_index, static_cast<int>(gridDim.y)))];
@@ -346,8 +360,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_candidate_sums_kernel(cons
   for_each_logit_padded(s, -INFINITY, [&](float logit, int i) {
     add_exp(raw, logit - max_logit, exp_table, kExpCoefficientsDevice);
     add_exp(scaled, (logit - max_logit) * inv_t, exp_table, kExpCoefficientsDevice);
-    const uint32_t order = key_order(logit, i);
-    if (i < s.end && (order & sel.mask) == sel.prefix) atomicAdd(&histogram[(order & ~sel.mask) >> digit_shift(1)], 1);
+    if (i < s.end) count_digit(histogram, sel, key_order(logit, i), 1);
   });
   raw = block_merge(raw, sums);  // (its barriers also end the histogram's atomics)
   scaled = block_merge(scaled, sums);
@@ -367,13 +380,12 @@ __global__ void __launch_bounds__(kThreads) sample_radix_kernel(const CandidateS
   FP8SERVE_SHARED(int[2], chosen);
   const Slice s = this_slice(p.logits, p.vocab_size, slice_len);
   const int slices = static_cast<int>(gridDim.y);
-  const int k = p.vocab_size < p.num_candidates ? static_cast<int>(p.vocab_size) : p.num_candidates;
+  const int k = candidates_per_row(p);
   const Selection sel = select_digit(w, s.row_index, slices, pass - 1, k, warp_sums, chosen);
   zero_bins(histogram);
   __syncthreads();
   for_each_logit(s, [&](float logit, int i) {
-    const uint32_t order = key_order(logit, i);
-    if ((order & sel.mask) == sel.prefix) atomicAdd(&histogram[(order & ~sel.mask) >> digit_shift(pass)], 1);
+    count_digit(histogram, sel, key_order(logit, i), pass);
   });
   __syncthreads();
   int* out = w.histogram_of(pass) + static_cast<int64_t>(s.index) * kRadixBins;
@@ -421,7 +433,7 @@ __global__ void __launch_bounds__(kThreads) sample_count_kernel(const CandidateS
   FP8SERVE_SHARED(int[2], chosen);
   FP8SERVE_SHARED(int[2 * kWarps], counts);
   const Slice s = this_slice(p.logits, p.vocab_size, slice_len);
-  const int k = p.vocab_size < p.num_candidates ? static_cast<int>(p.vocab_size) : p.num_candidates;
+  const int k = candidates_per_row(p);
   const Selection sel = select_digit(w, s.row_index, static_cast<int>(gridDim.y), kRadixPasses - 1, k, warp_sums, chosen);
   int above = 0, ties = 0;
   for_each_group(s, warp_run(s), sel.prefix, [&](int, float, unsigned a, unsigned t) {
@@ -451,7 +463,7 @@ __global__ void __launch_bounds__(kThreads) sample_write_kernel(const CandidateS
                                                                 SliceWorkspace w) {
   const Slice s = this_slice(p.logits, p.vocab_size, slice_len);
   const int slices = static_cast<int>(gridDim.y), slice = static_cast<int>(blockIdx.y), row = s.row_index;
-  const int k = p.vocab_size < p.num_candidates ? static_cast<int>(p.vocab_size) : p.num_candidates;
+  const int k = candidates_per_row(p);
   const uint32_t threshold = static_cast<uint32_t>(w.state[(row * kRadixPasses + kRadixPasses - 1) * 2]);
   const int remaining = w.state[(row * kRadixPasses + kRadixPasses - 1) * 2 + 1];
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
