@@ -35,8 +35,16 @@
 // atomics: the result is deterministic and batch invariant (y[t] sums the same products in the
 // same order whatever the other rows and whichever CTA is last; the mma computes each column of D
 // alone). The split count depends on the shape only (never on the token count or the device):
-// about kTargetBlocks CTAs, 4 per SM of an H200, each lane keeping 8 16-byte loads (128 bytes,
-// 4 KiB a warp) in flight while it converts the previous 8 (a register double buffer).
+// plan_linear_fp8_gemv weighs whole rounds of kSlots CTAs (2 per SM, which __launch_bounds__
+// holds ptxas to, on 132 SMs) against each CTA's fixed cost, so that a small projection runs in one
+// round of CTAs a few k steps long, not in two rounds and a tail of one-step CTAs.
+//
+// A CTA's path: its first step's W loads (8 x 16 bytes a lane, 4 KiB a warp) are issued before x is
+// staged, so the DRAM round trip and the staging overlap; then each lane keeps the next step's
+// loads in flight while it converts and multiplies the previous ones (a register double buffer).
+// The 4 mma steps of a 64-input chunk alternate between two accumulators (even and odd 16-input
+// steps), so the tensor core's latency is paid on two independent chains; the two are added once,
+// at the end of the slice (or of a scale block): a fixed order, the same for every row and token.
 #include <algorithm>
 #include <stdexcept>
 
@@ -58,7 +66,13 @@ constexpr int kStep = kChunk * kChunksPerStep;        // 256
 constexpr int kMaxSlice = 1024;                       // k per split: x's stage, 16 x 2 KiB
 constexpr int kXPad = 8;  // f16: a stage row is 2064 bytes, 16 mod 128: the B loads are conflict-free
 constexpr int kStageVecs = (kMaxSlice + kXPad) / 8;  // a stage row in 16-byte vectors (aligned loads)
-constexpr int kTargetBlocks = 4 * 132;
+// Occupancy: <= 128 registers (__launch_bounds__) x 256 threads: 2 CTAs per SM; the plan's round
+// is kSlots CTAs, an H100's or H200's SMs (a constant: the plan never depends on the device).
+constexpr int kCtasPerSm = 2;
+constexpr int kSlots = kCtasPerSm * 132;
+// A CTA's fixed cost (staging x, the first DRAM round trip, the fence and the ticket) in 64-input
+// chunks of streaming: about two k steps (a stated estimate, tests/scripts/kernel_model.py's).
+constexpr int kFixedChunks = 8;
 
 struct GemvArgs {
   const std::uint16_t* x;  // bf16 [m, x_stride]
@@ -71,6 +85,7 @@ struct GemvArgs {
   void* y;                 // [m, y_stride] bf16 or fp32
   int64_t y_stride;
   bool y_fp32;
+  bool x_vec16;  // x's rows start 16-byte aligned and k % 8 == 0: stage_x loads 8 elements at a time
   int64_t x_stride;
   int64_t k_blocks;
   int64_t block_k;  // inputs per scale (k for one scale per row)
@@ -95,41 +110,84 @@ FP8SERVE_UNROLL
   }
 }
 
+// The powers of two that put amax in [2^15, 2^16): shift = 142 - exponent (a subnormal amax counts
+// as 2^-126), in [-113, 141], applied as two factors, each a normal fp32.
+struct XScale {
+  float up_lo, up_hi;
+  FP8SERVE_DEVICE explicit XScale(float amax) {
+    const int exponent = max(static_cast<int>((__float_as_uint(amax) >> 23) & 0xff), 1);
+    const int shift = 142 - exponent, half = shift / 2;
+    up_lo = __uint_as_float(static_cast<unsigned>(127 + half) << 23);
+    up_hi = __uint_as_float(static_cast<unsigned>(127 + shift - half) << 23);
+  }
+  FP8SERVE_DEVICE std::uint16_t f16(std::uint16_t bf16) const {
+    return __half_raw(__float2half_rn(bf16_decode(bf16) * up_lo * up_hi)).x;
+  }
+  FP8SERVE_DEVICE float inverse() const { return 1.0f / up_lo / up_hi; }  // 2^-141 is subnormal: exact
+};
+
 // Stages token rows [0, kTiles * 8) of x[:, kbeg .. kbeg + len) as f16 scaled by a power of two
 // (rows past m and columns past len: zeros), and each row's inverse scale. Warp w stages rows w,
-// w + 8: a row's maximum is a warp reduction.
+// w + 8: a row's maximum is a warp reduction. x_vec16 (16-byte aligned rows, k % 8 == 0): each lane
+// loads its <= 4 vectors of 8 once and keeps them for the conversion; else one element a lane at a
+// time, read twice. Both compute the same maximum and the same f16 values.
 template <int kTiles>
 FP8SERVE_DEVICE void stage_x(const GemvArgs& a, int64_t kbeg, int len, int staged, uint4 (*xs)[kStageVecs],
                              float* unscale) {
+  constexpr int kVecs = kMaxSlice / (8 * kWarpSize);
+  static_assert(kVecs * 8 * kWarpSize == kMaxSlice);
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  for (int row = warp; row < kTiles * 8; row += kWarps) {
+  static_assert(kWarps == 8, "a warp stages one row of each token tile");
+FP8SERVE_UNROLL
+  for (int tile = 0; tile < kTiles; ++tile) {
+    const int row = tile * 8 + warp;
     const bool live = row < a.m;
     const std::uint16_t* src = a.x + (live ? row : 0) * a.x_stride + kbeg;
     float amax = 0.0f;
+    if (a.x_vec16) {
+      uint4 v[kVecs];
+FP8SERVE_UNROLL
+      for (int j = 0; j < kVecs; ++j) {
+        const int i = (j * kWarpSize + lane) * 8;
+        v[j] = live && i < len ? __ldg(reinterpret_cast<const uint4*>(src + i)) : make_uint4(0, 0, 0, 0);
+        const std::uint32_t words[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+FP8SERVE_UNROLL
+        for (int w = 0; w < 4; ++w) {
+          amax = fmaxf(amax, fabsf(bf16_decode(static_cast<std::uint16_t>(words[w] & 0xffffu))));
+          amax = fmaxf(amax, fabsf(bf16_decode(static_cast<std::uint16_t>(words[w] >> 16))));
+        }
+      }
+      const XScale scale(warp_reduce(amax, MaxOp{}));
+FP8SERVE_UNROLL
+      for (int j = 0; j < kVecs; ++j) {
+        const int i = (j * kWarpSize + lane) * 8;
+        if (i >= staged) break;
+        const std::uint32_t words[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+        std::uint32_t f16[4];
+FP8SERVE_UNROLL
+        for (int w = 0; w < 4; ++w) {
+          f16[w] = scale.f16(static_cast<std::uint16_t>(words[w] & 0xffffu)) |
+                   std::uint32_t{scale.f16(static_cast<std::uint16_t>(words[w] >> 16))} << 16;
+        }
+        xs[row][i / 8] = make_uint4(f16[0], f16[1], f16[2], f16[3]);
+      }
+      if (lane == 0) unscale[row] = scale.inverse();
+      continue;
+    }
     if (live) {
       for (int i = lane; i < len; i += kWarpSize) amax = fmaxf(amax, fabsf(bf16_decode(src[i])));
     }
-    amax = warp_reduce(amax, MaxOp{});
-    // 2^shift * amax in [2^15, 2^16): shift = 142 - exponent (a subnormal amax counts as 2^-126).
-    // shift in [-113, 141]: applied as two factors, each a normal fp32.
-    const int exponent = max(static_cast<int>((__float_as_uint(amax) >> 23) & 0xff), 1);
-    const int shift = 142 - exponent, half = shift / 2;
-    const float up_lo = __uint_as_float(static_cast<unsigned>(127 + half) << 23);
-    const float up_hi = __uint_as_float(static_cast<unsigned>(127 + shift - half) << 23);
+    const XScale scale(warp_reduce(amax, MaxOp{}));
     std::uint16_t* dst = reinterpret_cast<std::uint16_t*>(xs[row]);
-    for (int i = lane; i < staged; i += kWarpSize) {
-      const float v = live && i < len ? bf16_decode(src[i]) * up_lo * up_hi : 0.0f;
-      dst[i] = __half_raw(__float2half_rn(v)).x;
-    }
-    // 2^-shift: 2^-141 is an fp32 subnormal, exact.
-    if (lane == 0) unscale[row] = 1.0f / up_lo / up_hi;
+    for (int i = lane; i < staged; i += kWarpSize) dst[i] = live && i < len ? scale.f16(src[i]) : 0;
+    if (lane == 0) unscale[row] = scale.inverse();
   }
 }
 
 // blockIdx.x: 128 rows of W; blockIdx.y: the k slice. kTiles: token tiles of 8 (m <= 8 * kTiles).
 // kBlocked: block scales. kVec16: 16-byte loads of W (k % 16 == 0 and W 16-byte aligned).
 template <int kTiles, bool kBlocked, bool kVec16>
-__global__ void __launch_bounds__(kThreads) linear_fp8_gemv_kernel(const GemvArgs a) {
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) linear_fp8_gemv_kernel(const GemvArgs a) {
   using Stage = uint4[kTiles * 8][kStageVecs];  // f16 [token][k], 16-byte aligned rows
   FP8SERVE_SHARED(Stage, xs);
   FP8SERVE_SHARED(float[kTiles * 8], unscale);
@@ -137,8 +195,6 @@ __global__ void __launch_bounds__(kThreads) linear_fp8_gemv_kernel(const GemvArg
   const int64_t kend = kbeg + a.slice < a.k ? kbeg + a.slice : a.k;
   const int len = static_cast<int>(kend - kbeg);
   const int staged = (len + kStep - 1) / kStep * kStep;
-  stage_x<kTiles>(a, kbeg, len, staged, xs, unscale);
-  __syncthreads();
 
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int g = lane / 4, t = lane % 4;
@@ -148,8 +204,9 @@ __global__ void __launch_bounds__(kThreads) linear_fp8_gemv_kernel(const GemvArg
   const int64_t read_a = row_a < a.n ? row_a : a.n - 1, read_b = row_b < a.n ? row_b : a.n - 1;
   const std::uint8_t* wa = a.w + read_a * a.k;
   const std::uint8_t* wb = a.w + read_b * a.k;
-  float acc[kTiles][4] = {};
-  float part[kTiles][4] = {};  // kBlocked: the current block's sums
+  // Two accumulator chains: mma step s of a chunk adds into [s % 2].
+  float acc[2][kTiles][4] = {};
+  float part[2][kTiles][4] = {};  // kBlocked: the current block's sums
   // kBlocked: chunks left in the current block (slices start on block boundaries, or are
   // whole-block pieces of blocks larger than a slice).
   const int64_t block_chunks = a.block_k / kChunk;
@@ -201,9 +258,9 @@ FP8SERVE_UNROLL
           const uint4& pair = xb[tile][s / 2];
           const std::uint32_t frag_b[2] = {s % 2 == 0 ? pair.x : pair.z, s % 2 == 0 ? pair.y : pair.w};
           if constexpr (kBlocked) {
-            ptx::mma_m16n8k16_f16(part[tile], frag_a, frag_b);
+            ptx::mma_m16n8k16_f16(part[s % 2][tile], frag_a, frag_b);
           } else {
-            ptx::mma_m16n8k16_f16(acc[tile], frag_a, frag_b);
+            ptx::mma_m16n8k16_f16(acc[s % 2][tile], frag_a, frag_b);
           }
         }
       }
@@ -216,8 +273,8 @@ FP8SERVE_UNROLL
           for (int tile = 0; tile < kTiles; ++tile) {
 FP8SERVE_UNROLL
             for (int e = 0; e < 4; ++e) {
-              acc[tile][e] = fmaf(part[tile][e], e < 2 ? scale_a : scale_b, acc[tile][e]);
-              part[tile][e] = 0.0f;
+              acc[0][tile][e] = fmaf(part[0][tile][e] + part[1][tile][e], e < 2 ? scale_a : scale_b, acc[0][tile][e]);
+              part[0][tile][e] = part[1][tile][e] = 0.0f;
             }
           }
           chunks_left = block_chunks;
@@ -225,7 +282,9 @@ FP8SERVE_UNROLL
       }
     }
   };
-  load_step(0, buf_a);
+  load_step(0, buf_a);  // in flight while x is staged
+  stage_x<kTiles>(a, kbeg, len, staged, xs, unscale);
+  __syncthreads();
   for (int local = 0; local < len; local += 2 * kStep) {
     if (local + kStep < len) load_step(local + kStep, buf_b);
     compute_step(local, buf_a);
@@ -242,7 +301,8 @@ FP8SERVE_UNROLL
     for (int e = 0; e < 4; ++e) {
       const int token = tile * 8 + 2 * t + e % 2;
       const int64_t row = e < 2 ? row_a : row_b;
-      if (token < a.m && row < a.n) out[token * a.n + row] = acc[tile][e] * unscale[token];
+      const float sum = kBlocked ? acc[0][tile][e] : acc[0][tile][e] + acc[1][tile][e];
+      if (token < a.m && row < a.n) out[token * a.n + row] = sum * unscale[token];
     }
   }
 
@@ -288,13 +348,20 @@ Fp8GemvPlan plan_linear_fp8_gemv(int64_t in_features, int64_t out_features, int6
   const int64_t unit = weight_block_k > 0 && block_k <= kMaxSlice ? block_k / kChunk : 1;
   const int64_t chunks = div_up(in_features, kChunk);
   const int64_t row_blocks = div_up(out_features, kRowsPerBlock);
-  const int64_t wanted = std::max<int64_t>(1, div_up(kTargetBlocks, row_blocks));
-  int64_t per_slice = div_up(div_up(chunks, wanted), unit) * unit;
-  // At least a full step of loads (unless the row is shorter), at most the stage.
-  per_slice = std::max(per_slice, div_up(kStep / kChunk, unit) * unit);
-  per_slice = std::min({per_slice, int64_t{kMaxSlice / kChunk} / unit * unit, div_up(chunks, unit) * unit});
+  // At most the stage; at least a full step of loads (unless the row is shorter).
+  const int64_t longest = std::min(int64_t{kMaxSlice / kChunk} / unit * unit, div_up(chunks, unit) * unit);
+  const int64_t shortest = std::min(div_up(kStep / kChunk, unit) * unit, longest);
+  // Each split count's balanced slice, weighed as rounds of kSlots CTAs x (a CTA's fixed cost + its
+  // chunks); the cheapest wins, the fewest splits among equals.
+  int64_t best_cost = -1, best = longest;
+  for (int64_t splits = div_up(chunks, longest); splits <= div_up(chunks, shortest); ++splits) {
+    const int64_t per_slice = std::max(div_up(div_up(chunks, splits), unit) * unit, shortest);
+    const int64_t rounds = div_up(row_blocks * div_up(chunks, per_slice), kSlots);
+    const int64_t cost = rounds * (kFixedChunks + per_slice);
+    if (best_cost < 0 || cost < best_cost) best_cost = cost, best = per_slice;
+  }
   Fp8GemvPlan plan;
-  plan.slice = per_slice * kChunk;
+  plan.slice = best * kChunk;
   plan.splits = div_up(in_features, plan.slice);
   return plan;
 }
@@ -332,6 +399,7 @@ void linear_fp8_gemv_cuda(const LinearParams& p, void* workspace, std::size_t wo
   a.y_stride = p.y_stride ? p.y_stride : p.out_features;
   a.y_fp32 = p.y_fp32;
   a.x_stride = p.x_stride ? p.x_stride : p.in_features;
+  a.x_vec16 = aligned_to(p.x, 16) && a.x_stride % 8 == 0 && p.in_features % 8 == 0;
   a.block_k = p.weight_block_k > 0 ? p.weight_block_k : p.in_features;
   a.k_blocks = weight_num_k_blocks(p.in_features, p.weight_block_k);
   a.n = p.out_features;

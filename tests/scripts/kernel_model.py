@@ -3,7 +3,7 @@
 
 sass_count.py counts one hot loop per byte; this script estimates whole kernels at Llama-3-8B
 shapes on an H200, from the nvcc build's own cubins (SASS, nvdisasm) and ptxas report (registers,
-static shared memory, kernel_resources.py) and the kernels' own constants (kTargetBlocks,
+static shared memory, kernel_resources.py) and the kernels' own constants (kSlots,
 kStages, ... read from their sources). Nothing here ran on a GPU: every figure is an estimate, and
 the constants below are stated guesses, not fits to a measurement.
 
@@ -102,12 +102,14 @@ def phases_time(m, phases, warps):
     return total
 
 
-def stream_time(m, units, instr, chain, warps, in_flight):
-    """A warp's stream of units (chunks, k steps): the first lands after a DRAM round trip, then each
-    takes its compute or its share of the latency, in_flight units being in the air."""
+def stream_time(m, units, instr, chain, warps, in_flight, head=0.0):
+    """A warp's stream of units (chunks, k steps): the first lands after a DRAM round trip (or after
+    `head`, work done while its loads were in flight, if longer), then each takes its compute or its
+    share of the latency, in_flight units being in the air."""
     compute = max(instr / (WARP_IPC * m["clock"]), chain * HMMA_LATENCY / m["clock"],
                   warps * instr / (ISSUE_PER_CLOCK * ISSUE_EFFICIENCY * m["clock"]))
-    return m["dram"] + compute + max(0, units - 1) * max(compute, m["dram"] / in_flight) if units else 0.0
+    first = max(m["dram"], head)
+    return first + compute + max(0, units - 1) * max(compute, m["dram"] / in_flight) if units else head
 
 
 def kernel_time(m, k):
@@ -146,7 +148,7 @@ def loop_walk(sass, header):
 
 
 def source_constants(*paths):
-    """The integer constexprs of kernel sources (kTargetBlocks, kStages, ...), resolved."""
+    """The integer constexprs of kernel sources (kSlots, kStages, ...), resolved."""
     text = "".join(re.sub(r"//.*", "", open(os.path.join(ROOT, p)).read()) for p in paths)
     found, values = re.findall(r"constexpr\s+(?:int|int32_t|int64_t)\s+(\w+)\s*=\s*([^;]+);", text), {}
     for _ in found:
@@ -163,32 +165,44 @@ def gemv(b, m, n, k, tokens):
     tiles = 1 if tokens <= 8 else 2
     pattern = rf"linear_fp8_gemv_kernel<{tiles}, false, true>"  # one scale per row, 16-byte loads
     res, sass = b.resources(pattern), b.sass("linear_fp8_gemv.cu.o", pattern)
-    # plan_linear_fp8_gemv: about kTargetBlocks CTAs, slices of 256..kMaxSlice inputs
+    # plan_linear_fp8_gemv (one scale per row): each split count's balanced slice of 256..kMaxSlice
+    # inputs, the fewest rounds of kSlots CTAs x (kFixedChunks + the slice's chunks)
     chunks, row_blocks = math.ceil(k / c["kChunk"]), math.ceil(n / c["kRowsPerBlock"])
-    per = max(math.ceil(chunks / max(1, math.ceil(c["kTargetBlocks"] / row_blocks))), c["kStep"] // c["kChunk"])
-    per = min(per, c["kMaxSlice"] // c["kChunk"], chunks)
+    longest = min(c["kMaxSlice"] // c["kChunk"], chunks)
+    shortest = min(c["kStep"] // c["kChunk"], longest)
+    costs = [(math.ceil(row_blocks * math.ceil(chunks / p) / c["kSlots"]) * (c["kFixedChunks"] + p), s, p)
+             for s in range(math.ceil(chunks / longest), math.ceil(chunks / shortest) + 1)
+             for p in [max(math.ceil(chunks / s), shortest)]]
+    per = min(costs)[2]
     splits = math.ceil(k / (per * c["kChunk"]))
+    assert ctas_per_sm(res) == c["kCtasPerSm"], "the GEMV's occupancy is not the plan's"
     length = k / splits
     steps, warps = math.ceil(length / c["kStep"]), res["threads"] // 32
     hot = next(h for h in sass.loops if sass.count(sass.loops[h]["body"], "HMMA"))
     exits = exit_blocks(sass)
-    staged = math.ceil(length / c["kStep"]) * c["kStep"]
-    rules = [("x rows", ["LDG", "SHFL"], [], lambda ops: tiles, False),
-             ("x amax", ["LDG"], ["STS", "SHFL"], lambda ops: length / 32 / n_ops(ops, "LDG"), False),
-             ("x to f16", ["LDG", "STS"], [], lambda ops: staged / 32 / n_ops(ops, "LDG"), False, "L1"),
+    # x staged 8 elements a lane at a time (16-byte aligned rows, as a model's activations are): the
+    # walk shuns the 2-byte loads of the element-wise staging
+    shun = {blk for blk in sass.reachable
+            if any(op.startswith("LDG") and ".U16" in op for op in sass.ops([blk]))}
+    rules = [("x rows", ["LDG", "SHFL"], [], lambda ops: tiles, True),  # nvcc may unroll its 1-2 rows
              ("last CTA: rows", ["LDG"], ["STS", "HMMA"],
               lambda ops: math.ceil(tokens * c["kRowsPerBlock"] / res["threads"]), True),
              ("last CTA: splits x16", ["LDG"], [], lambda ops: splits // n_ops(ops, "LDG"), True),
              ("last CTA: splits x4", ["LDG"], [], lambda ops: splits % 16 // n_ops(ops, "LDG"), True)]
-    ph = {}
+    ph, paths = {}, {}
     for end in (exits[0], exits[-1]):  # a CTA that is not its row block's last; the last one
-        path = sass.walk(0, {end}, sass.reachable, None, set())
-        ph[end] = phases_of(sass, path, rules, hot)
+        paths[end] = sass.walk(0, {end}, sass.reachable, None, set(), (set(), shun))
+        ph[end] = phases_of(sass, paths[end], rules, hot)
     common = ph[exits[0]]
+    # The first step's W loads are issued before x is staged: the phases up to the stream overlap
+    # their DRAM round trip.
+    at = [i for i, item in enumerate(paths[exits[0]]) if item[0] != "b" and item[1] == hot]
+    head = at[0] if at else len(common)
     body, per_iteration = loop_walk(sass, hot)
     unit = per_iteration / 2  # an iteration holds two k steps (the register double buffer)
     chain = hmma_chain(sass, body) / 2
-    item = phases_time(m, common, warps) + stream_time(m, steps, unit, chain, warps, 1)
+    item = (stream_time(m, steps, unit, chain, warps, 1, phases_time(m, common[:head], warps))
+            + phases_time(m, common[head:], warps))
     total = sum_phases(common)
     w_bytes, io = c["kRowsPerBlock"] * length, tokens * (k + n) * 2 + n * 4
     t = kernel_time(m, {"items": row_blocks * splits, "ctas": ctas_per_sm(res), "warps": warps, "item": item,

@@ -302,22 +302,27 @@ TEST_CASE("the FP8 GEMV is deterministic and batch invariant, bitwise", "[gpu][l
   }
 }
 
-// The split plan: whole blocks per slice when a block fits one, at most 1024 inputs, about 528
-// CTAs for a Llama-3-8B projection; the tickets; and the GEMV's refusals.
+// The split plan: whole blocks per slice when a block fits one, 256 to 1024 inputs, whole rounds of
+// 264 CTAs (2 per SM of 132) weighed against each CTA's fixed cost of about 512 inputs; the
+// tickets; and the GEMV's refusals.
 TEST_CASE("the FP8 GEMV plans its splits from the shape and refuses what it cannot run", "[gpu][linear]") {
   auto gpu = cuda_backend_or_skip();
   if (!gpu) return;
   const cuda::Fp8GemvPlan o_proj = cuda::plan_linear_fp8_gemv(4096, 4096, 0);
-  CHECK(o_proj.slice == 256);
-  CHECK(o_proj.splits == 16);  // 32 row blocks x 16 = 512 CTAs
+  CHECK(o_proj.slice == 512);  // 32 row blocks x 8 = 256 CTAs: one round of 2-step CTAs, not two of 1
+  CHECK(o_proj.splits == 8);
+  const cuda::Fp8GemvPlan qkv = cuda::plan_linear_fp8_gemv(4096, 6144, 0);
+  CHECK(qkv.slice == 832);  // 48 x 5 = 240 CTAs, one round (4 splits of 1024: 192, a longer round)
+  CHECK(qkv.splits == 5);
+  const cuda::Fp8GemvPlan up = cuda::plan_linear_fp8_gemv(4096, 14336, 0);
+  CHECK(up.slice == 1024);  // 112 x 4 = 448 CTAs in 2 rounds (5 splits: 560 in 3)
   const cuda::Fp8GemvPlan down = cuda::plan_linear_fp8_gemv(14336, 4096, 128);
-  CHECK(down.slice % 128 == 0);
-  CHECK(down.slice <= 1024);
-  CHECK(down.splits * down.slice >= 14336);
+  CHECK(down.slice == 896);  // 7 whole blocks: 32 x 16 = 512 CTAs in 2 rounds
+  CHECK(down.splits == 16);
   const cuda::Fp8GemvPlan blocks192 = cuda::plan_linear_fp8_gemv(1344, 136, 192);
   CHECK(blocks192.slice == 384);  // two whole blocks: 4 CTAs along k
   CHECK(cuda::plan_linear_fp8_gemv(64, 8, 0).slice == 64);  // never more than the row
-  CHECK(cuda::linear_fp8_gemv_workspace_bytes(40, 4096, 4096, 0) == 16u * 16u * 4096u * 4u);
+  CHECK(cuda::linear_fp8_gemv_workspace_bytes(40, 4096, 4096, 0) == 8u * 16u * 4096u * 4u);
 
   DeviceBuffer buffer(*gpu, 4096);
   LinearParams p;
