@@ -13,7 +13,8 @@
 // of n <= 192 terms moves by ~sqrt(n) * 2^-24 relative; through 2-3 layers and the LM head that
 // is ~1e-6 relative, ~1e-5 absolute on logits of magnitude ~5 (measured worst: printed below).
 // Rounding to bf16 can amplify one such difference to one bf16 ulp of a K/V element (2^-9
-// relative), rarely (worst measured: 1.7e-4 on a logit, 1.3e-4 relative on a checksum). We
+// relative), rarely (worst measured: 5.7e-4 on a logit, 5.0e-4 relative on a checksum, tiny-qwen3
+// on an AVX512-BF16 CPU; 1.7e-4 and 1.3e-4 when this bound was set). We
 // assert 1e-3 absolute on the top-20 and 1e-3 relative on the full-row checksums: well above
 // the measured error, and 50x below what any real mistake (a wrong rope pair, a missing
 // bias, eps in the wrong place) produces.
@@ -60,7 +61,9 @@ void check_model(const std::string& name, const std::string& path) {
       // the same roundings (numpy, checked against transformers). Summation orders still differ
       // by ~1e-6, and an activation that lands that close to a bf16 rounding boundary rounds the
       // other way on one side: one bf16 ulp (2^-8 relative) of one element, which these random
-      // models amplify to ~0.02 on a logit (2 of the 12 prompts; the others agree to ~5e-7).
+      // models amplify to ~0.02 on a logit (3 of the 12 prompts, all tiny-qwen3: worst 0.018 on a
+      // logit, 0.0144 relative on a checksum; the others agree to ~5e-7). The checksum's bound is
+      // twice that worst; a real mistake moves them by O(1).
       if (bf16_dot) {
         const PrefillResult rounded = prefill(model, ids, KvDtype::bf16, cpu::LinearIsa::avx512bf16);
         const Agreement r = compare(rounded.logits, ref_act_bf16["prompts"][p]["last_logits"]);
@@ -68,7 +71,7 @@ void check_model(const std::string& name, const std::string& path) {
                     name.c_str(), prompt["name"].get<std::string>().c_str(), r.max_abs_error, r.cosine,
                     r.checksum_rel);
         CHECK(r.max_abs_error < 0.05);
-        CHECK(r.checksum_rel < 0.01);
+        CHECK(r.checksum_rel < 0.03);
         CHECK(r.cosine > 0.99999);
         CHECK(r.same_argmax);
       }
