@@ -204,7 +204,7 @@ constexpr int32_t kMaxSampleCandidates = 1024;
 struct CandidateRow {
   float max_logit = 0.0f;      // the row's maximum
   int32_t num_candidates = 0;  // min(K, vocab_size)
-  ExpSum raw_sum;              // sum of exp(l - max): log-softmax of the raw row
+  ExpSum raw_sum;              // sum of exp(l - max): log-softmax of the raw row (0 unless wanted)
   ExpSum scaled_sum;           // sum of exp((l - max) / T): top-p's total over the whole row
 };
 
@@ -213,6 +213,10 @@ struct CandidateSampleParams {
   int64_t num_rows = 0;
   int64_t vocab_size = 0;
   const float* inv_temperature = nullptr;  // [num_rows] 1/T in fp32 (as the host computes it), device
+  // [num_rows] whether the row's raw_sum is wanted (its request asks for logprobs; nullptr: every
+  // row's), device. A row that does not want it gets raw_sum 0 and one exp an id instead of two;
+  // so does a row at 1/T = 1, whose two sums are one.
+  const uint8_t* raw_sum_wanted = nullptr;
   int32_t num_candidates = 0;              // K, in [1, kMaxSampleCandidates]
   CandidateRow* rows = nullptr;            // [num_rows], device
   int32_t* ids = nullptr;                  // [num_rows, K] the candidates' ids, ascending, device

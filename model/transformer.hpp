@@ -150,14 +150,16 @@ class Transformer {
   std::span<const GreedyRow> sample_greedy();
   // The top-k prefilter of the same rows (Backend::sample_candidates), K = kMaxSampleCandidates
   // (or the vocabulary): per row its CandidateRow, then K ids and K logits, in pinned memory valid
-  // until the next call. inv_temperature: [sample rows] 1/T in fp32 (any value for greedy rows).
+  // until the next call. inv_temperature: [sample rows] 1/T in fp32 (any value for greedy rows);
+  // raw_sum_wanted: [sample rows] whether the row's raw_sum is wanted (its request asks for
+  // logprobs), else left 0 (CandidateSampleParams::raw_sum_wanted).
   struct Candidates {
     std::span<const CandidateRow> rows;
     const int32_t* ids = nullptr;     // [rows, k]
     const float* logits = nullptr;    // [rows, k]
     int32_t k = 0;
   };
-  Candidates sample_candidates(std::span<const float> inv_temperature);
+  Candidates sample_candidates(std::span<const float> inv_temperature, std::span<const uint8_t> raw_sum_wanted);
   // The host sampler's logit processing of the same rows, in place, before either of the above
   // (Backend::process_logits): mask_index [rows] each row's mask in masks ([*, ceil(vocab/32)]
   // words) or -1; edit_begin [rows + 1] each row's range of `edits`. One upload of these.

@@ -30,19 +30,23 @@ std::span<const GreedyRow> Transformer::sample_greedy() {
   return {greedy_host_.data(), num_rows};
 }
 
-Transformer::Candidates Transformer::sample_candidates(std::span<const float> inv_temperature) {
+Transformer::Candidates Transformer::sample_candidates(std::span<const float> inv_temperature,
+                                                      std::span<const uint8_t> raw_sum_wanted) {
   if (last_sample_rows_ < 0) throw std::logic_error("Transformer::sample_candidates: no forward() left its logits on the device");
   const auto num_rows = static_cast<std::size_t>(last_sample_rows_);
-  if (inv_temperature.size() != num_rows) throw std::invalid_argument("Transformer::sample_candidates: one 1/T per row");
+  if (inv_temperature.size() != num_rows || raw_sum_wanted.size() != num_rows)
+    throw std::invalid_argument("Transformer::sample_candidates: one 1/T and one raw_sum_wanted per row");
   const auto seqs = static_cast<std::size_t>(options_.max_num_seqs);
   const int32_t k = std::min<int32_t>(kMaxSampleCandidates, config_.vocab_size);
   const auto ks = static_cast<std::size_t>(k);
-  // Layout of candidates_ and its host image: rows, ids, logits, 1/T (each 16-byte aligned).
+  // Layout of candidates_ and its host image: rows, ids, logits, 1/T, raw_sum_wanted (each 16-byte
+  // aligned).
   auto align = [](std::size_t bytes) { return (bytes + 15) / 16 * 16; };
   const std::size_t ids_at = align(seqs * sizeof(CandidateRow));
   const std::size_t logits_at = ids_at + align(seqs * ks * sizeof(int32_t));
   const std::size_t inv_t_at = logits_at + align(seqs * ks * sizeof(float));
-  const std::size_t bytes = inv_t_at + seqs * sizeof(float);
+  const std::size_t wanted_at = inv_t_at + align(seqs * sizeof(float));
+  const std::size_t bytes = wanted_at + seqs * sizeof(uint8_t);
   if (candidates_.data() == nullptr) {
     candidates_ = DeviceBuffer(backend_, bytes);
     candidates_host_ = HostArray<std::byte>(backend_);
@@ -57,12 +61,14 @@ Transformer::Candidates Transformer::sample_candidates(std::span<const float> in
   out.logits = reinterpret_cast<const float*>(host + logits_at);
   if (num_rows == 0) return out;
   std::copy(inv_temperature.begin(), inv_temperature.end(), reinterpret_cast<float*>(host + inv_t_at));
-  backend_.copy_to_device(dev + inv_t_at, host + inv_t_at, num_rows * sizeof(float), stream_);
+  std::copy(raw_sum_wanted.begin(), raw_sum_wanted.end(), reinterpret_cast<uint8_t*>(host + wanted_at));
+  backend_.copy_to_device(dev + inv_t_at, host + inv_t_at, wanted_at - inv_t_at + num_rows * sizeof(uint8_t), stream_);
   CandidateSampleParams p;
   p.logits = logits_.as<float>();
   p.num_rows = last_sample_rows_;
   p.vocab_size = config_.vocab_size;
   p.inv_temperature = reinterpret_cast<const float*>(dev + inv_t_at);
+  p.raw_sum_wanted = reinterpret_cast<const uint8_t*>(dev + wanted_at);
   p.num_candidates = k;
   p.rows = reinterpret_cast<CandidateRow*>(dev);
   p.ids = reinterpret_cast<int32_t*>(dev + ids_at);

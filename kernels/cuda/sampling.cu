@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/sampling_ops.hpp"
@@ -355,19 +356,22 @@ __global__ void __launch_bounds__(kThreads, 2) sample_candidate_sums_kernel(cons
   const Selection sel = select_digit(w, s.row_index, static_cast<int>(gridDim.y), 0, k, warp_sums, chosen);
   const float max_logit = s.row[sample_key_id(row_best_key(w.keys, s.row_index, static_cast<int>(gridDim.y)))];
   const float inv_t = p.inv_temperature[s.row_index];
+  const bool raw_wanted = p.raw_sum_wanted == nullptr || p.raw_sum_wanted[s.row_index] != 0;
   ExpSum raw, scaled;
-  // (a pad of -inf adds 0 to both sums, as for greedy; the histogram leaves it out)
-  for_each_logit_padded(s, -INFINITY, [&](float logit, int i) {
-    add_exp(raw, logit - max_logit, exp_table, kExpCoefficientsDevice);
-    add_exp(scaled, (logit - max_logit) * inv_t, exp_table, kExpCoefficientsDevice);
-    if (i < s.end) count_digit(histogram, sel, key_order(logit, i), 1);
-  });
+  // The raw sum where wanted; at 1/T = 1 it is the scaled one ((l - max) * 1 is l - max, exactly).
+  // (A pad of -inf adds 0 to the sums, as for greedy; the histogram leaves it out.)
+  auto pass = [&](auto with_raw) {
+    for_each_logit_padded(s, -INFINITY, [&](float logit, int i) {
+      if constexpr (decltype(with_raw)::value) add_exp(raw, logit - max_logit, exp_table, kExpCoefficientsDevice);
+      add_exp(scaled, (logit - max_logit) * inv_t, exp_table, kExpCoefficientsDevice);
+      if (i < s.end) count_digit(histogram, sel, key_order(logit, i), 1);
+    });
+  };
+  raw_wanted && inv_t != 1.0f ? pass(std::true_type{}) : pass(std::false_type{});
   raw = block_merge(raw, sums);  // (its barriers also end the histogram's atomics)
   scaled = block_merge(scaled, sums);
-  if (threadIdx.x == 0) {
-    w.sums[s.index * 2] = raw;
-    w.sums[s.index * 2 + 1] = scaled;
-  }
+  if (raw_wanted && inv_t == 1.0f) raw = scaled;
+  if (threadIdx.x == 0) w.sums[s.index * 2] = raw, w.sums[s.index * 2 + 1] = scaled;
   copy_bins(histogram, w.histogram_of(1) + static_cast<int64_t>(s.index) * kRadixBins);
 }
 

@@ -295,13 +295,17 @@ Engine::DeviceSampling Engine::run_forward(const StepPlan& plan) {
   if (on_device == DeviceSampling::greedy) picks_ = transformer_->sample_greedy();
   if (on_device == DeviceSampling::candidates) {
     inv_temperature_.clear();
+    raw_sum_wanted_.clear();
     for (const ScheduledSeq& s : plan.seqs) {
       if (!s.samples) continue;
       const auto it = seqs_.find(s.id);
       const float t = it == seqs_.end() ? 1.0f : it->second.sampler.params().temperature;
       inv_temperature_.insert(inv_temperature_.end(), 1 + s.proposals.size(), t > 1e-5f ? 1.0f / t : 1.0f);  // the host draw's 1/T
+      // The raw row's sum serves logprobs only (Sampler::sample_candidates)
+      const bool logprobs = it == seqs_.end() || it->second.sampler.params().num_logprobs >= 0;
+      raw_sum_wanted_.insert(raw_sum_wanted_.end(), 1 + s.proposals.size(), logprobs ? 1 : 0);
     }
-    candidates_ = transformer_->sample_candidates(inv_temperature_);
+    candidates_ = transformer_->sample_candidates(inv_temperature_, raw_sum_wanted_);
   }
   return on_device;
 }

@@ -229,6 +229,7 @@ class Engine {
   std::vector<BlockCopy> tail_copies_;
   PromptScorer scorer_;
   std::vector<float> row_, inv_temperature_;
+  std::vector<uint8_t> raw_sum_wanted_;  // per candidates row: its request asks for logprobs
   LogitProcessingBatch processing_;  // device sampling: the step's logit processing (sampling.hpp)
   HostArray<float> logits_;  // the sampled rows' logits: pinned on a GPU, one DMA per step
   std::span<const GreedyRow> picks_;        // device sampling, greedy: the step's picks

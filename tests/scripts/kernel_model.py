@@ -389,9 +389,10 @@ def sampling_launches(kind, per, slices, bins, passes):
             ("sample_write_kernel", slices, elements("writes", ["LDG", "VOTE"]))]
 
 
-def sampling(b, m, rows, kind, context):
+def sampling(b, m, rows, kind, context, raw=True):
     """The launches of one sampling step over `rows` rows, each cut into slices as sampling_slices()
-    cuts them; the logits are in L2 (the LM head just wrote them)."""
+    cuts them; the logits are in L2 (the LM head just wrote them). raw: the rows want their raw
+    sums (logprobs asked for, at 1/T != 1: two exps an id in the candidates' sums), else one."""
     c = source_constants("kernels/cuda/sampling.cu", "kernels/cuda/device_util.cuh")
     slices = max(1, min(c["kTargetCtas"] // rows, math.ceil(VOCAB / c["kMinSlice"]), c["kMaxSlices"]))
     slices = math.ceil(VOCAB / math.ceil(VOCAB / slices))  # sampling_slices(): none empty
@@ -404,7 +405,11 @@ def sampling(b, m, rows, kind, context):
         loads = {h for h, l in sass.loops.items() if any(o.startswith("LDG") for o in sass.ops(l["body"]))}
         stores = {x for h in loads for x in sass.loops[h]["body"]
                   if any(sass.flat[i][0].startswith("STG") for i in range(sass.blocks[x][0], sass.blocks[x][1] + 1))}
-        path = sass.walk(0, {exit_blocks(sass)[-1]}, sass.reachable, None, set(), (loads, stores))
+        # the candidates' sums: the loop with two exps an id, or the one with one (the smaller)
+        exps = sorted((len(sass.ops(sass.loops[h]["body"])), h) for h in loads
+                      if {"LDS", "ATOMS"} <= {o.split(".")[0] for o in sass.ops(sass.loops[h]["body"])})
+        other = set(sass.loops[exps[0 if raw else -1][1]]["body"]) if len(exps) == 2 else set()
+        path = sass.walk(0, {exit_blocks(sass)[-1]}, sass.reachable, None, set(), (loads, stores | other))
         phases = phases_of(sass, path, rules)
         tot = sum_phases(phases)
         warps = res["threads"] // 32
@@ -417,7 +422,8 @@ def sampling(b, m, rows, kind, context):
         worst = t if worst is None or t["time"] > worst["time"] else worst
     step = (WEIGHT_BYTES + 64 * context * LAYERS * KV_HEADS * HEAD_DIM * 2) / m["hbm"]
     r = dict(worst)
-    r.update(time=total, kernel=f"sample_{kind}", shape=f"vocab {VOCAB}, {len(launches)} launches", batch=rows,
+    r.update(time=total, kernel=f"sample_{kind}" + ("" if raw or kind == "greedy" else " (no logprobs)"),
+             shape=f"vocab {VOCAB}, {len(launches)} launches", batch=rows,
              grid=f"{rows} x {slices}", ctas="-", regs="-", items_cta=1, rt=f"{rt} L2", wavefronts="-", useful=0,
              instr=f"{instr / (VOCAB / 32):.0f} per 32 ids (all launches)",
              step=step, note=f"{slices} slices a row; " + ", ".join(launches) + f" us; {fp64 / (VOCAB / 32):.0f} "
@@ -445,6 +451,7 @@ ROWS = [  # (model, machine, arguments, the issue's hand estimate, a published f
     (decode, H200, (16, 8192, "bf16"), "", "FA3 bf16 decode, batch 16: ~55%"),
     (sampling, H200, (1, "candidates", CONTEXT), "150-250 us a step", ""),
     (sampling, H200, (64, "candidates", CONTEXT), "150-250 us a step", ""),
+    (sampling, H200, (64, "candidates", CONTEXT, False), "", ""),
     (sampling, H200, (64, "greedy", CONTEXT), "~46 us a row (its sums)", ""),
 ]
 

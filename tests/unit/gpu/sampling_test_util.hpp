@@ -16,11 +16,14 @@ struct Candidates {
 };
 
 // The prefilter of `num_rows` rows of `logits` (device, [num_rows, vocab]), each with its own 1/T,
-// each row cut into `slices` CTAs (0: as the kernel chooses).
+// each row cut into `slices` CTAs (0: as the kernel chooses); raw_wanted: each row's
+// raw_sum_wanted (empty: every row's, a null pointer).
 inline Candidates prefilter_device(Backend& gpu, const float* logits, std::size_t num_rows, int64_t vocab,
-                                   const std::vector<float>& inv_t, int32_t k, int32_t slices = 0) {
+                                   const std::vector<float>& inv_t, int32_t k, int32_t slices = 0,
+                                   const std::vector<uint8_t>& raw_wanted = {}) {
   const std::size_t n = num_rows;
   DeviceBuffer d_inv_t = to_device(gpu, inv_t);
+  DeviceBuffer d_wanted = to_device(gpu, raw_wanted.empty() ? std::vector<uint8_t>(1, 1) : raw_wanted);
   DeviceBuffer d_rows(gpu, n * sizeof(CandidateRow));
   DeviceBuffer d_ids(gpu, n * static_cast<std::size_t>(k) * sizeof(int32_t));
   DeviceBuffer d_cand(gpu, n * static_cast<std::size_t>(k) * sizeof(float));
@@ -29,6 +32,7 @@ inline Candidates prefilter_device(Backend& gpu, const float* logits, std::size_
   p.num_rows = static_cast<int64_t>(n);
   p.vocab_size = vocab;
   p.inv_temperature = d_inv_t.as<float>();
+  p.raw_sum_wanted = raw_wanted.empty() ? nullptr : d_wanted.as<uint8_t>();
   p.num_candidates = k;
   p.rows = d_rows.as<CandidateRow>();
   p.ids = d_ids.as<int32_t>();

@@ -100,7 +100,7 @@ void check_device_sampling(Backend& backend, Transformer& transformer, const std
   for (const float p : {0.9f, 1.0f}) {  // 1.0: a plain temperature draw, always from the row
     top_p.top_p = p;
     const std::vector<float> inv_t(picks.size(), 1.0f / top_p.temperature);
-    const Transformer::Candidates c = transformer.sample_candidates(inv_t);
+    const Transformer::Candidates c = transformer.sample_candidates(inv_t, std::vector<uint8_t>(picks.size(), 1));
     for (std::size_t r = 0; r < c.rows.size(); ++r) {
       top_p.seed = 7 + r;
       Sampler host(top_p, {}, 1), device(top_p, {}, 1);

@@ -15,6 +15,7 @@
 // IEEE operations (kernels/sampling_ops.hpp), the host's own, and the logs are taken on the host.
 #include <bit>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <optional>
 #include <limits>
@@ -105,11 +106,11 @@ void check_greedy(Backend& gpu, const std::vector<std::vector<float>>& rows, int
 
 // One launch of the prefilter over `rows`, each with its own 1/T.
 Candidates prefilter(Backend& gpu, const std::vector<std::vector<float>>& rows, int64_t vocab,
-                     const std::vector<float>& inv_t, int32_t k) {
+                     const std::vector<float>& inv_t, int32_t k, const std::vector<uint8_t>& raw_wanted = {}) {
   std::vector<float> flat;
   for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
   DeviceBuffer d_logits = to_device(gpu, flat);
-  return prefilter_device(gpu, d_logits.as<float>(), rows.size(), vocab, inv_t, k);
+  return prefilter_device(gpu, d_logits.as<float>(), rows.size(), vocab, inv_t, k, 0, raw_wanted);
 }
 
 // The K best of a row by the host's order, ascending ids: what the prefilter must return.
@@ -135,6 +136,20 @@ void check_candidates(Backend& gpu, const std::vector<std::vector<float>>& rows,
   for (const float temperature : {0.0f, 0.7f, 1.0f, 1.5f}) {
     const float inv = temperature > 0 ? 1.0f / temperature : 1.0f;
     const Candidates c = prefilter(gpu, rows, vocab, std::vector<float>(rows.size(), inv), k);
+    // Rows that want no raw_sum (every other one): raw_sum 0, all else bit for bit as above; the
+    // draws below, which take it for logprobs only, are then the host's without logprobs too.
+    std::vector<uint8_t> every_other(rows.size());
+    for (std::size_t r = 0; r < rows.size(); ++r) every_other[r] = r % 2;
+    const Candidates half = prefilter(gpu, rows, vocab, std::vector<float>(rows.size(), inv), k, every_other);
+    CHECK(half.ids == c.ids);
+    CHECK(std::memcmp(half.logits.data(), c.logits.data(), c.logits.size() * sizeof(float)) == 0);
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      INFO("vocab " << vocab << " row " << r << " T " << temperature);
+      CHECK(half.rows[r].max_logit == c.rows[r].max_logit);
+      CHECK(half.rows[r].num_candidates == c.rows[r].num_candidates);
+      CHECK(half.rows[r].scaled_sum.bits == c.rows[r].scaled_sum.bits);
+      CHECK(half.rows[r].raw_sum.bits == (every_other[r] ? c.rows[r].raw_sum.bits : 0u));
+    }
     for (std::size_t r = 0; r < rows.size(); ++r) {
       const auto kr = static_cast<std::size_t>(c.rows[r].num_candidates);
       REQUIRE(kr == std::min<std::size_t>(static_cast<std::size_t>(vocab), static_cast<std::size_t>(k)));
