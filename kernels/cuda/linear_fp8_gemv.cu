@@ -126,60 +126,72 @@ struct XScale {
   FP8SERVE_DEVICE float inverse() const { return 1.0f / up_lo / up_hi; }  // 2^-141 is subnormal: exact
 };
 
-// Stages token rows [0, kTiles * 8) of x[:, kbeg .. kbeg + len) as f16 scaled by a power of two
-// (rows past m and columns past len: zeros), and each row's inverse scale. Warp w stages rows w,
-// w + 8: a row's maximum is a warp reduction. x_vec16 (16-byte aligned rows, k % 8 == 0): each lane
-// loads its <= 4 vectors of 8 once and keeps them for the conversion; else one element a lane at a
-// time, read twice. Both compute the same maximum and the same f16 values.
+// One token row of x[:, kbeg .. kbeg + len) staged as f16 into dst (zeros past len, up to staged;
+// all zeros for a row past m), by one warp; returns the row's scale (its maximum is a warp
+// reduction). Two ways that compute the same maximum and the same f16 values:
+// 16-byte aligned rows (x_vec16): each lane loads its <= 4 vectors of 8 once and keeps them in
+// registers for the conversion.
+FP8SERVE_DEVICE XScale stage_row_vec16(const std::uint16_t* src, bool live, int len, int staged, uint4* dst) {
+  constexpr int kVecs = kMaxSlice / (8 * kWarpSize);
+  static_assert(kVecs * 8 * kWarpSize == kMaxSlice);
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  uint4 v[kVecs];
+  float amax = 0.0f;
+FP8SERVE_UNROLL
+  for (int j = 0; j < kVecs; ++j) {
+    const int i = (j * kWarpSize + lane) * 8;
+    v[j] = live && i < len ? __ldg(reinterpret_cast<const uint4*>(src + i)) : make_uint4(0, 0, 0, 0);
+    const std::uint32_t words[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+FP8SERVE_UNROLL
+    for (int w = 0; w < 4; ++w) {
+      amax = fmaxf(amax, fabsf(bf16_decode(static_cast<std::uint16_t>(words[w] & 0xffffu))));
+      amax = fmaxf(amax, fabsf(bf16_decode(static_cast<std::uint16_t>(words[w] >> 16))));
+    }
+  }
+  const XScale scale(warp_reduce(amax, MaxOp{}));
+FP8SERVE_UNROLL
+  for (int j = 0; j < kVecs; ++j) {
+    const int i = (j * kWarpSize + lane) * 8;
+    if (i >= staged) break;
+    const std::uint32_t words[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+    std::uint32_t f16[4];
+FP8SERVE_UNROLL
+    for (int w = 0; w < 4; ++w) {
+      f16[w] = scale.f16(static_cast<std::uint16_t>(words[w] & 0xffffu)) |
+               std::uint32_t{scale.f16(static_cast<std::uint16_t>(words[w] >> 16))} << 16;
+    }
+    dst[i / 8] = make_uint4(f16[0], f16[1], f16[2], f16[3]);
+  }
+  return scale;
+}
+
+// Any other row: one element a lane at a time, read twice.
+FP8SERVE_DEVICE XScale stage_row_elements(const std::uint16_t* src, bool live, int len, int staged, uint4* dst) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  float amax = 0.0f;
+  if (live) {
+    for (int i = lane; i < len; i += kWarpSize) amax = fmaxf(amax, fabsf(bf16_decode(src[i])));
+  }
+  const XScale scale(warp_reduce(amax, MaxOp{}));
+  std::uint16_t* out = reinterpret_cast<std::uint16_t*>(dst);
+  for (int i = lane; i < staged; i += kWarpSize) out[i] = live && i < len ? scale.f16(src[i]) : 0;
+  return scale;
+}
+
+// Stages token rows [0, kTiles * 8) of x's slice, and each row's inverse scale: warp w stages rows
+// w, w + 8.
 template <int kTiles>
 FP8SERVE_DEVICE void stage_x(const GemvArgs& a, int64_t kbeg, int len, int staged, uint4 (*xs)[kStageVecs],
                              float* unscale) {
-  constexpr int kVecs = kMaxSlice / (8 * kWarpSize);
-  static_assert(kVecs * 8 * kWarpSize == kMaxSlice);
-  const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
   static_assert(kWarps == 8, "a warp stages one row of each token tile");
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
 FP8SERVE_UNROLL
   for (int tile = 0; tile < kTiles; ++tile) {
     const int row = tile * 8 + warp;
     const bool live = row < a.m;
     const std::uint16_t* src = a.x + (live ? row : 0) * a.x_stride + kbeg;
-    float amax = 0.0f;
-    if (a.x_vec16) {
-      uint4 v[kVecs];
-FP8SERVE_UNROLL
-      for (int j = 0; j < kVecs; ++j) {
-        const int i = (j * kWarpSize + lane) * 8;
-        v[j] = live && i < len ? __ldg(reinterpret_cast<const uint4*>(src + i)) : make_uint4(0, 0, 0, 0);
-        const std::uint32_t words[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
-FP8SERVE_UNROLL
-        for (int w = 0; w < 4; ++w) {
-          amax = fmaxf(amax, fabsf(bf16_decode(static_cast<std::uint16_t>(words[w] & 0xffffu))));
-          amax = fmaxf(amax, fabsf(bf16_decode(static_cast<std::uint16_t>(words[w] >> 16))));
-        }
-      }
-      const XScale scale(warp_reduce(amax, MaxOp{}));
-FP8SERVE_UNROLL
-      for (int j = 0; j < kVecs; ++j) {
-        const int i = (j * kWarpSize + lane) * 8;
-        if (i >= staged) break;
-        const std::uint32_t words[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
-        std::uint32_t f16[4];
-FP8SERVE_UNROLL
-        for (int w = 0; w < 4; ++w) {
-          f16[w] = scale.f16(static_cast<std::uint16_t>(words[w] & 0xffffu)) |
-                   std::uint32_t{scale.f16(static_cast<std::uint16_t>(words[w] >> 16))} << 16;
-        }
-        xs[row][i / 8] = make_uint4(f16[0], f16[1], f16[2], f16[3]);
-      }
-      if (lane == 0) unscale[row] = scale.inverse();
-      continue;
-    }
-    if (live) {
-      for (int i = lane; i < len; i += kWarpSize) amax = fmaxf(amax, fabsf(bf16_decode(src[i])));
-    }
-    const XScale scale(warp_reduce(amax, MaxOp{}));
-    std::uint16_t* dst = reinterpret_cast<std::uint16_t*>(xs[row]);
-    for (int i = lane; i < staged; i += kWarpSize) dst[i] = live && i < len ? scale.f16(src[i]) : 0;
+    const XScale scale = a.x_vec16 ? stage_row_vec16(src, live, len, staged, xs[row])
+                                   : stage_row_elements(src, live, len, staged, xs[row]);
     if (lane == 0) unscale[row] = scale.inverse();
   }
 }

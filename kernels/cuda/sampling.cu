@@ -367,10 +367,10 @@ __global__ void __launch_bounds__(kThreads, 2) sample_candidate_sums_kernel(cons
       if (i < s.end) count_digit(histogram, sel, key_order(logit, i), 1);
     });
   };
-  raw_wanted && inv_t != 1.0f ? pass(std::true_type{}) : pass(std::false_type{});
-  raw = block_merge(raw, sums);  // (its barriers also end the histogram's atomics)
-  scaled = block_merge(scaled, sums);
-  if (raw_wanted && inv_t == 1.0f) raw = scaled;
+  const bool both = raw_wanted && inv_t != 1.0f;  // (uniform over the CTA: one row)
+  both ? pass(std::true_type{}) : pass(std::false_type{});
+  scaled = block_merge(scaled, sums);  // (its barriers also end the histogram's atomics)
+  raw = both ? block_merge(raw, sums) : raw_wanted ? scaled : ExpSum{};
   if (threadIdx.x == 0) w.sums[s.index * 2] = raw, w.sums[s.index * 2 + 1] = scaled;
   copy_bins(histogram, w.histogram_of(1) + static_cast<int64_t>(s.index) * kRadixBins);
 }
