@@ -16,8 +16,10 @@
 // `#pragma unroll` for nvcc; the host compiler of the emulated build does not know it.
 #if defined(__CUDACC__)
 #define ATTN_UNROLL _Pragma("unroll")
+#define ATTN_NO_UNROLL _Pragma("unroll 1")
 #else
 #define ATTN_UNROLL
+#define ATTN_NO_UNROLL
 #endif
 
 namespace fp8serve::cuda::attn {
@@ -204,6 +206,9 @@ ATTN_DEVICE void block_exclusive_scan(int n, int threads, Count count, int* out,
   const int per_thread = (n + threads - 1) / threads;
   const int begin = min(n, tid * per_thread), end = min(n, begin + per_thread);
   int run = 0;
+  // Not unrolled: a thread counts one sequence up to batch 128 (the runs are threads-wide), and
+  // nvcc's 4-wide body (a division a sequence) ran past that only at batch 384 and up.
+ATTN_NO_UNROLL
   for (int i = begin; i < end; ++i) run += count(i);
   int inclusive = run;
   for (int offset = 1; offset < kWarp; offset <<= 1) {
@@ -214,6 +219,7 @@ ATTN_DEVICE void block_exclusive_scan(int n, int threads, Count count, int* out,
   __syncthreads();
   int before = inclusive - run;
   for (int w = 0; w < warp; ++w) before += scratch[w];
+ATTN_NO_UNROLL
   for (int i = begin; i < end; ++i) {
     out[i] = before;
     before += count(i);

@@ -43,11 +43,15 @@ struct DecodeWork {
 };
 
 // A decode sequence's partition size in tokens: a function of its own readable context `len`
-// alone (never of the batch: batch invariance), at least kDecodeMinPartition tokens (shorter
-// ones cost more to merge than they gain), at most kDecodeMaxParts partitions (which bounds the
-// workspace per sequence), whole blocks. Batch 1 at 8k tokens and up: 32 partitions x the KV
-// heads' items (256 items for 8 KV heads) over the H200's 132 SMs.
-constexpr int32_t kDecodeMinPartition = 256;
+// alone (never of the batch: batch invariance), at least kDecodeMinPartition tokens, at most
+// kDecodeMaxParts partitions (which bounds the workspace per sequence), whole blocks. The floor
+// weighs batch 1 against a full batch: each item costs a warp ~1,100 instructions besides its
+// chunks (plan, q, the first copies, the warps' merge), so 256-token items (4 chunks a warp)
+// left a batch of 64 at 8k issue-bound at ~70% of HBM, and 512 (8 chunks) reach ~85% by the
+// static model (docs/cuda.md), while batch 1 at 8k keeps 16 partitions x the KV heads (128
+// items for 8 KV heads on 132 SMs) and 32 from 16k tokens on. vLLM's paged attention v2 cuts at
+// 512 too.
+constexpr int32_t kDecodeMinPartition = 512;
 constexpr int32_t kDecodeMaxParts = 32;
 __host__ __device__ inline int32_t decode_partition(int32_t len, int32_t block_size) {
   int32_t p = (len + kDecodeMaxParts - 1) / kDecodeMaxParts;
