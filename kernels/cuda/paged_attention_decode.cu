@@ -244,13 +244,15 @@ __global__ void __launch_bounds__(kThreads, kMmaMinCtas<kRows>) paged_decode_mma
 }
 
 // Combines the partitions of one (sequence, KV head, subgroup) of a split decode sequence:
-// out = sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p, in partition order. A thread owns one
-// output element (blockIdx.z picks the CTA's kThreads of the item's rows x head_dim), so the
-// outputs of an item combine side by side rather than one after another; and kMergePrefetch
-// partitions' (m, l, o) are loaded before any of it is combined, so their loads are in flight
-// together (one round trip a group: one for a context of up to kMergePrefetch partitions). The
-// combining order of each output is the partitions' order, whatever the grouping.
+// out = sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p, in partition order. A thread owns
+// kMergeDims consecutive outputs of a row (blockIdx.z picks the CTA's share of the item's rows x
+// head_dim), so the outputs of an item combine side by side rather than one after another, and
+// a partition's max, sum and weights serve all of them; kMergePrefetch partitions' (m, l, o) are
+// loaded before any of it is combined, so their loads are in flight together (one round trip a
+// group: one for a context of up to kMergePrefetch partitions). Each output combines its
+// partitions in their order, with the same operations whatever the grouping.
 constexpr int kMergePrefetch = 8;
+constexpr int kMergeDims = 4;  // head_dim is a multiple of 16; 8-byte loads (a slot's rows are 8-byte aligned)
 
 __global__ void __launch_bounds__(kThreads) paged_merge_kernel(AttentionArgs args, DecodeWork work, int rows_per_item,
                                                                int dim_pad) {
@@ -262,23 +264,28 @@ __global__ void __launch_bounds__(kThreads) paged_merge_kernel(AttentionArgs arg
   if (num_parts <= 1) return;  // not a decode sequence, or written directly by the decode kernel
   const int kv_head = head_item / work.subgroups, sub = head_item % work.subgroups;
   const int rows = min(rows_per_item, args.group - sub * rows_per_item);
-  const int i = static_cast<int>(blockIdx.z) * kThreads + static_cast<int>(threadIdx.x);
+  const int i = (static_cast<int>(blockIdx.z) * kThreads + static_cast<int>(threadIdx.x)) * kMergeDims;
   if (i >= rows * args.head_dim) return;  // a slice past this subgroup's rows (the last may hold fewer)
   const int head0 = kv_head * args.group + sub * rows_per_item;
   const int token = args.batch.query_start_loc[s];
   const int64_t slot_floats = int64_t{rows_per_item} * (dim_pad + 2);
   const int r = i / args.head_dim, d = i % args.head_dim;
-  float m_run = -INFINITY, sum = 0.0f, o = 0.0f;
+  const float* slots = work.partials + (first + head_item) * slot_floats;  // partition p's: + p x head_items slots
+  float m_run = -INFINITY, sum = 0.0f, o[kMergeDims] = {};
   for (int p0 = 0; p0 < num_parts; p0 += kMergePrefetch) {
-    float m_p[kMergePrefetch], l_p[kMergePrefetch], o_p[kMergePrefetch];
+    float m_p[kMergePrefetch], l_p[kMergePrefetch], o_p[kMergePrefetch][kMergeDims];
 FP8SERVE_UNROLL
     for (int j = 0; j < kMergePrefetch; ++j) {
-      m_p[j] = -INFINITY, l_p[j] = 0.0f, o_p[j] = 0.0f;  // past the last partition: skipped below
+      m_p[j] = -INFINITY, l_p[j] = 0.0f;  // past the last partition: skipped below
       if (p0 + j >= num_parts) continue;
-      const float* slot = work.partials + (first + int64_t{p0 + j} * head_items + head_item) * slot_floats;
+      const float* slot = slots + int64_t{p0 + j} * head_items * slot_floats;
       m_p[j] = slot[rows_per_item * dim_pad + 2 * r];
       l_p[j] = slot[rows_per_item * dim_pad + 2 * r + 1];  // read even where m_p is -inf: not used then
-      o_p[j] = slot[r * dim_pad + d];
+FP8SERVE_UNROLL
+      for (int e = 0; e < kMergeDims; e += 2) {
+        const float2 two = *reinterpret_cast<const float2*>(slot + r * dim_pad + d + e);
+        o_p[j][e] = two.x, o_p[j][e + 1] = two.y;
+      }
     }
 FP8SERVE_UNROLL
     for (int j = 0; j < kMergePrefetch; ++j) {
@@ -286,12 +293,14 @@ FP8SERVE_UNROLL
       const float m_new = fmaxf(m_run, m_p[j]);
       const float old_weight = exp2f(m_run - m_new), weight = exp2f(m_p[j] - m_new);
       sum = sum * old_weight + l_p[j] * weight;
-      o = o * old_weight + o_p[j] * weight;
+FP8SERVE_UNROLL
+      for (int e = 0; e < kMergeDims; ++e) o[e] = o[e] * old_weight + o_p[j][e] * weight;
       m_run = m_new;
     }
   }
-  args.out[token * args.out_token_stride + int64_t{head0 + r} * args.head_dim + d] =
-      bf16_encode(sum > 0.0f ? o / sum : 0.0f);
+  uint16_t* out = args.out + token * args.out_token_stride + int64_t{head0 + r} * args.head_dim + d;
+FP8SERVE_UNROLL
+  for (int e = 0; e < kMergeDims; ++e) out[e] = bf16_encode(sum > 0.0f ? o[e] / sum : 0.0f);
 }
 
 // The decode kernel of a build: CUDA cores or tensor cores.
@@ -327,8 +336,9 @@ void launch_decode_for(const AttentionArgs& args, const DecodeWork& work, bool m
   CUDA_CHECK(cudaGetLastError());
   if (may_split) {
     const unsigned head_items = static_cast<unsigned>(args.cache.num_kv_heads * work.subgroups);
-    // One thread an output of the item's rows (a subgroup holds up to kRows of the group's heads).
-    const unsigned slices = static_cast<unsigned>((std::min(kRows, args.group) * args.head_dim + kThreads - 1) / kThreads);
+    // A thread for kMergeDims outputs of the item's rows (a subgroup holds up to kRows of the group's heads).
+    constexpr int kPerCta = kThreads * kMergeDims;
+    const unsigned slices = static_cast<unsigned>((std::min(kRows, args.group) * args.head_dim + kPerCta - 1) / kPerCta);
     FP8SERVE_LAUNCH(paged_merge_kernel, dim3(head_items, static_cast<unsigned>(args.batch.num_seqs), slices),
                     dim3(kThreads), 0, stream, args, work, kRows, kD);
     CUDA_CHECK(cudaGetLastError());

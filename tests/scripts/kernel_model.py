@@ -344,9 +344,9 @@ def merge_time(b, m, batch, parts):
     res, sass = b.resources(pattern), b.sass("paged_attention_decode.cu.o", pattern)
     path = sass.walk(0, {exit_blocks(sass)[-1]}, sass.reachable, None, set())
     c = source_constants("kernels/cuda/paged_attention_decode.cu")
-    # a thread an output: an item's GROUP x HEAD_DIM outputs over `slices` CTAs (blockIdx.z); a trip
-    # of the loop loads kMergePrefetch partitions, then combines them
-    slices = math.ceil(GROUP * HEAD_DIM / res["threads"])
+    # a thread kMergeDims outputs: an item's GROUP x HEAD_DIM outputs over `slices` CTAs (blockIdx.z);
+    # a trip of the loop loads kMergePrefetch partitions, then combines them
+    slices = math.ceil(GROUP * HEAD_DIM / (res["threads"] * c["kMergeDims"]))
     rules = [("partitions", ["LDG", "MUFU"], [], lambda ops: math.ceil(parts / c["kMergePrefetch"]), False)]
     phases = phases_of(sass, path, rules)
     warps, total = res["threads"] // 32, sum_phases(phases)
