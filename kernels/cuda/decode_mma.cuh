@@ -81,7 +81,6 @@ struct DecodeMmaCta {
   static constexpr int kHeadTiles = kRows / 8;  // n-tiles of O^T: 8 heads each
   static constexpr bool kQkScaleInQ = false; // q_s holds q as it is: exact in the fragments
   static constexpr bool kPRows = false;
-  static constexpr bool kQAmax = true;       // q_power_of_two reads the warps' largest |q| (decode_items)
   static constexpr int kQRow = kD + 32;      // q_s row stride in floats (q_index)
 
   struct State {
@@ -135,13 +134,16 @@ ATTN_UNROLL
       }
   }
 
-  // 2^e for q in f16 (see the header): from the largest |q| of the item's rows, which decode_items
-  // leaves per warp in the scan scratch as it stages q.
+  // 2^e for q in f16 (see the header): from the largest |q| of the item's rows.
   ATTN_DEVICE float q_power_of_two() const {
-    const float* warp_amax = reinterpret_cast<const float*>(smem + decode_smem(kRows, kQRow, 0, false).scratch);
-    float amax = warp_amax[0];
+    const float* q_s = reinterpret_cast<const float*>(smem + decode_smem(kRows, kQRow, 0, false).q);
+    float amax = 0.0f;
 ATTN_UNROLL
-    for (int w = 1; w < kWarps; ++w) amax = fmaxf(amax, warp_amax[w]);
+    for (int r = 0; r < kRows; ++r)
+ATTN_UNROLL
+      for (int d = lane; d < kD; d += kWarp) amax = fmaxf(amax, fabsf(q_s[q_index(r, d)]));
+ATTN_UNROLL
+    for (int offset = 1; offset < kWarp; offset <<= 1) amax = fmaxf(amax, __shfl_xor_sync(kAllLanes, amax, offset));
     const int exponent = static_cast<int>(__float_as_uint(amax) >> 23) - 127;  // amax >= 0; 0 and subnormals: -127
     const int e = amax == 0.0f ? 0 : max(-126, min(126, 14 - exponent));
     return __uint_as_float(static_cast<uint32_t>(127 + e) << 23);

@@ -31,7 +31,6 @@ struct DecodeSimtCta {
   static constexpr int kRowGroups = kWarp / kLanesPerRow;
   static constexpr bool kQkScaleInQ = true;           // q_s holds q * qk_scale
   static constexpr bool kPRows = true;                // p_s in shared memory
-  static constexpr bool kQAmax = false;               // no largest |q| wanted (decode_items)
   static constexpr int kQRow = kD;                    // q_s: plain rows (16-byte reads)
   static ATTN_HD int q_index(int row, int d) { return row * kQRow + d; }
 

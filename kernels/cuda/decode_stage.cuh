@@ -25,8 +25,7 @@ constexpr int kWarpStageBytes = kStages * kStageBytes;
 constexpr int kMaxChunkTokens = 64;             // FP8 at head_dim 32: 2048 / 32
 
 // Shared memory: [warps][stages][K chunk | V chunk] | q [rows][Cta::kQRow] f32 | p [warps][64][rows] f32
-// (the CUDA-core kernel only) | scan scratch [warps] (during an item: each warp's largest |q|, for
-// the tensor-core kernel) | plan [num_seqs + 1]. At the end of an item
+// (the CUDA-core kernel only) | scan scratch [warps] | plan [num_seqs + 1]. At the end of an item
 // each warp publishes [rows][kD] outputs and 2 x rows statistics over its own (drained) stages, at
 // merge_stride = kWarpStageBytes from the previous one; decode_items static_asserts that the slot
 // fits (at most 16 rows x (128 + 2) x 4 = 8,320 bytes of the 12 KiB), since a neighbour may still

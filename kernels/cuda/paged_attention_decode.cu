@@ -109,7 +109,6 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
     // else one; unsigned indices: / and % by kD are shifts.
     const uint16_t* q_item = args.q + token * args.q_token_stride + int64_t{head0} * args.head_dim;
     const float q_scale = Cta::kQkScaleInQ ? args.qk_scale : 1.0f;
-    float amax = 0.0f;  // the largest |q| this thread staged (Cta::kQAmax)
     if ((reinterpret_cast<uintptr_t>(q_item) & 7) == 0) {
       for (unsigned i = 4 * tid; i < kRows * kD; i += 4 * kThreads) {
         const int r = static_cast<int>(i / kD), d = static_cast<int>(i % kD);
@@ -120,10 +119,7 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
           x[2] = bf16_lo(four.y) * q_scale, x[3] = bf16_hi(four.y) * q_scale;
         }
 ATTN_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          q_s[Cta::q_index(r, d + e)] = x[e];
-          if constexpr (Cta::kQAmax) amax = fmaxf(amax, fabsf(x[e]));
-        }
+        for (int e = 0; e < 4; ++e) q_s[Cta::q_index(r, d + e)] = x[e];
       }
     } else {
       for (unsigned i = tid; i < kRows * kD; i += kThreads) {
@@ -131,16 +127,7 @@ ATTN_UNROLL
         float x = 0.0f;
         if (r < rows && d < args.head_dim) x = bf16_bits_to_float(q_item[r * args.head_dim + d]) * q_scale;
         q_s[Cta::q_index(r, d)] = x;
-        if constexpr (Cta::kQAmax) amax = fmaxf(amax, fabsf(x));
       }
-    }
-    if constexpr (Cta::kQAmax) {
-      // Each warp's largest |q| into the scan scratch (free after the plan; the previous item's
-      // readers are past its last barrier), for the Cta's q_power_of_two: one pass over q, not
-      // one per warp. A maximum is exact in any order.
-ATTN_UNROLL
-      for (int offset = 1; offset < kWarp; offset <<= 1) amax = fmaxf(amax, __shfl_xor_sync(kAllLanes, amax, offset));
-      if (tid % kWarp == 0) reinterpret_cast<float*>(scratch)[tid / kWarp] = amax;
     }
     __syncthreads();
 
