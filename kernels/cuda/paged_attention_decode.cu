@@ -99,10 +99,12 @@ ATTN_DEVICE void decode_items(const AttentionArgs& args, DecodeWork& work, unsig
     const int sub = head_local - kv_head * work.subgroups;
     const int head0 = kv_head * args.group + sub * kRows;
     const int rows = min(kRows, args.group - sub * kRows);
+    // The sequence's context and token together (one L2 round trip, not one after the other
+    // behind the partition's branches).
     const int context = readable_len(batch, s, block_size);
+    const int token = batch.query_start_loc[s];
     const int partition = partition_of(s);
     const int k0 = part * partition, k1 = min(context, k0 + partition);
-    const int token = batch.query_start_loc[s];
 
     // The item's q rows, r * head_dim + d from its first (a 32-bit offset: < kRows x 256): 4
     // elements a load where the item's first is 8-byte aligned (head_dim is a multiple of 16),

@@ -47,7 +47,7 @@ struct DecodeWork {
 // kDecodeMaxParts partitions (which bounds the workspace per sequence), whole blocks. The floor
 // weighs batch 1 against a full batch: each item costs a warp ~1,100 instructions besides its
 // chunks (plan, q, the first copies, the warps' merge), so 256-token items (4 chunks a warp)
-// left a batch of 64 at 8k issue-bound at ~70% of HBM, and 512 (8 chunks) reach ~85% by the
+// left a batch of 64 at 8k issue-bound at ~70% of HBM, and 512 (8 chunks) reach ~87% by the
 // static model (docs/cuda.md), while batch 1 at 8k keeps 16 partitions x the KV heads (128
 // items for 8 KV heads on 132 SMs) and 32 from 16k tokens on. vLLM's paged attention v2 cuts at
 // 512 too.
