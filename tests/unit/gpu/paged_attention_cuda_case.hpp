@@ -89,6 +89,14 @@ inline CudaAttentionCase shaped_case(const CaseShape& shape, KvDtype dtype, std:
   return c;
 }
 
+// The workspace a test gives paged_attention_cuda: what the limits need, and 32 MiB more where the
+// options force small partitions (they need more slots than decode_partition's split of the batch).
+inline std::size_t test_workspace_bytes(const cuda::PagedAttentionCudaLimits& limits,
+                                        const cuda::PagedAttentionCudaOptions& options) {
+  const std::size_t bytes = cuda::paged_attention_cuda_workspace_bytes(limits);
+  return options.partition_tokens > 0 ? bytes + (std::size_t{32} << 20) : bytes;
+}
+
 struct CudaAttentionResult {
   // max over outputs of (|out - ref| - 2^-8 |ref|) / max |v| of the sequence: the error beyond
   // rounding the output to bf16 (at most 2^-8 relative), as a fraction of the values averaged.
@@ -233,9 +241,7 @@ inline CudaAttentionResult run_cuda_attention_case(const CudaAttentionCase& c) {
   limits.num_heads = c.num_heads;
   limits.num_kv_heads = kvh;
   limits.head_dim = hd;
-  std::size_t workspace_bytes = cuda::paged_attention_cuda_workspace_bytes(limits);
-  // Forced small partitions need more slots than any adaptive split of the same batch.
-  if (c.options.partition_tokens > 0) workspace_bytes += std::size_t{32} << 20;
+  const std::size_t workspace_bytes = test_workspace_bytes(limits, c.options);
   cuda::DeviceBuffer workspace(workspace_bytes);
   cuda::paged_attention_cuda(p, workspace.data(), workspace_bytes, nullptr, c.options);
   CUDA_CHECK(cudaDeviceSynchronize());

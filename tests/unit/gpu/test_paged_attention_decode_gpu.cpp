@@ -149,8 +149,7 @@ struct SharedContext {
     p.batch.k_scales = static_cast<float*>(k_scales.data());
     p.batch.v_scales = static_cast<float*>(v_scales.data());
     cuda::PagedAttentionCudaLimits limits{n, num_heads, num_kv_heads, kDim, num_blocks * kBlock};
-    std::size_t bytes = cuda::paged_attention_cuda_workspace_bytes(limits);
-    if (options.partition_tokens > 0) bytes += std::size_t{32} << 20;  // forced partitions: more than decode_partition's
+    const std::size_t bytes = test_workspace_bytes(limits, options);
     cuda::DeviceBuffer workspace(bytes);
     cuda::paged_attention_cuda(p, workspace.data(), bytes, nullptr, options);
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -179,9 +178,10 @@ TEST_CASE("CUDA decode attention is batch invariant, bitwise", "[gpu][attention]
     crowd.push_back(kLen);
     CHECK(context.run(crowd) == alone);
     CHECK(context.run({kLen - 6, kLen - 5, kLen - 4, kLen - 3, kLen - 2, kLen - 1, kLen}) == alone);
-    // What a different cut would give (partitions of 256 tokens, not decode_partition's 512): on tensor cores, which round
-    // each partition's probabilities to f16 against its own running max, the check above can
-    // tell. (On CUDA cores a cut only reorders fp32 sums, which the bf16 output mostly hides.)
+    // What a different cut would give (partitions of 256 tokens, not decode_partition's 512): on
+    // tensor cores, which round each partition's probabilities to f16 against its own running
+    // max, the check above can tell. (On CUDA cores a cut only reorders fp32 sums, which the bf16
+    // output mostly hides.)
     if (kv_heads == 1) {
       SharedContext cut(4, kv_heads, kLen, 1234 + static_cast<uint32_t>(kv_heads));
       cut.options.partition_tokens = 256;
